@@ -1,0 +1,1284 @@
+//! Reading `.kpack` archives.
+//!
+//! [`Archive::open`] maps the file, checks the header and decodes the TOC
+//! once into plain structures, validating every offset and size against the
+//! file. Reading a kernel then touches only that kernel's bytes (for
+//! `zstd-per-kernel`, plus the `u32` length prefixes of the frames, walked
+//! once on the first read to index the frames).
+
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Read;
+use std::ops::Deref;
+use std::path::Path;
+use std::sync::OnceLock;
+
+use super::{
+    ArchiveError, Entry, Metadata, Scheme, FORMAT_VERSION, HEADER_SIZE, MAGIC, MAX_FRAMES,
+    MAX_KERNEL_SIZE,
+};
+use crate::error::WithPath;
+use crate::msgpack::{self, Value};
+
+/// The bytes of an archive: a read-only memory map or an owned buffer.
+enum Storage {
+    Mapped(memmap2::Mmap),
+    Owned(Box<[u8]>),
+}
+
+impl Deref for Storage {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Storage::Mapped(m) => m,
+            Storage::Owned(b) => b,
+        }
+    }
+}
+
+/// Where the kernels are, per scheme.
+enum Layout {
+    /// `none`: `(offset, size)` per ordinal, validated against the file.
+    Blobs(Vec<(u64, u64)>),
+    /// `zstd-per-kernel`: the blob's range (validated) and its frame count.
+    Zstd { offset: u64, size: u64, count: u64 },
+}
+
+/// An open `.kpack` archive. `Send + Sync`: kernels may be read from several
+/// threads at once.
+pub struct Archive {
+    data: Storage,
+    group_name: String,
+    gfx_arch_family: String,
+    gfx_arches: Vec<String>,
+    scheme: Scheme,
+    /// In TOC order: keys in file order, targets in file order within a key.
+    entries: Vec<Entry>,
+    /// Key -> indices into `entries` (in file order).
+    by_key: BTreeMap<String, Vec<usize>>,
+    /// Indices into `entries`, sorted by ordinal (stable).
+    by_ordinal: Vec<usize>,
+    layout: Layout,
+    /// `zstd-per-kernel`: `(offset, len)` of each frame, built on first use.
+    frames: OnceLock<Result<Vec<(u64, u64)>, ArchiveError>>,
+}
+
+impl std::fmt::Debug for Archive {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Archive")
+            .field("len", &self.data.len())
+            .field("group_name", &self.group_name)
+            .field("gfx_arch_family", &self.gfx_arch_family)
+            .field("gfx_arches", &self.gfx_arches)
+            .field("scheme", &self.scheme)
+            .field("kernels", &self.entries.len())
+            .finish()
+    }
+}
+
+impl Archive {
+    /// Open and validate the archive at `path` (memory-mapped).
+    pub fn open(path: impl AsRef<Path>) -> crate::Result<Archive> {
+        let path = path.as_ref();
+        let mut file = File::open(path).with_path(path)?;
+        let len = file.metadata().with_path(path)?.len();
+        let data = if len < HEADER_SIZE {
+            // Too short to be an archive; read it so the error can say why
+            // (and avoid mapping an empty file).
+            let mut buf = Vec::new();
+            file.read_to_end(&mut buf).with_path(path)?;
+            Storage::Owned(buf.into_boxed_slice())
+        } else {
+            // SAFETY: the map is read-only and private to this process; like
+            // every reader of a memory-mapped file we rely on the file not
+            // being truncated or rewritten in place while it is open (kpack
+            // itself only ever replaces archives by renaming a new file over
+            // them, which leaves this mapping intact).
+            let map = unsafe { memmap2::Mmap::map(&file) }.with_path(path)?;
+            Storage::Mapped(map)
+        };
+        Archive::from_storage(data).with_path(path)
+    }
+
+    /// Validate an archive held in memory.
+    pub fn from_bytes(bytes: impl Into<Box<[u8]>>) -> Result<Archive, ArchiveError> {
+        Archive::from_storage(Storage::Owned(bytes.into()))
+    }
+
+    fn from_storage(data: Storage) -> Result<Archive, ArchiveError> {
+        let toc_offset = parse_header(&data)?;
+        let toc_bytes = data.get(toc_offset as usize..).unwrap_or_default();
+        let toc = msgpack::decode(toc_bytes)
+            .map_err(|source| ArchiveError::TocParse { toc_offset, source })?;
+        let parsed = parse_toc(&toc, &data, toc_offset)?;
+        let mut by_key: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for (i, e) in parsed.entries.iter().enumerate() {
+            by_key.entry(e.key.clone()).or_default().push(i);
+        }
+        let mut by_ordinal: Vec<usize> = (0..parsed.entries.len()).collect();
+        by_ordinal.sort_by_key(|&i| parsed.entries[i].ordinal);
+        Ok(Archive {
+            data,
+            group_name: parsed.group_name,
+            gfx_arch_family: parsed.gfx_arch_family,
+            gfx_arches: parsed.gfx_arches,
+            scheme: parsed.scheme,
+            entries: parsed.entries,
+            by_key,
+            by_ordinal,
+            layout: parsed.layout,
+            frames: OnceLock::new(),
+        })
+    }
+
+    /// The archive format version (the header's; always
+    /// [`FORMAT_VERSION`] for an archive that opened).
+    pub fn format_version(&self) -> u32 {
+        FORMAT_VERSION
+    }
+
+    /// The TOC's `group_name`.
+    pub fn group_name(&self) -> &str {
+        &self.group_name
+    }
+
+    /// The TOC's `gfx_arch_family`.
+    pub fn gfx_arch_family(&self) -> &str {
+        &self.gfx_arch_family
+    }
+
+    /// The TOC's `gfx_arches`, in file order.
+    pub fn gfx_arches(&self) -> &[String] {
+        &self.gfx_arches
+    }
+
+    /// The compression scheme.
+    pub fn scheme(&self) -> Scheme {
+        self.scheme
+    }
+
+    /// Number of kernels (TOC entries).
+    pub fn kernel_count(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The binary keys (with `#N`), sorted bytewise.
+    pub fn binaries(&self) -> impl Iterator<Item = &str> + '_ {
+        self.by_key.keys().map(String::as_str)
+    }
+
+    /// The targets of binary `key`, in file order (none for an unknown key).
+    pub fn targets_of(&self, key: &str) -> impl Iterator<Item = &str> + '_ {
+        self.by_key
+            .get(key)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .map(|&i| self.entries[i].target.as_str())
+    }
+
+    /// The entry of `key` @ `target`.
+    pub fn entry(&self, key: &str, target: &str) -> Option<&Entry> {
+        self.by_key
+            .get(key)?
+            .iter()
+            .map(|&i| &self.entries[i])
+            .find(|e| e.target == target)
+    }
+
+    /// All entries in TOC order (keys in file order, then targets).
+    pub fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    /// All entries in ordinal order (the order they were added), as
+    /// `(key, target, entry)`.
+    pub fn entries_by_ordinal(&self) -> impl Iterator<Item = (&str, &str, &Entry)> + '_ {
+        self.by_ordinal.iter().map(|&i| {
+            let e = &self.entries[i];
+            (e.key.as_str(), e.target.as_str(), e)
+        })
+    }
+
+    /// Every `(key, target)` in TOC order (keys in file order, then their
+    /// targets in file order).
+    pub fn keys_and_targets(&self) -> impl Iterator<Item = (&str, &str)> + '_ {
+        self.entries
+            .iter()
+            .map(|e| (e.key.as_str(), e.target.as_str()))
+    }
+
+    /// The kernel `key` @ `target`, decompressed.
+    pub fn kernel(&self, key: &str, target: &str) -> Result<Vec<u8>, ArchiveError> {
+        let entry = self
+            .entry(key, target)
+            .ok_or_else(|| ArchiveError::KernelNotFound {
+                key: key.to_owned(),
+                target: target.to_owned(),
+            })?;
+        self.read(entry).map(Cow::into_owned)
+    }
+
+    /// The kernel of `entry` (an entry of this archive): borrowed from the
+    /// file for scheme `none`, decompressed for `zstd-per-kernel`. Its size is
+    /// checked against `original_size`.
+    pub fn read(&self, entry: &Entry) -> Result<Cow<'_, [u8]>, ArchiveError> {
+        let mismatch = |actual: u64| ArchiveError::SizeMismatch {
+            key: entry.key.clone(),
+            target: entry.target.clone(),
+            expected: entry.original_size,
+            actual,
+        };
+        let ordinal = u64::from(entry.ordinal);
+        let out_of_range = |count: u64| ArchiveError::OrdinalOutOfRange {
+            key: entry.key.clone(),
+            target: entry.target.clone(),
+            ordinal,
+            count,
+        };
+        if entry.original_size > MAX_KERNEL_SIZE {
+            return Err(ArchiveError::KernelTooLarge {
+                key: entry.key.clone(),
+                target: entry.target.clone(),
+                size: entry.original_size,
+                max: MAX_KERNEL_SIZE,
+            });
+        }
+        match &self.layout {
+            Layout::Blobs(blobs) => {
+                let &(offset, size) = blobs
+                    .get(entry.ordinal as usize)
+                    .ok_or_else(|| out_of_range(blobs.len() as u64))?;
+                if size != entry.original_size {
+                    return Err(mismatch(size));
+                }
+                Ok(Cow::Borrowed(self.slice(offset, size)))
+            }
+            Layout::Zstd { count, .. } => {
+                let frames = self
+                    .frames
+                    .get_or_init(|| self.index_frames())
+                    .as_ref()
+                    .map_err(Clone::clone)?;
+                let &(offset, len) = frames
+                    .get(entry.ordinal as usize)
+                    .ok_or_else(|| out_of_range(*count))?;
+                let frame = self.slice(offset, len);
+                let decompress_err = |reason: String| ArchiveError::Decompress {
+                    key: entry.key.clone(),
+                    target: entry.target.clone(),
+                    reason,
+                };
+                match zstd::zstd_safe::get_frame_content_size(frame) {
+                    Ok(Some(n)) if n != entry.original_size => return Err(mismatch(n)),
+                    Ok(_) => {}
+                    Err(_) => return Err(decompress_err("invalid zstd frame header".into())),
+                }
+                // original_size <= MAX_KERNEL_SIZE, so this is a bounded,
+                // TOC-declared allocation; decompression fails if the frame
+                // would write more.
+                let cap = usize::try_from(entry.original_size)
+                    .map_err(|_| decompress_err("kernel does not fit in memory".into()))?;
+                let mut buf = Vec::with_capacity(cap);
+                decompress_into(frame, &mut buf).map_err(|e| decompress_err(e.to_string()))?;
+                if buf.len() as u64 != entry.original_size {
+                    return Err(mismatch(buf.len() as u64));
+                }
+                Ok(Cow::Owned(buf))
+            }
+        }
+    }
+
+    /// `data[offset..offset + size]` for a range validated at open time.
+    fn slice(&self, offset: u64, size: u64) -> &[u8] {
+        // Ranges are validated against the file length when the TOC or the
+        // frame index is decoded, so they fit in usize and in `data`.
+        &self.data[offset as usize..(offset + size) as usize]
+    }
+
+    /// Walk the `u32 frame_len` prefixes of the zstd blob.
+    fn index_frames(&self) -> Result<Vec<(u64, u64)>, ArchiveError> {
+        let Layout::Zstd {
+            offset,
+            size,
+            count,
+        } = self.layout
+        else {
+            return Ok(Vec::new());
+        };
+        let end = offset + size;
+        // Each frame takes at least its 4-byte prefix: don't reserve more
+        // than the blob can hold.
+        let mut frames = Vec::with_capacity(count.min(size / 4) as usize);
+        let mut pos = offset + 4;
+        for index in 0..count {
+            if end - pos < 4 {
+                return Err(ArchiveError::FrameOutOfRange {
+                    index,
+                    offset: pos,
+                    size: 4,
+                    end,
+                });
+            }
+            let len = u64::from(read_u32(&self.data, pos));
+            let start = pos + 4;
+            if end - start < len {
+                return Err(ArchiveError::FrameOutOfRange {
+                    index,
+                    offset: start,
+                    size: len,
+                    end,
+                });
+            }
+            frames.push((start, len));
+            pos = start + len;
+        }
+        Ok(frames)
+    }
+}
+
+thread_local! {
+    static DECOMPRESSOR: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
+}
+
+/// Decompress one frame into the spare capacity of `buf` (fails if it needs
+/// more), reusing a per-thread zstd context.
+fn decompress_into(frame: &[u8], buf: &mut Vec<u8>) -> std::io::Result<usize> {
+    DECOMPRESSOR.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let d = match &mut *slot {
+            Some(d) => d,
+            empty => empty.insert(zstd::bulk::Decompressor::new()?),
+        };
+        d.decompress_to_buffer(frame, buf)
+    })
+}
+
+fn read_u32(data: &[u8], pos: u64) -> u32 {
+    let p = pos as usize;
+    u32::from_le_bytes([data[p], data[p + 1], data[p + 2], data[p + 3]])
+}
+
+/// Check magic, version and TOC offset; return the TOC offset.
+fn parse_header(data: &[u8]) -> Result<u64, ArchiveError> {
+    let len = data.len() as u64;
+    if let Some(magic) = data.get(..4) {
+        if magic != MAGIC {
+            let mut found = [0u8; 4];
+            found.copy_from_slice(magic);
+            return Err(ArchiveError::BadMagic { found });
+        }
+    }
+    if len < HEADER_SIZE {
+        return Err(ArchiveError::TruncatedHeader { len });
+    }
+    let version = read_u32(data, 4);
+    if version != FORMAT_VERSION {
+        return Err(ArchiveError::UnsupportedVersion { version });
+    }
+    let toc_offset = u64::from(read_u32(data, 8)) | (u64::from(read_u32(data, 12)) << 32);
+    if toc_offset < HEADER_SIZE || toc_offset > len {
+        return Err(ArchiveError::TocOffsetOutOfRange {
+            toc_offset,
+            file_len: len,
+        });
+    }
+    Ok(toc_offset)
+}
+
+struct ParsedToc {
+    group_name: String,
+    gfx_arch_family: String,
+    gfx_arches: Vec<String>,
+    scheme: Scheme,
+    entries: Vec<Entry>,
+    layout: Layout,
+}
+
+/// Field path helpers for error messages.
+fn sub(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+fn wrong_type(field: impl Into<String>, expected: &'static str, v: &Value) -> ArchiveError {
+    ArchiveError::TocFieldType {
+        field: field.into(),
+        expected,
+        found: v.type_name(),
+    }
+}
+
+fn require<'v>(map: &'v Value, path: &str, key: &str) -> Result<&'v Value, ArchiveError> {
+    map.get(key).ok_or_else(|| ArchiveError::TocFieldMissing {
+        field: sub(path, key),
+    })
+}
+
+fn as_str(v: &Value, field: impl Into<String>) -> Result<&str, ArchiveError> {
+    v.as_str().ok_or_else(|| wrong_type(field, "str", v))
+}
+
+fn as_u64(v: &Value, field: impl Into<String>) -> Result<u64, ArchiveError> {
+    match v {
+        Value::UInt(u) => Ok(*u),
+        Value::Int(i) => Err(ArchiveError::TocFieldValue {
+            field: field.into(),
+            reason: format!("{i} is negative"),
+        }),
+        other => Err(wrong_type(field, "int", other)),
+    }
+}
+
+fn as_map(v: &Value, field: impl Into<String>) -> Result<&[(Value, Value)], ArchiveError> {
+    v.as_map().ok_or_else(|| wrong_type(field, "map", v))
+}
+
+fn as_array(v: &Value, field: impl Into<String>) -> Result<&[Value], ArchiveError> {
+    v.as_array().ok_or_else(|| wrong_type(field, "array", v))
+}
+
+/// A map key that must be a str.
+fn key_str<'v>(k: &'v Value, map_field: &str) -> Result<&'v str, ArchiveError> {
+    k.as_str()
+        .ok_or_else(|| wrong_type(format!("{map_field} (a key)"), "str", k))
+}
+
+fn parse_toc(toc: &Value, data: &[u8], toc_offset: u64) -> Result<ParsedToc, ArchiveError> {
+    if toc.as_map().is_none() {
+        return Err(wrong_type("(TOC root)", "map", toc));
+    }
+    if let Some(v) = toc.get("format_version") {
+        let version = as_u64(v, "format_version")?;
+        if version != u64::from(FORMAT_VERSION) {
+            return Err(ArchiveError::TocFieldValue {
+                field: "format_version".into(),
+                reason: format!("{version}, expected {FORMAT_VERSION}"),
+            });
+        }
+    }
+    let group_name = as_str(require(toc, "", "group_name")?, "group_name")?.to_owned();
+    let gfx_arch_family =
+        as_str(require(toc, "", "gfx_arch_family")?, "gfx_arch_family")?.to_owned();
+    let gfx_arches = as_array(require(toc, "", "gfx_arches")?, "gfx_arches")?
+        .iter()
+        .enumerate()
+        .map(|(i, v)| as_str(v, format!("gfx_arches[{i}]")).map(str::to_owned))
+        .collect::<Result<Vec<_>, _>>()?;
+    let scheme = match toc.get("compression_scheme") {
+        None => Scheme::None,
+        Some(v) => {
+            let name = as_str(v, "compression_scheme")?;
+            Scheme::from_name(name).ok_or_else(|| ArchiveError::UnknownScheme {
+                scheme: name.to_owned(),
+            })?
+        }
+    };
+
+    // The data area: between the header and the TOC.
+    let (start, end) = (HEADER_SIZE, toc_offset);
+    let layout = match scheme {
+        Scheme::None => {
+            let blobs = as_array(require(toc, "", "blobs")?, "blobs")?;
+            let mut ranges = Vec::with_capacity(blobs.len());
+            for (i, b) in blobs.iter().enumerate() {
+                let path = format!("blobs[{i}]");
+                as_map(b, path.as_str())?;
+                let offset = as_u64(require(b, &path, "offset")?, sub(&path, "offset"))?;
+                let size = as_u64(require(b, &path, "size")?, sub(&path, "size"))?;
+                let inside = offset >= start && offset.checked_add(size).is_some_and(|e| e <= end);
+                if !inside {
+                    return Err(ArchiveError::BlobOutOfRange {
+                        index: i as u64,
+                        offset,
+                        size,
+                        start,
+                        end,
+                    });
+                }
+                ranges.push((offset, size));
+            }
+            Layout::Blobs(ranges)
+        }
+        Scheme::ZstdPerKernel => {
+            let offset = as_u64(require(toc, "", "zstd_offset")?, "zstd_offset")?;
+            let size = as_u64(require(toc, "", "zstd_size")?, "zstd_size")?;
+            let inside = offset >= start && offset.checked_add(size).is_some_and(|e| e <= end);
+            if !inside {
+                return Err(ArchiveError::ZstdBlobOutOfRange {
+                    offset,
+                    size,
+                    start,
+                    end,
+                });
+            }
+            if size < 4 {
+                return Err(ArchiveError::TocFieldValue {
+                    field: "zstd_size".into(),
+                    reason: format!("{size} is too small to hold the frame count"),
+                });
+            }
+            let count = u64::from(read_u32(data, offset));
+            if count > MAX_FRAMES {
+                return Err(ArchiveError::TooManyFrames {
+                    count,
+                    max: MAX_FRAMES,
+                });
+            }
+            Layout::Zstd {
+                offset,
+                size,
+                count,
+            }
+        }
+    };
+    let kernel_count = match &layout {
+        Layout::Blobs(b) => b.len() as u64,
+        Layout::Zstd { count, .. } => *count,
+    };
+
+    let mut entries = Vec::new();
+    let toc_map = as_map(require(toc, "", "toc")?, "toc")?;
+    for (k, targets) in toc_map {
+        let key = key_str(k, "toc")?;
+        let key_path = format!("toc[{key:?}]");
+        let first = entries.len();
+        for (t, e) in as_map(targets, key_path.as_str())? {
+            let target = key_str(t, &key_path)?;
+            let path = format!("{key_path}[{target:?}]");
+            as_map(e, path.as_str())?;
+            if entries[first..].iter().any(|x: &Entry| x.target == target) {
+                return Err(ArchiveError::DuplicateKernel {
+                    key: key.to_owned(),
+                    target: target.to_owned(),
+                });
+            }
+            let kind = match e.get("type") {
+                None => None,
+                Some(v) => Some(as_str(v, sub(&path, "type"))?.to_owned()),
+            };
+            let ordinal_field = sub(&path, "ordinal");
+            let ordinal = as_u64(require(e, &path, "ordinal")?, ordinal_field.as_str())?;
+            let ordinal = u32::try_from(ordinal).map_err(|_| ArchiveError::TocFieldValue {
+                field: ordinal_field,
+                reason: format!("{ordinal} does not fit in 32 bits"),
+            })?;
+            if u64::from(ordinal) >= kernel_count {
+                return Err(ArchiveError::OrdinalOutOfRange {
+                    key: key.to_owned(),
+                    target: target.to_owned(),
+                    ordinal: ordinal.into(),
+                    count: kernel_count,
+                });
+            }
+            let original_size = as_u64(
+                require(e, &path, "original_size")?,
+                sub(&path, "original_size"),
+            )?;
+            let metadata = match e.get("metadata") {
+                None => None,
+                Some(m) => {
+                    let mpath = sub(&path, "metadata");
+                    let pairs = as_map(m, mpath.as_str())?
+                        .iter()
+                        .map(|(mk, mv)| Ok((key_str(mk, &mpath)?.to_owned(), mv.clone())))
+                        .collect::<Result<Metadata, ArchiveError>>()?;
+                    Some(pairs)
+                }
+            };
+            entries.push(Entry {
+                key: key.to_owned(),
+                target: target.to_owned(),
+                kind,
+                ordinal,
+                original_size,
+                metadata,
+            });
+        }
+    }
+    // A key listed twice in the `toc` map: its targets must not repeat either.
+    let mut seen = std::collections::HashSet::new();
+    for e in &entries {
+        if !seen.insert((e.key.as_str(), e.target.as_str())) {
+            return Err(ArchiveError::DuplicateKernel {
+                key: e.key.clone(),
+                target: e.target.clone(),
+            });
+        }
+    }
+
+    Ok(ParsedToc {
+        group_name,
+        gfx_arch_family,
+        gfx_arches,
+        scheme,
+        entries,
+        layout,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::*;
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn archive_is_send_sync() {
+        assert_send_sync::<Archive>();
+    }
+
+    fn check_reference(
+        a: &Archive,
+        family: &str,
+        arches: &[&str],
+        scheme: Scheme,
+        kernels: &[(&str, &str, Vec<u8>)],
+    ) {
+        assert_eq!(a.group_name(), "test");
+        assert_eq!(a.gfx_arch_family(), family);
+        assert_eq!(a.gfx_arches(), arches);
+        assert_eq!(a.scheme(), scheme);
+        assert_eq!(a.kernel_count(), kernels.len());
+        let by_ord: Vec<_> = a
+            .entries_by_ordinal()
+            .map(|(k, t, e)| (k, t, e.ordinal))
+            .collect();
+        let want: Vec<_> = kernels
+            .iter()
+            .enumerate()
+            .map(|(i, (k, t, _))| (*k, *t, i as u32))
+            .collect();
+        assert_eq!(by_ord, want);
+        for (key, target, bytes) in kernels {
+            let e = a.entry(key, target).unwrap();
+            assert_eq!(e.kind.as_deref(), Some("hsaco"));
+            assert_eq!(e.original_size, bytes.len() as u64);
+            assert_eq!(e.metadata, None);
+            assert_eq!(&a.kernel(key, target).unwrap(), bytes, "{key} @ {target}");
+        }
+    }
+
+    #[test]
+    fn reads_reference_noop() {
+        let a = Archive::open(fixture("test_noop.kpack")).unwrap();
+        check_reference(
+            &a,
+            "gfx900X",
+            &["gfx900", "gfx906"],
+            Scheme::None,
+            &noop_kernels(),
+        );
+        assert_eq!(
+            a.binaries().collect::<Vec<_>>(),
+            ["bin/testapp#0", "lib/libtest.so#0"]
+        );
+        assert_eq!(
+            a.targets_of("lib/libtest.so#0").collect::<Vec<_>>(),
+            ["gfx900", "gfx906"]
+        );
+        assert_eq!(
+            a.targets_of("bin/testapp#0").collect::<Vec<_>>(),
+            ["gfx900"]
+        );
+        assert_eq!(a.targets_of("nope#0").count(), 0);
+        // TOC order is file order.
+        let toc: Vec<_> = a.keys_and_targets().collect();
+        assert_eq!(
+            toc,
+            [
+                ("lib/libtest.so#0", "gfx900"),
+                ("lib/libtest.so#0", "gfx906"),
+                ("bin/testapp#0", "gfx900")
+            ]
+        );
+        // Scheme none borrows from the file.
+        let e = a.entry("bin/testapp#0", "gfx900").unwrap();
+        assert!(matches!(a.read(e).unwrap(), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn reads_reference_zstd() {
+        let a = Archive::open(fixture("test_zstd.kpack")).unwrap();
+        check_reference(
+            &a,
+            "gfx110X",
+            &["gfx1100", "gfx1101"],
+            Scheme::ZstdPerKernel,
+            &zstd_kernels(),
+        );
+        assert_eq!(
+            a.binaries().collect::<Vec<_>>(),
+            ["bin/hiptest#0", "lib/libhip.so#0"]
+        );
+    }
+
+    #[test]
+    fn kernel_not_found() {
+        let a = Archive::open(fixture("test_noop.kpack")).unwrap();
+        assert!(matches!(
+            a.kernel("lib/libtest.so#0", "gfx942"),
+            Err(ArchiveError::KernelNotFound { ref key, ref target }) if key == "lib/libtest.so#0" && target == "gfx942"
+        ));
+        assert!(matches!(
+            a.kernel("lib/libtest.so#1", "gfx900"),
+            Err(ArchiveError::KernelNotFound { .. })
+        ));
+    }
+
+    #[test]
+    fn concurrent_reads() {
+        let a = Archive::open(fixture("test_zstd.kpack")).unwrap();
+        let kernels = zstd_kernels();
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..20 {
+                        for (k, t, bytes) in &kernels {
+                            assert_eq!(&a.kernel(k, t).unwrap(), bytes);
+                        }
+                    }
+                });
+            }
+        });
+    }
+
+    fn noop_bytes() -> Vec<u8> {
+        std::fs::read(fixture("test_noop.kpack")).unwrap()
+    }
+
+    fn zstd_bytes() -> Vec<u8> {
+        std::fs::read(fixture("test_zstd.kpack")).unwrap()
+    }
+
+    /// Decode the TOC of `bytes`, let `f` change it, and re-encode it.
+    fn with_toc(bytes: &[u8], f: impl FnOnce(&mut Value)) -> Vec<u8> {
+        let toc_offset = u64::from_le_bytes(bytes[8..16].try_into().unwrap()) as usize;
+        let mut toc = msgpack::decode(&bytes[toc_offset..]).unwrap();
+        f(&mut toc);
+        let mut out = bytes[..toc_offset].to_vec();
+        out.extend(msgpack::encode(&toc));
+        out
+    }
+
+    /// The value at `path` (string keys / array indices) in `v`.
+    fn at<'v>(v: &'v mut Value, path: &[&str]) -> &'v mut Value {
+        let mut v = v;
+        for p in path {
+            v = match v {
+                Value::Map(m) => &mut m.iter_mut().find(|(k, _)| k.as_str() == Some(p)).unwrap().1,
+                Value::Array(a) => &mut a[p.parse::<usize>().unwrap()],
+                _ => panic!("no {p}"),
+            };
+        }
+        v
+    }
+
+    fn remove(v: &mut Value, key: &str) {
+        let Value::Map(m) = v else { panic!() };
+        m.retain(|(k, _)| k.as_str() != Some(key));
+    }
+
+    fn open_err(bytes: Vec<u8>) -> ArchiveError {
+        Archive::from_bytes(bytes).unwrap_err()
+    }
+
+    #[test]
+    fn bad_magic() {
+        let mut b = noop_bytes();
+        b[0..4].copy_from_slice(b"\x7fELF");
+        let e = open_err(b);
+        assert!(
+            matches!(e, ArchiveError::BadMagic { found } if &found == b"\x7fELF"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("\\x7fELF"), "{e}");
+        assert!(matches!(
+            open_err(b"PK\x03\x04 short".to_vec()),
+            ArchiveError::BadMagic { .. }
+        ));
+    }
+
+    #[test]
+    fn unsupported_version() {
+        let mut b = noop_bytes();
+        b[4] = 2;
+        assert!(matches!(
+            open_err(b),
+            ArchiveError::UnsupportedVersion { version: 2 }
+        ));
+    }
+
+    #[test]
+    fn toc_offset_out_of_range() {
+        let mut b = noop_bytes();
+        let len = b.len() as u64;
+        b[8..16].copy_from_slice(&(len + 1).to_le_bytes());
+        assert!(matches!(
+            open_err(b.clone()),
+            ArchiveError::TocOffsetOutOfRange { toc_offset, file_len } if toc_offset == len + 1 && file_len == len
+        ));
+        b[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(matches!(
+            open_err(b.clone()),
+            ArchiveError::TocOffsetOutOfRange { .. }
+        ));
+        b[8..16].copy_from_slice(&10u64.to_le_bytes());
+        assert!(matches!(
+            open_err(b.clone()),
+            ArchiveError::TocOffsetOutOfRange { toc_offset: 10, .. }
+        ));
+        // TOC offset at the very end: an empty TOC.
+        b[8..16].copy_from_slice(&len.to_le_bytes());
+        assert!(matches!(
+            open_err(b),
+            ArchiveError::TocParse {
+                source: msgpack::DecodeError::Truncated { .. },
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn toc_not_msgpack() {
+        let b = noop_bytes();
+        let toc_offset = u64::from_le_bytes(b[8..16].try_into().unwrap()) as usize;
+        let mut bad = b[..toc_offset].to_vec();
+        bad.extend_from_slice(&[0xc1, 0x00]);
+        assert!(matches!(
+            open_err(bad),
+            ArchiveError::TocParse { toc_offset: o, source: msgpack::DecodeError::InvalidMarker { offset: 0, marker: 0xc1 } }
+                if o == toc_offset as u64
+        ));
+        let mut trailing = b.clone();
+        trailing.push(0);
+        assert!(matches!(
+            open_err(trailing),
+            ArchiveError::TocParse {
+                source: msgpack::DecodeError::TrailingBytes { .. },
+                ..
+            }
+        ));
+        // A TOC that is MessagePack but not a map.
+        let mut arr = b[..toc_offset].to_vec();
+        arr.push(0x90);
+        assert!(matches!(
+            open_err(arr),
+            ArchiveError::TocFieldType {
+                expected: "map",
+                found: "array",
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn toc_field_wrong_type() {
+        let b = with_toc(&noop_bytes(), |t| {
+            *at(t, &["toc", "lib/libtest.so#0", "gfx906", "ordinal"]) = Value::from("1");
+        });
+        let e = open_err(b);
+        match &e {
+            ArchiveError::TocFieldType {
+                field,
+                expected: "int",
+                found: "str",
+            } => {
+                assert_eq!(field, r#"toc["lib/libtest.so#0"]["gfx906"].ordinal"#)
+            }
+            other => panic!("{other}"),
+        }
+        assert_eq!(
+            e.to_string(),
+            r#"TOC field `toc["lib/libtest.so#0"]["gfx906"].ordinal` is a str, expected int"#
+        );
+        let cases: Vec<(Vec<&str>, Value, &str)> = vec![
+            (vec!["group_name"], Value::from(1i64), "group_name"),
+            (vec!["gfx_arches"], Value::from("gfx900"), "gfx_arches"),
+            (vec!["gfx_arches", "1"], Value::Nil, "gfx_arches[1]"),
+            (vec!["toc"], Value::Array(vec![]), "toc"),
+            (
+                vec!["toc", "bin/testapp#0"],
+                Value::from(1i64),
+                r#"toc["bin/testapp#0"]"#,
+            ),
+            (
+                vec!["toc", "bin/testapp#0", "gfx900", "original_size"],
+                Value::F64(168.0),
+                r#"toc["bin/testapp#0"]["gfx900"].original_size"#,
+            ),
+            (
+                vec!["toc", "bin/testapp#0", "gfx900", "type"],
+                Value::Bool(true),
+                r#"toc["bin/testapp#0"]["gfx900"].type"#,
+            ),
+            (vec!["compression_scheme"], Value::Nil, "compression_scheme"),
+            (vec!["blobs", "2"], Value::from(5i64), "blobs[2]"),
+            (
+                vec!["blobs", "2", "size"],
+                Value::from("168"),
+                "blobs[2].size",
+            ),
+        ];
+        for (path, v, want) in cases {
+            let b = with_toc(&noop_bytes(), |t| *at(t, &path) = v);
+            match open_err(b) {
+                ArchiveError::TocFieldType { field, .. } => assert_eq!(field, want),
+                other => panic!("{want}: {other}"),
+            }
+        }
+        // Metadata keys must be strings; metadata must be a map.
+        let b = with_toc(&noop_bytes(), |t| {
+            let Value::Map(e) = at(t, &["toc", "bin/testapp#0", "gfx900"]) else {
+                panic!()
+            };
+            e.push((
+                Value::from("metadata"),
+                Value::Map(vec![(Value::from(1i64), Value::from("x"))]),
+            ));
+        });
+        assert!(
+            matches!(open_err(b), ArchiveError::TocFieldType { ref field, .. } if field.ends_with("metadata (a key)"))
+        );
+    }
+
+    #[test]
+    fn toc_field_missing_or_invalid() {
+        for (path, key, want) in [
+            (vec![], "group_name", "group_name"),
+            (vec![], "gfx_arch_family", "gfx_arch_family"),
+            (vec![], "toc", "toc"),
+            (vec![], "blobs", "blobs"),
+            (vec!["blobs", "0"], "offset", "blobs[0].offset"),
+            (
+                vec!["toc", "lib/libtest.so#0", "gfx900"],
+                "ordinal",
+                r#"toc["lib/libtest.so#0"]["gfx900"].ordinal"#,
+            ),
+            (
+                vec!["toc", "lib/libtest.so#0", "gfx900"],
+                "original_size",
+                r#"toc["lib/libtest.so#0"]["gfx900"].original_size"#,
+            ),
+        ] {
+            let b = with_toc(&noop_bytes(), |t| remove(at(t, &path), key));
+            match open_err(b) {
+                ArchiveError::TocFieldMissing { field } => assert_eq!(field, want),
+                other => panic!("{want}: {other}"),
+            }
+        }
+        let b = with_toc(&noop_bytes(), |t| {
+            *at(t, &["toc", "bin/testapp#0", "gfx900", "ordinal"]) = Value::from(1u64 << 40)
+        });
+        assert!(matches!(open_err(b), ArchiveError::TocFieldValue { .. }));
+        let b = with_toc(&noop_bytes(), |t| {
+            *at(t, &["blobs", "0", "size"]) = Value::from(-1i64)
+        });
+        assert!(
+            matches!(open_err(b), ArchiveError::TocFieldValue { ref reason, .. } if reason.contains("negative"))
+        );
+        let b = with_toc(&noop_bytes(), |t| {
+            *at(t, &["format_version"]) = Value::from(2i64)
+        });
+        assert!(
+            matches!(open_err(b), ArchiveError::TocFieldValue { ref field, .. } if field == "format_version")
+        );
+        // `type` is optional on read.
+        let b = with_toc(&noop_bytes(), |t| {
+            remove(at(t, &["toc", "bin/testapp#0", "gfx900"]), "type")
+        });
+        assert_eq!(
+            Archive::from_bytes(b)
+                .unwrap()
+                .entry("bin/testapp#0", "gfx900")
+                .unwrap()
+                .kind,
+            None
+        );
+    }
+
+    #[test]
+    fn ordinal_out_of_range() {
+        let b = with_toc(&noop_bytes(), |t| {
+            *at(t, &["toc", "bin/testapp#0", "gfx900", "ordinal"]) = Value::from(3u64)
+        });
+        assert!(matches!(
+            open_err(b),
+            ArchiveError::OrdinalOutOfRange {
+                ordinal: 3,
+                count: 3,
+                ..
+            }
+        ));
+        let b = with_toc(&zstd_bytes(), |t| {
+            *at(t, &["toc", "bin/hiptest#0", "gfx1100", "ordinal"]) = Value::from(7u64)
+        });
+        assert!(matches!(
+            open_err(b),
+            ArchiveError::OrdinalOutOfRange {
+                ordinal: 7,
+                count: 3,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn blob_outside_file() {
+        let b = with_toc(&noop_bytes(), |t| {
+            *at(t, &["blobs", "2", "size"]) = Value::from(10_000u64)
+        });
+        assert!(matches!(
+            open_err(b),
+            ArchiveError::BlobOutOfRange {
+                index: 2,
+                offset: 402,
+                size: 10_000,
+                start: 64,
+                end: 570
+            }
+        ));
+        let b = with_toc(&noop_bytes(), |t| {
+            *at(t, &["blobs", "1", "offset"]) = Value::from(u64::MAX)
+        });
+        assert!(matches!(
+            open_err(b),
+            ArchiveError::BlobOutOfRange { index: 1, .. }
+        ));
+        let b = with_toc(&noop_bytes(), |t| {
+            *at(t, &["blobs", "0", "offset"]) = Value::from(0u64)
+        });
+        assert!(matches!(
+            open_err(b),
+            ArchiveError::BlobOutOfRange {
+                index: 0,
+                offset: 0,
+                ..
+            }
+        ));
+        let b = with_toc(&zstd_bytes(), |t| {
+            *at(t, &["zstd_size"]) = Value::from(135u64)
+        });
+        assert!(matches!(
+            open_err(b),
+            ArchiveError::ZstdBlobOutOfRange {
+                offset: 64,
+                size: 135,
+                ..
+            }
+        ));
+        let b = with_toc(&zstd_bytes(), |t| remove(t, "zstd_offset"));
+        assert!(
+            matches!(open_err(b), ArchiveError::TocFieldMissing { ref field } if field == "zstd_offset")
+        );
+    }
+
+    #[test]
+    fn unknown_scheme_and_missing_scheme() {
+        let b = with_toc(&noop_bytes(), |t| {
+            *at(t, &["compression_scheme"]) = Value::from("lz4")
+        });
+        let e = open_err(b);
+        assert!(matches!(e, ArchiveError::UnknownScheme { ref scheme } if scheme == "lz4"));
+        // Missing reads as "none".
+        let b = with_toc(&noop_bytes(), |t| remove(t, "compression_scheme"));
+        let a = Archive::from_bytes(b).unwrap();
+        assert_eq!(a.scheme(), Scheme::None);
+        assert_eq!(
+            a.kernel("lib/libtest.so#0", "gfx906").unwrap(),
+            noop_kernels()[1].2
+        );
+    }
+
+    #[test]
+    fn duplicate_entry_in_toc() {
+        let b = with_toc(&noop_bytes(), |t| {
+            let Value::Map(m) = at(t, &["toc"]) else {
+                panic!()
+            };
+            let again = m[1].clone();
+            m.push(again);
+        });
+        assert!(
+            matches!(open_err(b), ArchiveError::DuplicateKernel { ref key, .. } if key == "bin/testapp#0")
+        );
+    }
+
+    #[test]
+    fn size_mismatch() {
+        let b = with_toc(&noop_bytes(), |t| {
+            *at(t, &["toc", "bin/testapp#0", "gfx900", "original_size"]) = Value::from(167u64)
+        });
+        let a = Archive::from_bytes(b).unwrap();
+        assert!(matches!(
+            a.kernel("bin/testapp#0", "gfx900"),
+            Err(ArchiveError::SizeMismatch {
+                expected: 167,
+                actual: 168,
+                ..
+            })
+        ));
+        let b = with_toc(&zstd_bytes(), |t| {
+            *at(t, &["toc", "bin/hiptest#0", "gfx1100", "original_size"]) = Value::from(1017u64)
+        });
+        let a = Archive::from_bytes(b).unwrap();
+        assert!(matches!(
+            a.kernel("bin/hiptest#0", "gfx1100"),
+            Err(ArchiveError::SizeMismatch {
+                expected: 1017,
+                actual: 1018,
+                ..
+            })
+        ));
+        // Sizes above the cap are refused before any allocation.
+        let b = with_toc(&zstd_bytes(), |t| {
+            *at(t, &["toc", "bin/hiptest#0", "gfx1100", "original_size"]) = Value::from(5u64 << 30)
+        });
+        let a = Archive::from_bytes(b).unwrap();
+        assert!(matches!(
+            a.kernel("bin/hiptest#0", "gfx1100"),
+            Err(ArchiveError::KernelTooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn corrupt_zstd_frames() {
+        // Our own archive: frames carry a checksum.
+        let kernels = zstd_kernels();
+        let mut w = crate::archive::ArchiveWriter::new("test", "gfx110X", vec![]);
+        for (k, t, b) in &kernels {
+            w.add(*k, *t, b.as_slice(), None).unwrap();
+        }
+        let good = w.to_vec().unwrap();
+        let len0 = u32::from_le_bytes(good[68..72].try_into().unwrap()) as usize;
+        // Damage the last byte of frame 0 (its checksum) and a byte in its body.
+        for pos in [72 + len0 - 1, 72 + len0 / 2] {
+            let mut b = good.clone();
+            b[pos] ^= 0x55;
+            let a = Archive::from_bytes(b).unwrap();
+            let e = a.kernel("lib/libhip.so#0", "gfx1100").unwrap_err();
+            assert!(matches!(e, ArchiveError::Decompress { .. }), "{pos}: {e}");
+            // The other kernels still read.
+            assert_eq!(a.kernel("bin/hiptest#0", "gfx1100").unwrap(), kernels[2].2);
+        }
+        // A damaged frame magic.
+        let mut b = zstd_bytes();
+        b[72] = 0;
+        let a = Archive::from_bytes(b).unwrap();
+        assert!(matches!(
+            a.kernel("lib/libhip.so#0", "gfx1100"),
+            Err(ArchiveError::Decompress { ref reason, .. }) if reason.contains("frame header")
+        ));
+    }
+
+    #[test]
+    fn frame_lengths_and_counts() {
+        // frame_len of frame 1 runs past the blob: found on the first read.
+        let mut b = zstd_bytes();
+        b[68 + 4 + 41..68 + 4 + 41 + 4].copy_from_slice(&1000u32.to_le_bytes());
+        let a = Archive::from_bytes(b).unwrap();
+        for _ in 0..2 {
+            assert!(matches!(
+                a.kernel("lib/libhip.so#0", "gfx1101"),
+                Err(ArchiveError::FrameOutOfRange {
+                    index: 1,
+                    size: 1000,
+                    end: 198,
+                    ..
+                })
+            ));
+        }
+        // More frames claimed than the blob holds.
+        let mut b = zstd_bytes();
+        b[64..68].copy_from_slice(&4u32.to_le_bytes());
+        let a = Archive::from_bytes(b).unwrap();
+        assert!(matches!(
+            a.kernel("lib/libhip.so#0", "gfx1100"),
+            Err(ArchiveError::FrameOutOfRange { index: 3, .. })
+        ));
+        // Too many frames.
+        let mut b = zstd_bytes();
+        b[64..68].copy_from_slice(&(MAX_FRAMES as u32 + 1).to_le_bytes());
+        assert!(matches!(open_err(b), ArchiveError::TooManyFrames { .. }));
+        // Fewer frames than ordinals.
+        let mut b = zstd_bytes();
+        b[64..68].copy_from_slice(&2u32.to_le_bytes());
+        assert!(matches!(
+            open_err(b),
+            ArchiveError::OrdinalOutOfRange {
+                ordinal: 2,
+                count: 2,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn truncated_files() {
+        for bytes in [noop_bytes(), zstd_bytes()] {
+            for cut in 0..bytes.len() {
+                let e = open_err(bytes[..cut].to_vec());
+                match cut {
+                    0..=63 => assert!(
+                        matches!(e, ArchiveError::TruncatedHeader { .. }),
+                        "{cut}: {e}"
+                    ),
+                    _ => assert!(
+                        matches!(
+                            e,
+                            ArchiveError::TocOffsetOutOfRange { .. }
+                                | ArchiveError::TocParse { .. }
+                        ),
+                        "{cut}: {e}"
+                    ),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn damaged_bytes_never_panic() {
+        // Flip every byte of both references (one at a time, several ways)
+        // and read everything that opens.
+        for bytes in [noop_bytes(), zstd_bytes()] {
+            for pos in 0..bytes.len() {
+                for x in [0x01u8, 0x80, 0xff] {
+                    let mut b = bytes.clone();
+                    b[pos] ^= x;
+                    if let Ok(a) = Archive::from_bytes(b) {
+                        for (_, _, e) in a.entries_by_ordinal() {
+                            let _ = a.read(e);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn open_reports_path_and_io_errors() {
+        let err = Archive::open("/nonexistent/x.kpack").unwrap_err();
+        assert!(matches!(err, crate::Error::Io { .. }));
+        assert_eq!(err.path(), Path::new("/nonexistent/x.kpack"));
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("empty.kpack");
+        std::fs::write(&p, b"").unwrap();
+        let err = Archive::open(&p).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                crate::Error::Archive {
+                    source: ArchiveError::TruncatedHeader { len: 0 },
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,673 @@
+//! Writing `.kpack` archives.
+//!
+//! Kernels are added in order (their ordinals), then written in one pass:
+//! header placeholder, blob, TOC, then the TOC offset is patched in. For
+//! `zstd-per-kernel`, kernels are compressed in parallel in batches of about
+//! [`DEFAULT_BATCH_BYTES`] of input, each batch written before the next is
+//! compressed, so memory stays bounded. Every kernel is its own frame
+//! compressed with the same parameters, so the output does not depend on the
+//! number of threads.
+
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+use std::io::{BufWriter, Seek, SeekFrom, Write};
+use std::path::Path;
+
+use rayon::prelude::*;
+
+use super::{
+    ArchiveError, Metadata, Scheme, DEFAULT_ZSTD_LEVEL, FORMAT_VERSION, HEADER_SIZE, KERNEL_TYPE,
+    MAGIC, MAX_FRAMES, MAX_KERNEL_SIZE, MAX_ZSTD_SIZE,
+};
+use crate::error::WithPath;
+use crate::msgpack::{self, Value};
+
+/// Input bytes compressed per parallel batch.
+pub const DEFAULT_BATCH_BYTES: usize = 64 << 20;
+
+/// What [`ArchiveWriter`] wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteSummary {
+    /// Number of kernels.
+    pub kernels: usize,
+    /// Sum of the kernels' sizes.
+    pub bytes_in: u64,
+    /// Size of the archive file.
+    pub bytes_out: u64,
+}
+
+struct Pending<'a> {
+    key: String,
+    target: String,
+    data: Cow<'a, [u8]>,
+    metadata: Option<Metadata>,
+}
+
+/// Builds a `.kpack` archive.
+///
+/// ```no_run
+/// # use kpack_core::archive::{ArchiveWriter, Scheme};
+/// let code = std::fs::read("kernel.hsaco")?;
+/// let mut w = ArchiveWriter::new("blas", "gfx942", vec!["gfx942".into()]);
+/// w.add("lib/librocblas.so#0", "gfx942", code.as_slice(), None)?;
+/// let summary = w.write("blas_gfx942.kpack")?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct ArchiveWriter<'a> {
+    group_name: String,
+    gfx_arch_family: String,
+    gfx_arches: Vec<String>,
+    scheme: Scheme,
+    level: i32,
+    checksum: bool,
+    batch_bytes: usize,
+    /// In ordinal order.
+    kernels: Vec<Pending<'a>>,
+    /// Keys in first-insertion order, each with its kernels' indices.
+    keys: Vec<(String, Vec<usize>)>,
+    key_index: HashMap<String, usize>,
+    seen: HashSet<(String, String)>,
+}
+
+impl<'a> ArchiveWriter<'a> {
+    /// An empty archive with the given TOC header fields; scheme
+    /// `zstd-per-kernel`, level [`DEFAULT_ZSTD_LEVEL`], content checksums on.
+    pub fn new(
+        group_name: impl Into<String>,
+        gfx_arch_family: impl Into<String>,
+        gfx_arches: Vec<String>,
+    ) -> Self {
+        ArchiveWriter {
+            group_name: group_name.into(),
+            gfx_arch_family: gfx_arch_family.into(),
+            gfx_arches,
+            scheme: Scheme::ZstdPerKernel,
+            level: DEFAULT_ZSTD_LEVEL,
+            checksum: true,
+            batch_bytes: DEFAULT_BATCH_BYTES,
+            kernels: Vec::new(),
+            keys: Vec::new(),
+            key_index: HashMap::new(),
+            seen: HashSet::new(),
+        }
+    }
+
+    /// Set the compression scheme.
+    pub fn scheme(mut self, scheme: Scheme) -> Self {
+        self.scheme = scheme;
+        self
+    }
+
+    /// Set the zstd level (checked when writing; `0` means zstd's default).
+    pub fn zstd_level(mut self, level: i32) -> Self {
+        self.level = level;
+        self
+    }
+
+    /// Whether zstd frames carry a content checksum (default: yes, SPEC §3).
+    /// Turning it off reproduces the reference Python writer's frames.
+    pub fn content_checksum(mut self, on: bool) -> Self {
+        self.checksum = on;
+        self
+    }
+
+    /// Input bytes compressed per parallel batch (default
+    /// [`DEFAULT_BATCH_BYTES`]; a batch holds at least one kernel).
+    pub fn batch_bytes(mut self, bytes: usize) -> Self {
+        self.batch_bytes = bytes.max(1);
+        self
+    }
+
+    /// Number of kernels added.
+    pub fn len(&self) -> usize {
+        self.kernels.len()
+    }
+
+    /// Whether no kernel was added.
+    pub fn is_empty(&self) -> bool {
+        self.kernels.is_empty()
+    }
+
+    /// Add a kernel; returns its ordinal. `key` must end in `#N` (N decimal);
+    /// (`key`, `target`) must be new. `metadata`, if given, is written as the
+    /// entry's `metadata` map in the given order.
+    pub fn add(
+        &mut self,
+        key: impl Into<String>,
+        target: impl Into<String>,
+        data: impl Into<Cow<'a, [u8]>>,
+        metadata: Option<Metadata>,
+    ) -> Result<u32, ArchiveError> {
+        let (key, target, data) = (key.into(), target.into(), data.into());
+        check_key(&key)?;
+        if data.len() as u64 > MAX_KERNEL_SIZE {
+            return Err(ArchiveError::KernelTooLarge {
+                key,
+                target,
+                size: data.len() as u64,
+                max: MAX_KERNEL_SIZE,
+            });
+        }
+        let ordinal =
+            u32::try_from(self.kernels.len()).map_err(|_| ArchiveError::TooManyFrames {
+                count: self.kernels.len() as u64,
+                max: u32::MAX.into(),
+            })?;
+        if !self.seen.insert((key.clone(), target.clone())) {
+            return Err(ArchiveError::DuplicateKernel { key, target });
+        }
+        let slot = match self.key_index.get(&key) {
+            Some(&i) => i,
+            None => {
+                self.keys.push((key.clone(), Vec::new()));
+                self.key_index.insert(key.clone(), self.keys.len() - 1);
+                self.keys.len() - 1
+            }
+        };
+        self.keys[slot].1.push(self.kernels.len());
+        self.kernels.push(Pending {
+            key,
+            target,
+            data,
+            metadata,
+        });
+        Ok(ordinal)
+    }
+
+    /// Write the archive to `path`: into a temporary file in the same
+    /// directory, renamed over `path` only once complete (nothing is left
+    /// behind on error).
+    pub fn write(&self, path: impl AsRef<Path>) -> crate::Result<WriteSummary> {
+        let path = path.as_ref();
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let mut builder = tempfile::Builder::new();
+        builder.prefix(".kpack-tmp-");
+        #[cfg(unix)]
+        {
+            // Like a plain create: 0666 less the umask (not tempfile's 0600).
+            use std::os::unix::fs::PermissionsExt;
+            builder.permissions(std::fs::Permissions::from_mode(0o666));
+        }
+        let tmp = builder.tempfile_in(dir).with_path(path)?;
+        let mut out = BufWriter::with_capacity(1 << 20, tmp.as_file());
+        let summary = self.write_to(&mut out).with_path(path)?;
+        out.flush().with_path(path)?;
+        drop(out);
+        tmp.persist(path).map_err(|e| e.error).with_path(path)?;
+        Ok(summary)
+    }
+
+    /// Write the archive to `out`, starting at its current position.
+    pub fn write_to<W: Write + Seek>(&self, mut out: W) -> Result<WriteSummary, ArchiveError> {
+        let base = out.stream_position()?;
+        let n = self.kernels.len() as u64;
+        if self.scheme == Scheme::ZstdPerKernel {
+            let range = zstd::compression_level_range();
+            if !range.contains(&self.level) {
+                return Err(ArchiveError::InvalidZstdLevel {
+                    level: self.level,
+                    min: *range.start(),
+                    max: *range.end(),
+                });
+            }
+            if n > MAX_FRAMES {
+                return Err(ArchiveError::TooManyFrames {
+                    count: n,
+                    max: MAX_FRAMES,
+                });
+            }
+        }
+
+        // Header with a placeholder TOC offset.
+        let mut header = [0u8; HEADER_SIZE as usize];
+        header[0..4].copy_from_slice(MAGIC);
+        header[4..8].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.write_all(&header)?;
+        let mut pos = HEADER_SIZE;
+
+        let blob_fields = match self.scheme {
+            Scheme::None => {
+                let mut blobs = Vec::with_capacity(self.kernels.len());
+                for k in &self.kernels {
+                    out.write_all(&k.data)?;
+                    let size = k.data.len() as u64;
+                    blobs.push(Value::str_map([
+                        ("offset", Value::from(pos)),
+                        ("size", Value::from(size)),
+                    ]));
+                    pos += size;
+                }
+                vec![("blobs", Value::Array(blobs))]
+            }
+            Scheme::ZstdPerKernel => {
+                // n <= MAX_FRAMES, so it fits in u32.
+                out.write_all(&(n as u32).to_le_bytes())?;
+                let mut zstd_size: u64 = 4;
+                for batch in self.batches() {
+                    let frames: Vec<Result<Vec<u8>, ArchiveError>> = batch
+                        .par_iter()
+                        .map_init(
+                            || self.compressor(),
+                            |c, k| match c {
+                                Ok(c) => c.compress(&k.data).map_err(|e| compress_err(k, &e)),
+                                Err(e) => Err(compress_err(k, e)),
+                            },
+                        )
+                        .collect();
+                    for frame in frames {
+                        let frame = frame?;
+                        zstd_size += 4 + frame.len() as u64;
+                        if zstd_size > MAX_ZSTD_SIZE {
+                            return Err(ArchiveError::ZstdBlobTooLarge {
+                                size: zstd_size,
+                                max: MAX_ZSTD_SIZE,
+                            });
+                        }
+                        // Fits: zstd_size <= 4 GiB.
+                        out.write_all(&(frame.len() as u32).to_le_bytes())?;
+                        out.write_all(&frame)?;
+                    }
+                }
+                pos += zstd_size;
+                vec![
+                    ("zstd_offset", Value::from(HEADER_SIZE)),
+                    ("zstd_size", Value::from(zstd_size)),
+                ]
+            }
+        };
+
+        let toc_offset = pos;
+        let toc = msgpack::encode(&self.toc(blob_fields));
+        out.write_all(&toc)?;
+        let end = toc_offset + toc.len() as u64;
+        out.seek(SeekFrom::Start(base + 8))?;
+        out.write_all(&toc_offset.to_le_bytes())?;
+        out.seek(SeekFrom::Start(base + end))?;
+        out.flush()?;
+        Ok(WriteSummary {
+            kernels: self.kernels.len(),
+            bytes_in: self.kernels.iter().map(|k| k.data.len() as u64).sum(),
+            bytes_out: end,
+        })
+    }
+
+    /// The archive as bytes in memory.
+    pub fn to_vec(&self) -> Result<Vec<u8>, ArchiveError> {
+        let mut cur = std::io::Cursor::new(Vec::new());
+        self.write_to(&mut cur)?;
+        Ok(cur.into_inner())
+    }
+
+    /// Consecutive runs of kernels of about `batch_bytes` input each.
+    fn batches(&self) -> impl Iterator<Item = &[Pending<'a>]> + '_ {
+        let mut rest = self.kernels.as_slice();
+        std::iter::from_fn(move || {
+            if rest.is_empty() {
+                return None;
+            }
+            let mut bytes = 0usize;
+            let mut n = 0;
+            while n < rest.len() && (n == 0 || bytes + rest[n].data.len() <= self.batch_bytes) {
+                bytes += rest[n].data.len();
+                n += 1;
+            }
+            let (batch, tail) = rest.split_at(n);
+            rest = tail;
+            Some(batch)
+        })
+    }
+
+    fn compressor(&self) -> std::io::Result<zstd::bulk::Compressor<'static>> {
+        let mut c = zstd::bulk::Compressor::new(self.level)?;
+        c.include_checksum(self.checksum)?;
+        c.include_contentsize(true)?;
+        c.include_dictid(false)?;
+        Ok(c)
+    }
+
+    /// The TOC map, keys in SPEC order.
+    fn toc(&self, blob_fields: Vec<(&str, Value)>) -> Value {
+        let toc = self
+            .keys
+            .iter()
+            .map(|(key, indices)| {
+                let targets = indices
+                    .iter()
+                    .map(|&i| {
+                        let k = &self.kernels[i];
+                        let mut e = vec![
+                            (Value::from("type"), Value::from(KERNEL_TYPE)),
+                            (Value::from("ordinal"), Value::from(i)),
+                            (Value::from("original_size"), Value::from(k.data.len())),
+                        ];
+                        if let Some(m) = &k.metadata {
+                            let m = m
+                                .iter()
+                                .map(|(mk, mv)| (Value::from(mk.as_str()), mv.clone()))
+                                .collect();
+                            e.push((Value::from("metadata"), Value::Map(m)));
+                        }
+                        (Value::from(k.target.as_str()), Value::Map(e))
+                    })
+                    .collect();
+                (Value::from(key.as_str()), Value::Map(targets))
+            })
+            .collect();
+        let mut fields = vec![
+            ("format_version", Value::from(FORMAT_VERSION)),
+            ("group_name", Value::from(self.group_name.as_str())),
+            (
+                "gfx_arch_family",
+                Value::from(self.gfx_arch_family.as_str()),
+            ),
+            (
+                "gfx_arches",
+                Value::Array(
+                    self.gfx_arches
+                        .iter()
+                        .map(|a| Value::from(a.as_str()))
+                        .collect(),
+                ),
+            ),
+            ("toc", Value::Map(toc)),
+            ("compression_scheme", Value::from(self.scheme.name())),
+        ];
+        fields.extend(blob_fields);
+        Value::str_map(fields)
+    }
+}
+
+fn compress_err(k: &Pending<'_>, e: &std::io::Error) -> ArchiveError {
+    ArchiveError::Compress {
+        key: k.key.clone(),
+        target: k.target.clone(),
+        reason: e.to_string(),
+    }
+}
+
+/// A TOC key is `<path>#<N>` with N decimal.
+fn check_key(key: &str) -> Result<(), ArchiveError> {
+    let bad = |reason| {
+        Err(ArchiveError::InvalidKey {
+            key: key.to_owned(),
+            reason,
+        })
+    };
+    match key.rsplit_once('#') {
+        None => bad("no `#N` suffix"),
+        Some(("", _)) => bad("empty binary path"),
+        Some((_, n)) if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) => {
+            bad("the `#N` suffix is not a decimal number")
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::*;
+    use super::super::Archive;
+    use super::*;
+
+    fn writer_for<'a>(
+        family: &str,
+        arches: &[&str],
+        kernels: &'a [(&str, &str, Vec<u8>)],
+    ) -> ArchiveWriter<'a> {
+        let mut w = ArchiveWriter::new(
+            "test",
+            family,
+            arches.iter().map(|s| s.to_string()).collect(),
+        );
+        for (i, (k, t, b)) in kernels.iter().enumerate() {
+            assert_eq!(w.add(*k, *t, b.as_slice(), None).unwrap(), i as u32);
+        }
+        w
+    }
+
+    #[test]
+    fn noop_is_byte_identical_to_reference() {
+        let kernels = noop_kernels();
+        let w = writer_for("gfx900X", &["gfx900", "gfx906"], &kernels).scheme(Scheme::None);
+        let reference = std::fs::read(fixture("test_noop.kpack")).unwrap();
+        assert_eq!(w.to_vec().unwrap(), reference);
+
+        // And through a file.
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out.kpack");
+        let s = w.write(&p).unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), reference);
+        assert_eq!(
+            s,
+            WriteSummary {
+                kernels: 3,
+                bytes_in: 119 + 219 + 168,
+                bytes_out: 903
+            }
+        );
+        // Only the archive is left in the directory.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn zstd_without_checksum_is_byte_identical_to_reference() {
+        let kernels = zstd_kernels();
+        let w = writer_for("gfx110X", &["gfx1100", "gfx1101"], &kernels).content_checksum(false);
+        let reference = std::fs::read(fixture("test_zstd.kpack")).unwrap();
+        assert_eq!(w.to_vec().unwrap(), reference);
+    }
+
+    #[test]
+    fn zstd_with_checksum_reads_back() {
+        let kernels = zstd_kernels();
+        let w = writer_for("gfx110X", &["gfx1100", "gfx1101"], &kernels);
+        let bytes = w.to_vec().unwrap();
+        // Each frame's descriptor has the checksum flag (bit 2) set.
+        let a = Archive::from_bytes(bytes.clone()).unwrap();
+        assert_eq!(a.scheme(), Scheme::ZstdPerKernel);
+        let mut pos = 68usize;
+        for _ in 0..3 {
+            let len = u32::from_le_bytes(bytes[pos..pos + 4].try_into().unwrap()) as usize;
+            assert_eq!(&bytes[pos + 4..pos + 8], &[0x28, 0xb5, 0x2f, 0xfd]);
+            assert_ne!(bytes[pos + 8] & 0x04, 0, "checksum flag");
+            pos += 4 + len;
+        }
+        let reference = Archive::open(fixture("test_zstd.kpack")).unwrap();
+        assert_eq!(a.entries(), reference.entries());
+        assert_eq!(a.gfx_arches(), reference.gfx_arches());
+        for (k, t, b) in &kernels {
+            assert_eq!(&a.kernel(k, t).unwrap(), b);
+        }
+    }
+
+    fn big_kernels() -> Vec<(String, String, Vec<u8>)> {
+        let mut x: u32 = 12345;
+        (0..24)
+            .map(|i| {
+                let len = 1000 + i * 3777;
+                let data = (0..len)
+                    .map(|j| {
+                        x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+                        if j % 7 == 0 {
+                            (x >> 24) as u8
+                        } else {
+                            (j % 13) as u8
+                        }
+                    })
+                    .collect();
+                (
+                    format!("lib/lib{}.so#{}", i % 5, i / 5),
+                    format!("gfx90{}", i % 3),
+                    data,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn output_independent_of_threads_and_batches() {
+        let kernels = big_kernels();
+        let build = |batch: usize| {
+            let mut w = ArchiveWriter::new("g", "gfx90X", vec!["gfx900".into()]).batch_bytes(batch);
+            for (k, t, b) in &kernels {
+                w.add(k.as_str(), t.as_str(), b.as_slice(), None).unwrap();
+            }
+            w
+        };
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let four = rayon::ThreadPoolBuilder::new()
+            .num_threads(4)
+            .build()
+            .unwrap();
+        let a = one.install(|| build(usize::MAX).to_vec().unwrap());
+        let b = four.install(|| build(10_000).to_vec().unwrap());
+        let c = four.install(|| build(1).to_vec().unwrap());
+        assert_eq!(a, b);
+        assert_eq!(a, c);
+        let ar = Archive::from_bytes(a).unwrap();
+        assert_eq!(ar.kernel_count(), kernels.len());
+        for (i, (k, t, bytes)) in kernels.iter().enumerate() {
+            assert_eq!(ar.entry(k, t).unwrap().ordinal, i as u32);
+            assert_eq!(&ar.kernel(k, t).unwrap(), bytes);
+        }
+    }
+
+    #[test]
+    fn metadata_and_first_insertion_order() {
+        let mut w = ArchiveWriter::new("torch", "gfx90a:xnack-", vec!["gfx90a:xnack-".into()])
+            .scheme(Scheme::None);
+        let md = vec![
+            (
+                "target".to_string(),
+                Value::from("hipv4-amdgcn-amd-amdhsa--gfx90a:xnack-"),
+            ),
+            ("source_prefix".to_string(), Value::from("torch")),
+        ];
+        w.add("z/b.so#0", "gfx90a:xnack-", &b"one"[..], Some(md.clone()))
+            .unwrap();
+        w.add("a/a.so#1", "gfx90a:xnack-", &b"two"[..], None)
+            .unwrap();
+        w.add("z/b.so#1", "gfx90a:xnack-", vec![3u8; 5], None)
+            .unwrap();
+        let bytes = w.to_vec().unwrap();
+        let a = Archive::from_bytes(bytes.clone()).unwrap();
+        let keys: Vec<_> = a.entries().iter().map(|e| e.key.as_str()).collect();
+        assert_eq!(keys, ["z/b.so#0", "a/a.so#1", "z/b.so#1"]);
+        assert_eq!(
+            a.binaries().collect::<Vec<_>>(),
+            ["a/a.so#1", "z/b.so#0", "z/b.so#1"]
+        );
+        let e = a.entry("z/b.so#0", "gfx90a:xnack-").unwrap();
+        assert_eq!(e.metadata.as_ref(), Some(&md));
+        assert_eq!(e.metadata_str("source_prefix"), Some("torch"));
+        assert_eq!(a.kernel("z/b.so#1", "gfx90a:xnack-").unwrap(), vec![3u8; 5]);
+        // TOC key order: the entry map is type, ordinal, original_size, metadata.
+        let toc_offset = u64::from_le_bytes(bytes[8..16].try_into().unwrap()) as usize;
+        let toc = msgpack::decode(&bytes[toc_offset..]).unwrap();
+        let names: Vec<_> = toc
+            .as_map()
+            .unwrap()
+            .iter()
+            .map(|(k, _)| k.as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "format_version",
+                "group_name",
+                "gfx_arch_family",
+                "gfx_arches",
+                "toc",
+                "compression_scheme",
+                "blobs"
+            ]
+        );
+        let entry = toc
+            .get("toc")
+            .unwrap()
+            .get("z/b.so#0")
+            .unwrap()
+            .get("gfx90a:xnack-")
+            .unwrap();
+        let names: Vec<_> = entry
+            .as_map()
+            .unwrap()
+            .iter()
+            .map(|(k, _)| k.as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["type", "ordinal", "original_size", "metadata"]);
+    }
+
+    #[test]
+    fn empty_archives() {
+        for scheme in [Scheme::None, Scheme::ZstdPerKernel] {
+            let w = ArchiveWriter::new("g", "f", vec![]).scheme(scheme);
+            let a = Archive::from_bytes(w.to_vec().unwrap()).unwrap();
+            assert_eq!(a.kernel_count(), 0);
+            assert_eq!(a.scheme(), scheme);
+            assert_eq!(a.binaries().count(), 0);
+        }
+    }
+
+    #[test]
+    fn add_rejects_duplicates_and_bad_keys() {
+        let mut w = ArchiveWriter::new("g", "f", vec![]);
+        w.add("a#0", "gfx900", &b"x"[..], None).unwrap();
+        assert!(matches!(
+            w.add("a#0", "gfx900", &b"y"[..], None),
+            Err(ArchiveError::DuplicateKernel { ref key, ref target }) if key == "a#0" && target == "gfx900"
+        ));
+        w.add("a#0", "gfx906", &b"y"[..], None).unwrap();
+        for bad in ["a", "a#", "#0", "a#x1", "a#-1"] {
+            assert!(
+                matches!(
+                    w.add(bad, "gfx900", &b"z"[..], None),
+                    Err(ArchiveError::InvalidKey { .. })
+                ),
+                "{bad}"
+            );
+        }
+        assert_eq!(w.len(), 2);
+    }
+
+    #[test]
+    fn invalid_level() {
+        let mut w = ArchiveWriter::new("g", "f", vec![]).zstd_level(1000);
+        w.add("a#0", "t", &b"x"[..], None).unwrap();
+        assert!(matches!(
+            w.to_vec(),
+            Err(ArchiveError::InvalidZstdLevel { level: 1000, .. })
+        ));
+        // Failed writes leave nothing behind.
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.kpack");
+        let err = w.write(&p).unwrap_err();
+        assert!(matches!(
+            err,
+            crate::Error::Archive {
+                source: ArchiveError::InvalidZstdLevel { .. },
+                ..
+            }
+        ));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn written_file_mode_is_not_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.kpack");
+        ArchiveWriter::new("g", "f", vec![]).write(&p).unwrap();
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode();
+        // 0666 less the umask: at least the owner can read and write; group or
+        // other bits are whatever the umask allows (not forced to 0600).
+        assert_eq!(mode & 0o600, 0o600);
+    }
+}

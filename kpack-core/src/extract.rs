@@ -1,0 +1,217 @@
+//! Extracting code objects to files: from a fat binary (or raw bundle) and
+//! from a `.kpack` archive.
+//!
+//! File names:
+//! - fat binary: `<target>.hsaco`, or `<target>#<N>.hsaco` when the binary
+//!   has several bundles (N = bundle index);
+//! - archive: `<key>@<target>.hsaco`, where in the key `%`, `/` and `@` are
+//!   written `%25`, `%2F` and `%40`, so that the name is one path component
+//!   and maps back to exactly one (key, target) ([`parse_archive_file_name`]).
+//!
+//! Everything is decoded and checked before the first file is written, and
+//! files are assembled in a staging directory and moved into place at the
+//! end: bad input leaves no output behind.
+
+use std::borrow::Cow;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::archive::Archive;
+use crate::error::{Error, Result, WithPath};
+use crate::fatbin::{read_device_code, DeviceCode};
+use crate::input::{classify, map_file, FileKind};
+use crate::output::StagedDir;
+use crate::target::TargetId;
+
+/// One file written by [`extract`].
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Extracted {
+    pub file: String,
+    pub target: String,
+    /// Archive key (archives only).
+    pub key: Option<String>,
+    /// Bundle index (fat binaries only).
+    pub bundle: Option<usize>,
+    pub size: u64,
+}
+
+/// The file name for a code object of a fat binary.
+pub fn fatbin_file_name(target: &str, bundle: Option<usize>) -> String {
+    match bundle {
+        Some(n) => format!("{target}#{n}.hsaco"),
+        None => format!("{target}.hsaco"),
+    }
+}
+
+/// The file name for an archive's (key, target) code object.
+pub fn archive_file_name(key: &str, target: &str) -> String {
+    let mut s = String::with_capacity(key.len() + target.len() + 8);
+    for c in key.chars() {
+        match c {
+            '%' => s.push_str("%25"),
+            '/' => s.push_str("%2F"),
+            '@' => s.push_str("%40"),
+            c => s.push(c),
+        }
+    }
+    s.push('@');
+    s.push_str(target);
+    s.push_str(".hsaco");
+    s
+}
+
+/// The (key, target) an [`archive_file_name`] came from.
+pub fn parse_archive_file_name(name: &str) -> Option<(String, String)> {
+    let stem = name.strip_suffix(".hsaco")?;
+    let (key, target) = stem.rsplit_once('@')?;
+    let mut out = String::with_capacity(key.len());
+    let mut rest = key;
+    while let Some(i) = rest.find('%') {
+        out.push_str(&rest[..i]);
+        let code = rest.get(i + 1..i + 3)?;
+        out.push(match code {
+            "25" => '%',
+            "2F" => '/',
+            "40" => '@',
+            _ => return None,
+        });
+        rest = &rest[i + 3..];
+    }
+    out.push_str(rest);
+    Some((out, target.to_string()))
+}
+
+/// Does a code object's target match the requested one? Exact text, or
+/// the same target ID once both are put in canonical form.
+fn target_matches(have: &str, want: &str) -> bool {
+    have == want
+        || matches!((TargetId::parse(have), TargetId::parse(want)), (Ok(a), Ok(b)) if a == b)
+}
+
+/// Extract every code object of `input` (a fat binary, raw bundle file or
+/// `.kpack` archive), or only those for `target`, into `out_dir`.
+pub fn extract(input: &Path, out_dir: &Path, target: Option<&str>) -> Result<Vec<Extracted>> {
+    let mapped = map_file(input)?;
+    let mut files: Vec<(Extracted, Cow<[u8]>)> = Vec::new();
+    let mut available: Vec<String> = Vec::new();
+    match classify(&mapped) {
+        FileKind::Archive => {
+            let archive = Archive::open(input)?;
+            for (key, tgt) in archive.keys_and_targets() {
+                available.push(tgt.to_string());
+                if target.is_some_and(|t| !target_matches(tgt, t)) {
+                    continue;
+                }
+                let bytes = archive.kernel(key, tgt).with_path(input)?;
+                files.push((
+                    Extracted {
+                        file: archive_file_name(key, tgt),
+                        target: tgt.to_string(),
+                        key: Some(key.to_string()),
+                        bundle: None,
+                        size: bytes.len() as u64,
+                    },
+                    Cow::Owned(bytes),
+                ));
+            }
+        }
+        _ => match read_device_code(input, &mapped)? {
+            DeviceCode::Fat(fat) => {
+                let several = fat.bundles.len() > 1;
+                for b in &fat.bundles {
+                    for e in b.device_entries() {
+                        available.push(e.target().to_string());
+                        if target.is_some_and(|t| !target_matches(e.target(), t)) {
+                            continue;
+                        }
+                        files.push((
+                            Extracted {
+                                file: fatbin_file_name(e.target(), several.then_some(b.index)),
+                                target: e.target().to_string(),
+                                key: None,
+                                bundle: Some(b.index),
+                                size: e.data.len() as u64,
+                            },
+                            Cow::Borrowed(&e.data[..]),
+                        ));
+                    }
+                }
+                return write_all(input, out_dir, target, files, available);
+            }
+            DeviceCode::Offloaded(_) => {
+                return Err(Error::Unsupported {
+                    path: input.into(),
+                    what: "an offloaded host binary: its code objects live in .kpack archives; extract from those".into(),
+                });
+            }
+        },
+    }
+    write_all(input, out_dir, target, files, available)
+}
+
+fn write_all(
+    input: &Path,
+    out_dir: &Path,
+    target: Option<&str>,
+    files: Vec<(Extracted, Cow<[u8]>)>,
+    mut available: Vec<String>,
+) -> Result<Vec<Extracted>> {
+    if files.is_empty() {
+        available.sort();
+        available.dedup();
+        let what = match target {
+            Some(t) => format!(
+                "no code object for target {t} (available: {})",
+                available.join(", ")
+            ),
+            None => "no code objects to extract".into(),
+        };
+        return Err(Error::Request {
+            path: input.into(),
+            what,
+        });
+    }
+    let staged = StagedDir::new(out_dir)?;
+    for (info, bytes) in &files {
+        let p: PathBuf = staged.path().join(&info.file);
+        fs::write(&p, bytes).with_path(&p)?;
+    }
+    staged.commit()?;
+    Ok(files.into_iter().map(|(i, _)| i).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn archive_names_round_trip() {
+        for (k, t) in [
+            ("lib/libfoo.so#0", "gfx942:sramecc+:xnack-"),
+            ("a%2F/b@c#12", "gfx1100"),
+            ("", "gfx900"),
+            ("..#0", "gfx90a:xnack+"),
+        ] {
+            let n = archive_file_name(k, t);
+            assert!(!n.contains('/'), "{n}");
+            assert_eq!(
+                parse_archive_file_name(&n),
+                Some((k.to_string(), t.to_string()))
+            );
+        }
+        assert_eq!(
+            archive_file_name("lib/libfoo.so#0", "gfx1100"),
+            "lib%2Flibfoo.so#0@gfx1100.hsaco"
+        );
+        assert_eq!(parse_archive_file_name("x%zz@gfx900.hsaco"), None);
+    }
+
+    #[test]
+    fn target_matching_is_canonical() {
+        assert!(target_matches(
+            "gfx942:sramecc+:xnack-",
+            "gfx942:xnack-:sramecc+"
+        ));
+        assert!(!target_matches("gfx942:xnack-", "gfx942"));
+    }
+}

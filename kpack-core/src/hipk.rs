@@ -1,0 +1,354 @@
+//! The host side of an offloaded binary (SPEC §2.1, §2.2): the 24-byte
+//! `__CudaFatBinaryWrapper` records of `.hipFatBinSegment`, and the HIPK
+//! metadata blob (section `.rocm_kpack_ref`) that a `HIPK` wrapper points at.
+//!
+//! The metadata is a MessagePack map
+//! `{"kpack_search_paths": [str, ...], "kernel_name": str}`; [`HipkMetadata::encode`]
+//! writes it byte for byte as the reference (Python `msgpack.packb(...,
+//! use_bin_type=True)`) does, [`HipkMetadata::decode`] accepts any key order.
+
+use crate::msgpack::{self, DecodeError, Value};
+
+/// Wrapper magic of an inline fat binary: `"FPIH"` little-endian.
+pub const HIPF_MAGIC: u32 = 0x4849_5046;
+/// Wrapper magic of an offloaded (kpack'd) binary: `"HIPK"` little-endian.
+pub const HIPK_MAGIC: u32 = 0x4B50_4948;
+/// The wrapper version both kinds carry.
+pub const WRAPPER_VERSION: u32 = 1;
+/// Size of one wrapper record in bytes.
+pub const WRAPPER_SIZE: usize = 24;
+/// The runtime reads at most this many bytes of metadata.
+pub const MAX_METADATA_SIZE: usize = 64 * 1024;
+
+/// Key of the search path list in the metadata map.
+pub const KEY_SEARCH_PATHS: &str = "kpack_search_paths";
+/// Key of the kernel name in the metadata map.
+pub const KEY_KERNEL_NAME: &str = "kernel_name";
+
+/// One `__CudaFatBinaryWrapper` (24 bytes, little-endian).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wrapper {
+    /// [`HIPF_MAGIC`] or [`HIPK_MAGIC`] (anything else is not a HIP wrapper).
+    pub magic: u32,
+    /// [`WRAPPER_VERSION`].
+    pub version: u32,
+    /// Address of the bundle (HIPF) or of the HIPK metadata (HIPK).
+    pub binary: u64,
+    /// For HIPK: the code object index `co_index`.
+    pub reserved1: u64,
+}
+
+impl Wrapper {
+    /// Decode a wrapper record. Any bytes are a wrapper; check
+    /// [`Wrapper::is_hipf`] / [`Wrapper::is_hipk`].
+    pub fn parse(bytes: &[u8; WRAPPER_SIZE]) -> Wrapper {
+        let u32_at =
+            |o: usize| u32::from_le_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]]);
+        let u64_at = |o: usize| u64::from(u32_at(o)) | (u64::from(u32_at(o + 4)) << 32);
+        Wrapper {
+            magic: u32_at(0),
+            version: u32_at(4),
+            binary: u64_at(8),
+            reserved1: u64_at(16),
+        }
+    }
+
+    /// Encode the wrapper record.
+    pub fn to_bytes(&self) -> [u8; WRAPPER_SIZE] {
+        let mut b = [0u8; WRAPPER_SIZE];
+        b[0..4].copy_from_slice(&self.magic.to_le_bytes());
+        b[4..8].copy_from_slice(&self.version.to_le_bytes());
+        b[8..16].copy_from_slice(&self.binary.to_le_bytes());
+        b[16..24].copy_from_slice(&self.reserved1.to_le_bytes());
+        b
+    }
+
+    /// An inline fat binary wrapper.
+    pub fn is_hipf(&self) -> bool {
+        self.magic == HIPF_MAGIC
+    }
+
+    /// An offloaded (kpack'd) wrapper.
+    pub fn is_hipk(&self) -> bool {
+        self.magic == HIPK_MAGIC
+    }
+}
+
+/// Why bytes are not valid HIPK metadata.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HipkError {
+    #[error("HIPK metadata is not valid MessagePack: {0}")]
+    Msgpack(#[from] DecodeError),
+    #[error("HIPK metadata is a MessagePack {found}, expected a map")]
+    NotAMap { found: &'static str },
+    #[error("HIPK metadata has no `{field}` field")]
+    MissingField { field: &'static str },
+    #[error("HIPK metadata field `{field}` is a {found}, expected {expected}")]
+    WrongType {
+        field: String,
+        expected: &'static str,
+        found: &'static str,
+    },
+    #[error("HIPK metadata field `kpack_search_paths` is empty")]
+    NoSearchPaths,
+}
+
+/// The HIPK metadata of an offloaded binary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HipkMetadata {
+    /// The binary's key in archive TOCs, without the `#N` suffix.
+    pub kernel_name: String,
+    /// Archive paths (relative to the binary's directory unless absolute);
+    /// `@GFXARCH@` stands for a target ID.
+    pub search_paths: Vec<String>,
+}
+
+impl HipkMetadata {
+    /// Encode as the reference does: keys `kpack_search_paths` then
+    /// `kernel_name`.
+    pub fn encode(&self) -> Vec<u8> {
+        msgpack::encode(&Value::str_map([
+            (
+                KEY_SEARCH_PATHS,
+                Value::Array(
+                    self.search_paths
+                        .iter()
+                        .map(|p| Value::from(p.as_str()))
+                        .collect(),
+                ),
+            ),
+            (KEY_KERNEL_NAME, Value::from(self.kernel_name.as_str())),
+        ]))
+    }
+
+    /// Decode metadata starting at `bytes[0]`. Only the first
+    /// [`MAX_METADATA_SIZE`] bytes are looked at; bytes after the map are
+    /// ignored (the runtime gets a pointer, not a length). Keys may come in
+    /// any order and unknown keys are ignored; `kernel_name` must be a str and
+    /// `kpack_search_paths` an array of at least one str.
+    pub fn decode(bytes: &[u8]) -> Result<HipkMetadata, HipkError> {
+        let bytes = &bytes[..bytes.len().min(MAX_METADATA_SIZE)];
+        let (value, _) = msgpack::decode_prefix(bytes)?;
+        let Value::Map(_) = value else {
+            return Err(HipkError::NotAMap {
+                found: value.type_name(),
+            });
+        };
+        let kernel_name = match value.get(KEY_KERNEL_NAME) {
+            None => {
+                return Err(HipkError::MissingField {
+                    field: KEY_KERNEL_NAME,
+                })
+            }
+            Some(Value::Str(s)) => s.clone(),
+            Some(other) => {
+                return Err(HipkError::WrongType {
+                    field: KEY_KERNEL_NAME.into(),
+                    expected: "str",
+                    found: other.type_name(),
+                })
+            }
+        };
+        let paths = match value.get(KEY_SEARCH_PATHS) {
+            None => {
+                return Err(HipkError::MissingField {
+                    field: KEY_SEARCH_PATHS,
+                })
+            }
+            Some(Value::Array(a)) => a,
+            Some(other) => {
+                return Err(HipkError::WrongType {
+                    field: KEY_SEARCH_PATHS.into(),
+                    expected: "array of str",
+                    found: other.type_name(),
+                })
+            }
+        };
+        if paths.is_empty() {
+            return Err(HipkError::NoSearchPaths);
+        }
+        let search_paths = paths
+            .iter()
+            .enumerate()
+            .map(|(i, p)| match p {
+                Value::Str(s) => Ok(s.clone()),
+                other => Err(HipkError::WrongType {
+                    field: format!("{KEY_SEARCH_PATHS}[{i}]"),
+                    expected: "str",
+                    found: other.type_name(),
+                }),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(HipkMetadata {
+            kernel_name,
+            search_paths,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unhex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    fn sample() -> HipkMetadata {
+        HipkMetadata {
+            kernel_name: "bin/x".into(),
+            search_paths: vec!["a".into(), "/abs/b_@GFXARCH@.kpack".into()],
+        }
+    }
+
+    /// Python: msgpack.packb({"kpack_search_paths": ["a", "/abs/b_@GFXARCH@.kpack"],
+    /// "kernel_name": "bin/x"}, use_bin_type=True)
+    const SAMPLE_PY: &str =
+        "82b26b7061636b5f7365617263685f706174687392a161b62f6162732f625f404746584152434840\
+                             2e6b7061636bab6b65726e656c5f6e616d65a562696e2f78";
+
+    #[test]
+    fn encode_matches_python() {
+        assert_eq!(sample().encode(), unhex(SAMPLE_PY));
+        let one = HipkMetadata {
+            kernel_name: "lib/librocblas.so".into(),
+            search_paths: vec!["../.kpack/blas_@GFXARCH@.kpack".into()],
+        };
+        assert_eq!(
+            one.encode(),
+            unhex(
+                "82b26b7061636b5f7365617263685f706174687391be2e2e2f2e6b7061636b2f626c61735f4047\
+                 465841524348402e6b7061636bab6b65726e656c5f6e616d65b16c69622f6c6962726f63626c61732e736f"
+            )
+        );
+    }
+
+    #[test]
+    fn decode_roundtrip_with_trailing_bytes() {
+        let mut b = unhex(SAMPLE_PY);
+        assert_eq!(HipkMetadata::decode(&b).unwrap(), sample());
+        b.extend_from_slice(&[0xde, 0xad, 0, 0, 0]);
+        assert_eq!(HipkMetadata::decode(&b).unwrap(), sample());
+    }
+
+    #[test]
+    fn decode_any_order_and_unknown_keys() {
+        let v = Value::str_map([
+            ("extra", Value::from(7i64)),
+            ("kernel_name", "k".into()),
+            ("kpack_search_paths", Value::Array(vec!["p".into()])),
+        ]);
+        let m = HipkMetadata::decode(&msgpack::encode(&v)).unwrap();
+        assert_eq!(
+            m,
+            HipkMetadata {
+                kernel_name: "k".into(),
+                search_paths: vec!["p".into()]
+            }
+        );
+    }
+
+    #[test]
+    fn decode_errors() {
+        let enc = |v: Value| msgpack::encode(&v);
+        assert!(matches!(
+            HipkMetadata::decode(&[]),
+            Err(HipkError::Msgpack(_))
+        ));
+        assert_eq!(
+            HipkMetadata::decode(&enc(Value::Array(vec![]))),
+            Err(HipkError::NotAMap { found: "array" })
+        );
+        assert_eq!(
+            HipkMetadata::decode(&enc(Value::str_map([(
+                "kpack_search_paths",
+                Value::Array(vec!["p".into()])
+            )]))),
+            Err(HipkError::MissingField {
+                field: "kernel_name"
+            })
+        );
+        assert_eq!(
+            HipkMetadata::decode(&enc(Value::str_map([("kernel_name", Value::from("k"))]))),
+            Err(HipkError::MissingField {
+                field: "kpack_search_paths"
+            })
+        );
+        assert!(matches!(
+            HipkMetadata::decode(&enc(Value::str_map([
+                ("kernel_name", Value::Bin(b"k".to_vec())),
+                ("kpack_search_paths", Value::Array(vec!["p".into()])),
+            ]))),
+            Err(HipkError::WrongType { found: "bin", .. })
+        ));
+        assert_eq!(
+            HipkMetadata::decode(&enc(Value::str_map([
+                ("kernel_name", Value::from("k")),
+                ("kpack_search_paths", Value::Array(vec![])),
+            ]))),
+            Err(HipkError::NoSearchPaths)
+        );
+        assert_eq!(
+            HipkMetadata::decode(&enc(Value::str_map([
+                ("kernel_name", Value::from("k")),
+                (
+                    "kpack_search_paths",
+                    Value::Array(vec!["p".into(), Value::from(3i64)])
+                ),
+            ]))),
+            Err(HipkError::WrongType {
+                field: "kpack_search_paths[1]".into(),
+                expected: "str",
+                found: "int"
+            })
+        );
+        assert!(matches!(
+            HipkMetadata::decode(&enc(Value::str_map([
+                ("kernel_name", Value::from("k")),
+                ("kpack_search_paths", Value::from("p")),
+            ]))),
+            Err(HipkError::WrongType { found: "str", .. })
+        ));
+    }
+
+    #[test]
+    fn reads_at_most_64k() {
+        let big = HipkMetadata {
+            kernel_name: "k".repeat(MAX_METADATA_SIZE),
+            search_paths: vec!["p".into()],
+        };
+        let b = big.encode();
+        assert!(matches!(
+            HipkMetadata::decode(&b),
+            Err(HipkError::Msgpack(DecodeError::Truncated { .. }))
+        ));
+        let fits = HipkMetadata {
+            kernel_name: "k".repeat(60_000),
+            search_paths: vec!["p".into()],
+        };
+        assert_eq!(HipkMetadata::decode(&fits.encode()).unwrap(), fits);
+    }
+
+    #[test]
+    fn wrapper_roundtrip() {
+        let w = Wrapper {
+            magic: HIPK_MAGIC,
+            version: WRAPPER_VERSION,
+            binary: 0x1122_3344_5566_7788,
+            reserved1: 3,
+        };
+        let b = w.to_bytes();
+        assert_eq!(&b[0..4], b"HIPK");
+        assert_eq!(&b[8..16], &[0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11]);
+        assert_eq!(Wrapper::parse(&b), w);
+        assert!(w.is_hipk() && !w.is_hipf());
+        let mut f = [0u8; WRAPPER_SIZE];
+        f[..8].copy_from_slice(&[b'F', b'P', b'I', b'H', 1, 0, 0, 0]);
+        let w = Wrapper::parse(&f);
+        assert!(w.is_hipf());
+        assert_eq!(w.version, 1);
+    }
+}

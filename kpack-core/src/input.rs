@@ -1,0 +1,104 @@
+//! Opening input files: memory-mapped, read-only, and classified by their
+//! first bytes.
+
+use std::fs::File;
+use std::ops::Deref;
+use std::path::{Path, PathBuf};
+
+use crate::bundle::{BUNDLE_MAGIC, CCOB_MAGIC};
+use crate::error::{Result, WithPath};
+
+/// A read-only view of a whole file. Empty files have no mapping.
+pub struct Mapped {
+    path: PathBuf,
+    map: Option<memmap2::Mmap>,
+}
+
+impl Mapped {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        self.map.as_deref().unwrap_or(&[])
+    }
+
+    /// Tell the kernel that the pages of `range` will not be needed again,
+    /// so a long pass over a large input does not keep them resident. Only
+    /// a hint: errors are ignored.
+    pub fn release(&self, range: std::ops::Range<usize>) {
+        if let Some(map) = &self.map {
+            let page = 4096;
+            let start = range.start.div_ceil(page) * page;
+            let end = (range.end / page) * page;
+            if end > start && end <= map.len() {
+                // SAFETY: MADV_DONTNEED on a read-only file mapping only
+                // drops resident pages; touching them again refaults the
+                // same bytes from the file. No writable private copy exists
+                // whose contents could be lost.
+                let _ = unsafe {
+                    map.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        start,
+                        end - start,
+                    )
+                };
+            }
+        }
+    }
+}
+
+impl Deref for Mapped {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.bytes()
+    }
+}
+
+/// Memory-map a file read-only.
+///
+/// Files kpack reads must not be truncated while mapped (that raises
+/// SIGBUS on access): replace files by renaming, as package managers and
+/// kpack itself do.
+pub fn map_file(path: &Path) -> Result<Mapped> {
+    let file = File::open(path).with_path(path)?;
+    let len = file.metadata().with_path(path)?.len();
+    let map = if len == 0 {
+        None
+    } else {
+        // SAFETY: the map is read-only and private; its contents may change
+        // only if another process rewrites the file in place, which kpack's
+        // documented contract (replace by rename) excludes. Every parser
+        // treats the bytes as untrusted input and bounds-checks them.
+        Some(unsafe { memmap2::Mmap::map(&file) }.with_path(path)?)
+    };
+    Ok(Mapped {
+        path: path.to_path_buf(),
+        map,
+    })
+}
+
+/// What a file is, from its first bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    /// A `.kpack` archive (`KPAK`).
+    Archive,
+    /// An ELF file.
+    Elf,
+    /// A raw offload bundle (plain or compressed), e.g. a `.hip_fatbin`
+    /// section cut out of a binary.
+    Bundle,
+    Other,
+}
+
+pub fn classify(bytes: &[u8]) -> FileKind {
+    if bytes.starts_with(crate::archive::MAGIC) {
+        FileKind::Archive
+    } else if bytes.starts_with(b"\x7fELF") {
+        FileKind::Elf
+    } else if bytes.starts_with(BUNDLE_MAGIC) || bytes.starts_with(CCOB_MAGIC) {
+        FileKind::Bundle
+    } else {
+        FileKind::Other
+    }
+}

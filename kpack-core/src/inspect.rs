@@ -1,0 +1,221 @@
+//! What `kpack ls` shows: a description of a fat binary, an archive or an
+//! offloaded host binary, as plain data (serializable to JSON).
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::archive::Archive;
+use crate::bundle::Method;
+use crate::elf::ElfType;
+use crate::error::Result;
+use crate::fatbin::{read_device_code, Container, DeviceCode};
+use crate::hipk::{Wrapper, HIPF_MAGIC, HIPK_MAGIC};
+use crate::input::{classify, map_file, FileKind};
+
+#[derive(Debug, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Listing {
+    FatBinary(FatBinaryListing),
+    Archive(ArchiveListing),
+    Offloaded(OffloadedListing),
+}
+
+#[derive(Debug, Serialize)]
+pub struct FatBinaryListing {
+    pub file: String,
+    pub file_size: u64,
+    /// `bundle` for a raw bundle file, else the ELF type.
+    pub container: String,
+    /// `.hip_fatbin` offset and size in the file (ELF only).
+    pub section_offset: Option<u64>,
+    pub section_size: u64,
+    pub bundles: Vec<BundleListing>,
+    /// Distinct device targets, sorted.
+    pub targets: Vec<String>,
+    pub wrappers: Vec<WrapperListing>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BundleListing {
+    pub index: usize,
+    /// Offset of the bundle (or of the compressed bundle holding it) in the
+    /// section.
+    pub offset: usize,
+    pub stored_size: usize,
+    pub compressed: Option<CompressedListing>,
+    pub entries: Vec<EntryListing>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct CompressedListing {
+    pub version: u16,
+    pub method: Method,
+    pub uncompressed_size: u64,
+    pub hash_matches: bool,
+    /// Position of this bundle inside the compressed bundle.
+    pub inner_index: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct EntryListing {
+    pub triple: String,
+    pub target: Option<String>,
+    pub size: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct WrapperListing {
+    pub index: usize,
+    pub magic: String,
+    pub version: u32,
+    pub binary: u64,
+    pub reserved1: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ArchiveListing {
+    pub file: String,
+    pub file_size: u64,
+    pub format_version: u32,
+    pub group_name: String,
+    pub gfx_arch_family: String,
+    pub gfx_arches: Vec<String>,
+    pub compression_scheme: String,
+    pub kernels: Vec<KernelListing>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct KernelListing {
+    pub key: String,
+    pub target: String,
+    pub ordinal: u64,
+    pub original_size: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OffloadedListing {
+    pub file: String,
+    pub file_size: u64,
+    pub elf_type: ElfType,
+    pub kernel_name: String,
+    pub search_paths: Vec<String>,
+    pub metadata_address: u64,
+    pub wrappers: Vec<WrapperListing>,
+}
+
+fn magic_name(m: u32) -> String {
+    match m {
+        HIPF_MAGIC => "HIPF".into(),
+        HIPK_MAGIC => "HIPK".into(),
+        m => format!("{m:#010x}"),
+    }
+}
+
+fn wrappers(ws: &[Wrapper]) -> Vec<WrapperListing> {
+    ws.iter()
+        .enumerate()
+        .map(|(index, w)| WrapperListing {
+            index,
+            magic: magic_name(w.magic),
+            version: w.version,
+            binary: w.binary,
+            reserved1: w.reserved1,
+        })
+        .collect()
+}
+
+/// Describe a file for `kpack ls`.
+pub fn list(path: &Path) -> Result<Listing> {
+    let mapped = map_file(path)?;
+    let file = path.display().to_string();
+    let file_size = mapped.len() as u64;
+    if classify(&mapped) == FileKind::Archive {
+        let a = Archive::open(path)?;
+        let kernels = a
+            .entries_by_ordinal()
+            .map(|(key, target, e)| KernelListing {
+                key: key.to_string(),
+                target: target.to_string(),
+                ordinal: e.ordinal.into(),
+                original_size: e.original_size,
+            })
+            .collect();
+        return Ok(Listing::Archive(ArchiveListing {
+            file,
+            file_size,
+            format_version: a.format_version(),
+            group_name: a.group_name().to_string(),
+            gfx_arch_family: a.gfx_arch_family().to_string(),
+            gfx_arches: a.gfx_arches().to_vec(),
+            compression_scheme: a.scheme().name().to_string(),
+            kernels,
+        }));
+    }
+    match read_device_code(path, &mapped)? {
+        DeviceCode::Fat(fat) => {
+            let mut targets: Vec<String> = fat
+                .bundles
+                .iter()
+                .flat_map(|b| b.device_entries().map(|e| e.target().to_string()))
+                .collect();
+            targets.sort();
+            targets.dedup();
+            let (container, section_offset) = match &fat.container {
+                Container::Raw => ("bundle".to_string(), None),
+                Container::Elf {
+                    elf_type,
+                    section_offset,
+                    ..
+                } => (
+                    format!("{elf_type:?}").to_lowercase(),
+                    Some(*section_offset),
+                ),
+            };
+            let bundles = fat
+                .bundles
+                .iter()
+                .map(|b| BundleListing {
+                    index: b.index,
+                    offset: b.range.start,
+                    stored_size: b.range.len(),
+                    compressed: b.compressed.as_ref().map(|(c, i)| CompressedListing {
+                        version: c.version,
+                        method: c.method,
+                        uncompressed_size: c.uncompressed_size,
+                        hash_matches: c.hash_matches,
+                        inner_index: *i,
+                    }),
+                    entries: b
+                        .entries
+                        .iter()
+                        .map(|e| EntryListing {
+                            triple: e.triple.clone(),
+                            target: (!e.is_host()).then(|| e.target().to_string()),
+                            size: e.data.len() as u64,
+                        })
+                        .collect(),
+                })
+                .collect();
+            Ok(Listing::FatBinary(FatBinaryListing {
+                file,
+                file_size,
+                container,
+                section_offset,
+                section_size: fat.data.len() as u64,
+                bundles,
+                targets,
+                wrappers: wrappers(&fat.wrappers),
+            }))
+        }
+        DeviceCode::Offloaded(o) => Ok(Listing::Offloaded(OffloadedListing {
+            file,
+            file_size,
+            elf_type: o.elf_type,
+            kernel_name: o.metadata.kernel_name.clone(),
+            search_paths: o.metadata.search_paths.clone(),
+            metadata_address: o.metadata_addr,
+            wrappers: wrappers(&o.wrappers),
+        })),
+    }
+}

@@ -1,0 +1,275 @@
+//! AMDGPU target IDs: a processor (`gfx1100`, `gfx90a`, or a generic
+//! processor such as `gfx9-4-generic`) followed by `:feature+` / `:feature-`
+//! settings (`sramecc`, `xnack`). A feature left out means "any".
+//!
+//! Printing is canonical: features sorted by name, as LLVM prints them.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// The prefix the HIP runtime puts before an agent's ISA name.
+pub const AGENT_ISA_PREFIX: &str = "amdgcn-amd-amdhsa--";
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TargetError {
+    #[error("empty target ID")]
+    Empty,
+    #[error("target ID '{0}': processor '{1}' is not a gfx processor name")]
+    BadProcessor(String, String),
+    #[error("target ID '{0}': feature '{1}' must be a name followed by '+' or '-'")]
+    BadFeature(String, String),
+    #[error("target ID '{0}': feature '{1}' is given twice")]
+    DuplicateFeature(String, String),
+}
+
+/// A parsed target ID.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TargetId {
+    processor: String,
+    /// Sorted by name, each name at most once.
+    features: Vec<(String, bool)>,
+}
+
+impl TargetId {
+    /// Parse a target ID such as `gfx942:sramecc+:xnack-`. A leading
+    /// `amdgcn-amd-amdhsa--` (as in an agent's ISA name) is accepted and
+    /// dropped.
+    pub fn parse(text: &str) -> Result<Self, TargetError> {
+        let s = text.strip_prefix(AGENT_ISA_PREFIX).unwrap_or(text);
+        if s.is_empty() {
+            return Err(TargetError::Empty);
+        }
+        let mut parts = s.split(':');
+        let processor = parts.next().unwrap_or_default();
+        if !is_processor(processor) {
+            return Err(TargetError::BadProcessor(text.into(), processor.into()));
+        }
+        let mut features: Vec<(String, bool)> = Vec::new();
+        for part in parts {
+            let (name, on) = match part.as_bytes().last() {
+                Some(b'+') => (&part[..part.len() - 1], true),
+                Some(b'-') => (&part[..part.len() - 1], false),
+                _ => return Err(TargetError::BadFeature(text.into(), part.into())),
+            };
+            if name.is_empty()
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            {
+                return Err(TargetError::BadFeature(text.into(), part.into()));
+            }
+            if features.iter().any(|(n, _)| n == name) {
+                return Err(TargetError::DuplicateFeature(text.into(), name.into()));
+            }
+            features.push((name.to_string(), on));
+        }
+        features.sort();
+        Ok(TargetId {
+            processor: processor.to_string(),
+            features,
+        })
+    }
+
+    pub fn processor(&self) -> &str {
+        &self.processor
+    }
+
+    /// Feature settings, sorted by name.
+    pub fn features(&self) -> &[(String, bool)] {
+        &self.features
+    }
+
+    /// The setting of one feature, `None` when left out ("any").
+    pub fn feature(&self, name: &str) -> Option<bool> {
+        self.features
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|&(_, on)| on)
+    }
+
+    /// Is this a generic processor (`gfx11-generic`, `gfx9-4-generic`)?
+    pub fn is_generic(&self) -> bool {
+        self.processor.ends_with("-generic")
+    }
+
+    /// Targets whose code objects run on an agent with this target ID, most
+    /// specific first: every subset of the features, larger subsets first,
+    /// and among subsets of one size in feature-name order. For
+    /// `gfx942:sramecc+:xnack-`: itself, `gfx942:sramecc+`, `gfx942:xnack-`,
+    /// `gfx942`. (A feature left out of a code object's target means it runs
+    /// either way; `xnack+` code never matches an `xnack-` agent.)
+    pub fn compatible_targets(&self) -> Vec<TargetId> {
+        let n = self.features.len();
+        let mut out = Vec::with_capacity(1 << n.min(8));
+        for size in (0..=n).rev() {
+            for_each_combination(n, size, &mut |idx| {
+                out.push(TargetId {
+                    processor: self.processor.clone(),
+                    features: idx.iter().map(|&i| self.features[i].clone()).collect(),
+                });
+            });
+        }
+        out
+    }
+
+    /// Can a code object built for `code_object` run on an agent with this
+    /// target ID? Same processor, and every feature the code object sets is
+    /// set the same way here.
+    pub fn accepts(&self, code_object: &TargetId) -> bool {
+        self.processor == code_object.processor
+            && code_object
+                .features
+                .iter()
+                .all(|(name, on)| self.feature(name) == Some(*on))
+    }
+}
+
+/// `gfx` followed by letters and digits, or a generic processor
+/// `gfx<major>[-<minor>]-generic`.
+fn is_processor(p: &str) -> bool {
+    let Some(rest) = p.strip_prefix("gfx") else {
+        return false;
+    };
+    if let Some(version) = rest.strip_suffix("-generic") {
+        return !version.is_empty()
+            && version
+                .split('-')
+                .all(|x| !x.is_empty() && x.bytes().all(|b| b.is_ascii_digit()));
+    }
+    !rest.is_empty()
+        && rest
+            .bytes()
+            .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase())
+        && rest.as_bytes()[0].is_ascii_digit()
+}
+
+fn for_each_combination(n: usize, k: usize, f: &mut dyn FnMut(&[usize])) {
+    fn rec(start: usize, n: usize, k: usize, cur: &mut Vec<usize>, f: &mut dyn FnMut(&[usize])) {
+        if cur.len() == k {
+            f(cur);
+            return;
+        }
+        for i in start..n {
+            cur.push(i);
+            rec(i + 1, n, k, cur, f);
+            cur.pop();
+        }
+    }
+    rec(0, n, k, &mut Vec::with_capacity(k), f)
+}
+
+impl fmt::Display for TargetId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.processor)?;
+        for (name, on) in &self.features {
+            write!(f, ":{}{}", name, if *on { '+' } else { '-' })?;
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for TargetId {
+    type Err = TargetError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        TargetId::parse(s)
+    }
+}
+
+/// The target ID part of an offload bundle entry's triple: the text after
+/// the last `--` (`hipv4-amdgcn-amd-amdhsa--gfx942:xnack-` → `gfx942:xnack-`).
+pub fn target_of_triple(triple: &str) -> &str {
+    triple.rfind("--").map(|i| &triple[i + 2..]).unwrap_or("")
+}
+
+/// Is this bundle entry triple a host entry (`host-x86_64-unknown-linux--`)?
+pub fn is_host_triple(triple: &str) -> bool {
+    triple.starts_with("host-")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> TargetId {
+        TargetId::parse(s).unwrap()
+    }
+
+    #[test]
+    fn parses_and_prints_canonically() {
+        assert_eq!(
+            t("gfx942:xnack-:sramecc+").to_string(),
+            "gfx942:sramecc+:xnack-"
+        );
+        assert_eq!(t("gfx1100").to_string(), "gfx1100");
+        assert_eq!(t("gfx90a:xnack+").feature("xnack"), Some(true));
+        assert_eq!(t("gfx90a").feature("xnack"), None);
+        assert_eq!(t("amdgcn-amd-amdhsa--gfx1101").to_string(), "gfx1101");
+        assert!(t("gfx9-4-generic").is_generic());
+        assert!(t("gfx11-generic:xnack-").is_generic());
+        assert!(!t("gfx1100").is_generic());
+    }
+
+    #[test]
+    fn rejects_bad_ids() {
+        for bad in [
+            "",
+            "sm_90",
+            "gfx",
+            "gfx942:xnack",
+            "gfx942:xnack+:xnack-",
+            "gfx942:+",
+            "gfx-generic",
+            "GFX900",
+        ] {
+            assert!(TargetId::parse(bad).is_err(), "{bad} should not parse");
+        }
+    }
+
+    #[test]
+    fn compatible_targets_most_specific_first() {
+        let names: Vec<String> = t("gfx942:sramecc+:xnack-")
+            .compatible_targets()
+            .iter()
+            .map(|x| x.to_string())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "gfx942:sramecc+:xnack-",
+                "gfx942:sramecc+",
+                "gfx942:xnack-",
+                "gfx942"
+            ]
+        );
+        let names: Vec<String> = t("gfx1100")
+            .compatible_targets()
+            .iter()
+            .map(|x| x.to_string())
+            .collect();
+        assert_eq!(names, ["gfx1100"]);
+    }
+
+    #[test]
+    fn accepts_follows_feature_rules() {
+        let agent = t("gfx90a:xnack-");
+        assert!(agent.accepts(&t("gfx90a")));
+        assert!(agent.accepts(&t("gfx90a:xnack-")));
+        assert!(!agent.accepts(&t("gfx90a:xnack+")));
+        assert!(!agent.accepts(&t("gfx908")));
+        for c in agent.compatible_targets() {
+            assert!(agent.accepts(&c));
+        }
+    }
+
+    #[test]
+    fn triples() {
+        assert_eq!(
+            target_of_triple("hipv4-amdgcn-amd-amdhsa--gfx942:sramecc+:xnack-"),
+            "gfx942:sramecc+:xnack-"
+        );
+        assert_eq!(target_of_triple("hip-amdgcn-amd-amdhsa--gfx906"), "gfx906");
+        assert_eq!(target_of_triple("host-x86_64-unknown-linux--"), "");
+        assert!(is_host_triple("host-x86_64-unknown-linux"));
+        assert!(!is_host_triple("hipv4-amdgcn-amd-amdhsa--gfx906"));
+    }
+}

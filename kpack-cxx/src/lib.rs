@@ -1,0 +1,1 @@
+//! kpack runtime library (C API and C++ bindings). Filled in by the runtime issue.

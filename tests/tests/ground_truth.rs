@@ -1,0 +1,104 @@
+//! Ground truth: for every target of every fixture, and of Debian's
+//! librocrand, what `kpack extract` writes equals what LLVM's
+//! `clang-offload-bundler --unbundle` writes, byte for byte.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use kpack_e2e::*;
+
+fn check(binary: &Path) -> usize {
+    let scratch = tempfile::tempdir().unwrap();
+    let fatbin = objcopy_section(binary, ".hip_fatbin", scratch.path());
+    assert!(!fatbin.is_empty(), "{}: no .hip_fatbin", binary.display());
+    let bundles = split_bundles(&fatbin);
+    let mut expected = BTreeMap::new();
+    for (i, b) in bundles.iter().enumerate() {
+        let file = scratch.path().join(format!("bundle{i}.bin"));
+        std::fs::write(&file, b).unwrap();
+        let sub = scratch.path().join(format!("b{i}"));
+        std::fs::create_dir(&sub).unwrap();
+        for (target, bytes) in bundler_unbundle(&file, &sub) {
+            let name = if bundles.len() > 1 {
+                format!("{target}#{i}.hsaco")
+            } else {
+                format!("{target}.hsaco")
+            };
+            assert!(expected.insert(name, bytes).is_none());
+        }
+    }
+    assert!(
+        !expected.is_empty(),
+        "{}: the bundler found no device code",
+        binary.display()
+    );
+    let out = scratch.path().join("kpack-out");
+    kpack_ok(&[&"extract", &binary, &"-o", &out]);
+    let got: BTreeMap<String, Vec<u8>> = dir_files(&out).into_iter().collect();
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        expected.keys().collect::<Vec<_>>(),
+        "{}: different code objects",
+        binary.display()
+    );
+    for (name, bytes) in &expected {
+        assert!(
+            got[name] == *bytes,
+            "{}: {name} differs from clang-offload-bundler's",
+            binary.display()
+        );
+    }
+    expected.len()
+}
+
+macro_rules! ground_truth {
+    ($($test:ident => $fixture:expr),* $(,)?) => {$(
+        #[test]
+        fn $test() {
+            let f = fixture($fixture);
+            let n = check(&f.path);
+            assert_eq!(n, f.targets.len() * f.bundles, "{}: code object count", f.name);
+        }
+    )*};
+}
+
+ground_truth! {
+    libvadd => "libvadd.so",
+    vadd_pie => "vadd_pie",
+    vadd_nopie => "vadd_nopie",
+    libvadd_compressed => "libvadd_compressed.so",
+    librdc => "librdc.so",
+    libmulti => "libmulti.so",
+    libwide => "libwide.so",
+    libvadd_relr => "libvadd_relr.so",
+}
+
+#[test]
+fn librocrand() {
+    let n = check(Path::new(LIBROCRAND));
+    assert!(n >= 7, "librocrand: {n} code objects");
+}
+
+/// Every fixture in fixtures.json with device code is covered above.
+#[test]
+fn every_fixture_is_checked() {
+    let covered = [
+        "libvadd.so",
+        "vadd_pie",
+        "vadd_nopie",
+        "libvadd_compressed.so",
+        "librdc.so",
+        "libmulti.so",
+        "libwide.so",
+        "libvadd_relr.so",
+    ];
+    for f in fixtures() {
+        if f.device_code {
+            assert!(
+                covered.contains(&f.name.as_str()),
+                "fixture {} has no ground-truth test",
+                f.name
+            );
+        }
+    }
+}

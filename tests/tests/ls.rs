@@ -1,0 +1,106 @@
+//! `kpack ls` on real binaries.
+
+use std::path::Path;
+
+use kpack_core::target::TargetId;
+use kpack_e2e::*;
+use serde_json::Value;
+
+fn ls_json(path: &Path) -> Value {
+    serde_json::from_str(&kpack_ok(&[&"ls", &path, &"--json"])).expect("ls --json prints JSON")
+}
+
+fn canon(t: &str) -> String {
+    TargetId::parse(t)
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| t.to_string())
+}
+
+#[test]
+fn librocrand_has_seven_targets() {
+    let v = ls_json(Path::new(LIBROCRAND));
+    assert_eq!(v["kind"], "fat_binary");
+    let targets = v["targets"].as_array().unwrap();
+    assert_eq!(targets.len(), 7, "{targets:?}");
+    let text = kpack_ok(&[&"ls", &LIBROCRAND]);
+    assert!(text.contains("targets (7)"), "{text}");
+    for t in targets {
+        assert!(text.contains(t.as_str().unwrap()));
+    }
+}
+
+#[test]
+fn fixtures_list_their_bundles_targets_and_wrappers() {
+    for f in fixtures().into_iter().filter(|f| f.device_code) {
+        let v = ls_json(&f.path);
+        assert_eq!(v["kind"], "fat_binary", "{}", f.name);
+        let bundles = v["bundles"].as_array().unwrap();
+        assert_eq!(bundles.len(), f.bundles, "{}: bundles", f.name);
+        assert_eq!(
+            v["wrappers"].as_array().unwrap().len(),
+            f.wrappers,
+            "{}: wrappers",
+            f.name
+        );
+        for w in v["wrappers"].as_array().unwrap() {
+            assert_eq!(w["magic"], "HIPF", "{}", f.name);
+            assert_eq!(w["version"], 1, "{}", f.name);
+        }
+        let mut want: Vec<String> = f.targets.iter().map(|t| canon(t)).collect();
+        want.sort();
+        let mut got: Vec<String> = v["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| canon(t.as_str().unwrap()))
+            .collect();
+        got.sort();
+        assert_eq!(got, want, "{}: targets", f.name);
+        for b in bundles {
+            let compressed = !b["compressed"].is_null();
+            if f.compressed && f.name != "libmulti.so" {
+                assert!(compressed, "{}: bundle should be compressed", f.name);
+            }
+            if compressed {
+                assert_eq!(b["compressed"]["version"], 2, "clang 19 writes CCOB v2");
+                assert_eq!(b["compressed"]["method"], "zstd");
+                assert_eq!(b["compressed"]["hash_matches"], true);
+            }
+        }
+    }
+}
+
+#[test]
+fn multi_object_library_mixes_compressed_and_plain_bundles() {
+    let f = fixture("libmulti.so");
+    let v = ls_json(&f.path);
+    let bundles = v["bundles"].as_array().unwrap();
+    let compressed = bundles
+        .iter()
+        .filter(|b| !b["compressed"].is_null())
+        .count();
+    assert_eq!(bundles.len(), 4);
+    assert_eq!(compressed, 2);
+}
+
+#[test]
+fn host_only_library_is_a_clear_error() {
+    let f = fixture("libhostonly.so");
+    let err = kpack_fails(&[&"ls", &f.path]);
+    assert!(
+        err.contains("libhostonly.so") && err.contains("no .hip_fatbin"),
+        "{err}"
+    );
+}
+
+#[test]
+fn other_files_are_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("notes.txt");
+    std::fs::write(&p, "hello").unwrap();
+    let err = kpack_fails(&[&"ls", &p]);
+    assert!(err.contains("notes.txt"), "{err}");
+    let missing = dir.path().join("missing.so");
+    let err = kpack_fails(&[&"ls", &missing]);
+    assert!(err.contains("missing.so"), "{err}");
+}
