@@ -1,0 +1,736 @@
+//! The test fixtures: HIP fat binaries (and one host-only library) built with
+//! Debian's clang-19 and lld-19 from the sources in `integration/hip`, without
+//! a GPU or a ROCm install.
+//!
+//! [`FIXTURES`] is the list; [`build_all`] builds it into `target/fixtures`,
+//! checks every result against its entry and writes `fixtures.json` for the
+//! test suite. A fixture is rebuilt only when its sources, its commands or
+//! the compiler change (a stamp file per fixture records all three, plus a
+//! hash of the output so that a modified output is rebuilt too).
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use xshell::{cmd, Shell};
+
+use crate::verify;
+
+/// The C++ compiler driver that builds the fixtures.
+pub const CLANGXX: &str = "clang++-19";
+/// The C compiler driver (for the `dlcheck` helper).
+pub const CLANG: &str = "clang-19";
+/// Where Debian's LLVM 19 tools live (clang-offload-bundler, llvm-objcopy...).
+pub const LLVM_BIN: &str = "/usr/lib/llvm-19/bin";
+/// Sources of the fixtures, relative to the workspace root.
+pub const HIP_DIR: &str = "integration/hip";
+/// Output directory, relative to the workspace root.
+pub const FIXTURES_DIR: &str = "target/fixtures";
+/// The committed demo library, relative to the workspace root.
+pub const SAMPLE_DIR: &str = "integration/sample";
+/// Name of the helper that dlopen()s a library and calls `int f(void)`.
+pub const DLCHECK: &str = "dlcheck";
+
+const COMMON_FLAGS: &[&str] = &["-O2", "-Wall"];
+
+/// What the linker produces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// Shared library (`ET_DYN`, no interpreter).
+    Shared,
+    /// Position-independent executable (`ET_DYN` with an interpreter).
+    Pie,
+    /// Position-dependent executable (`ET_EXEC`).
+    Exec,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Shared => "shared",
+            Kind::Pie => "pie",
+            Kind::Exec => "exec",
+        }
+    }
+}
+
+/// How a fixture is compiled and linked.
+pub enum Build {
+    /// One `clang++` call compiles and links all sources.
+    Single {
+        sources: &'static [&'static str],
+        flags: &'static [&'static str],
+    },
+    /// Each unit is compiled alone with `-c`; a last call links the objects.
+    PerObject { units: &'static [Unit] },
+}
+
+/// A HIP source compiled to an object of its own.
+pub struct Unit {
+    pub source: &'static str,
+    pub compress: bool,
+}
+
+/// A host function `extern "C" int symbol(void)` and the value it returns.
+#[derive(Clone, Copy, Serialize)]
+pub struct HostCheck {
+    pub symbol: &'static str,
+    pub value: i32,
+}
+
+/// One fixture and what the build must produce.
+pub struct Fixture {
+    /// File name in `target/fixtures`.
+    pub name: &'static str,
+    pub kind: Kind,
+    /// Offload target IDs; every bundle holds exactly these.
+    pub targets: &'static [&'static str],
+    pub build: Build,
+    /// Number of bundles in `.hip_fatbin` (0: no such section).
+    pub bundles: usize,
+    /// Number of wrappers in `.hipFatBinSegment`.
+    pub wrappers: usize,
+    /// How many of the bundles are compressed (CCOB).
+    pub compressed_bundles: usize,
+    /// Linked with packed relative relocations (`.relr.dyn`).
+    pub relr: bool,
+    /// For libraries: a host function the tests can call after dlopen().
+    /// Executables instead run and exit 0.
+    pub host_check: Option<HostCheck>,
+    pub description: &'static str,
+}
+
+const VADD_CHECK: Option<HostCheck> = Some(HostCheck {
+    symbol: "vadd_host_check",
+    value: 1_571_328,
+});
+
+/// The fixtures. The names are a contract with the test suite.
+pub const FIXTURES: &[Fixture] = &[
+    Fixture {
+        name: "libvadd.so",
+        kind: Kind::Shared,
+        targets: &["gfx1100", "gfx1101", "gfx942"],
+        build: Build::Single {
+            sources: &["vadd.hip"],
+            flags: &[],
+        },
+        bundles: 1,
+        wrappers: 1,
+        compressed_bundles: 0,
+        relr: false,
+        host_check: VADD_CHECK,
+        description: "vector add and SAXPY kernels, one uncompressed bundle",
+    },
+    Fixture {
+        name: "vadd_pie",
+        kind: Kind::Pie,
+        targets: &["gfx1100", "gfx942"],
+        build: Build::Single {
+            sources: &["vadd.hip", "vadd_main.cpp"],
+            flags: &[],
+        },
+        bundles: 1,
+        wrappers: 1,
+        compressed_bundles: 0,
+        relr: false,
+        host_check: None,
+        description: "PIE executable; runs on the host and exits 0",
+    },
+    Fixture {
+        name: "vadd_nopie",
+        kind: Kind::Exec,
+        targets: &["gfx1100", "gfx942"],
+        build: Build::Single {
+            sources: &["vadd.hip", "vadd_main.cpp"],
+            flags: &[],
+        },
+        bundles: 1,
+        wrappers: 1,
+        compressed_bundles: 0,
+        relr: false,
+        host_check: None,
+        description: "ET_EXEC executable (-no-pie); runs on the host and exits 0",
+    },
+    Fixture {
+        name: "libvadd_compressed.so",
+        kind: Kind::Shared,
+        targets: &["gfx1100", "gfx1101", "gfx942"],
+        build: Build::Single {
+            sources: &["vadd.hip"],
+            flags: &["--offload-compress"],
+        },
+        bundles: 1,
+        wrappers: 1,
+        compressed_bundles: 1,
+        relr: false,
+        host_check: VADD_CHECK,
+        description: "libvadd with a compressed bundle (CCOB v2, zstd)",
+    },
+    Fixture {
+        name: "librdc.so",
+        kind: Kind::Shared,
+        targets: &["gfx1100", "gfx942"],
+        build: Build::Single {
+            sources: &["rdc_a.hip", "rdc_b.hip", "rdc_c.hip"],
+            flags: &["-fgpu-rdc"],
+        },
+        bundles: 1,
+        wrappers: 3,
+        compressed_bundles: 0,
+        relr: false,
+        host_check: Some(HostCheck {
+            symbol: "rdc_host_check",
+            value: 123,
+        }),
+        description: "-fgpu-rdc, 3 translation units device-linked into 1 bundle, 3 wrappers",
+    },
+    Fixture {
+        name: "libmulti.so",
+        kind: Kind::Shared,
+        targets: &["gfx1100", "gfx942"],
+        build: Build::PerObject {
+            units: &[
+                Unit {
+                    source: "vadd.hip",
+                    compress: false,
+                },
+                Unit {
+                    source: "reduce.hip",
+                    compress: true,
+                },
+                Unit {
+                    source: "stencil.hip",
+                    compress: false,
+                },
+                Unit {
+                    source: "histogram.hip",
+                    compress: true,
+                },
+            ],
+        },
+        bundles: 4,
+        wrappers: 4,
+        compressed_bundles: 2,
+        relr: false,
+        host_check: Some(HostCheck {
+            symbol: "reduce_host_check",
+            value: 500_500,
+        }),
+        description: "4 objects with device code (2nd and 4th compressed): 4 bundles, 4 wrappers",
+    },
+    Fixture {
+        name: "libwide.so",
+        kind: Kind::Shared,
+        targets: &[
+            "gfx900",
+            "gfx906",
+            "gfx908",
+            "gfx90a:xnack+",
+            "gfx90a:xnack-",
+            "gfx1030",
+            "gfx1100",
+            "gfx1201",
+        ],
+        build: Build::Single {
+            sources: &["vadd.hip"],
+            flags: &[],
+        },
+        bundles: 1,
+        wrappers: 1,
+        compressed_bundles: 0,
+        relr: false,
+        host_check: VADD_CHECK,
+        description: "8 targets, including feature flags (xnack+/xnack-)",
+    },
+    Fixture {
+        name: "libvadd_relr.so",
+        kind: Kind::Shared,
+        targets: &["gfx1100", "gfx942"],
+        build: Build::Single {
+            sources: &["vadd.hip"],
+            flags: &["-Wl,-z,pack-relative-relocs"],
+        },
+        bundles: 1,
+        wrappers: 1,
+        compressed_bundles: 0,
+        relr: true,
+        host_check: VADD_CHECK,
+        description: "packed relative relocations (.relr.dyn, DT_RELR)",
+    },
+    Fixture {
+        name: "libhostonly.so",
+        kind: Kind::Shared,
+        targets: &[],
+        build: Build::Single {
+            sources: &["hostonly.cpp"],
+            flags: &[],
+        },
+        bundles: 0,
+        wrappers: 0,
+        compressed_bundles: 0,
+        relr: false,
+        host_check: Some(HostCheck {
+            symbol: "hostonly_host_check",
+            value: 4950,
+        }),
+        description: "host-only C++ library: no .hip_fatbin",
+    },
+];
+
+/// The committed demo library (`integration/sample/libkpack_sample.so`).
+pub const SAMPLE: Fixture = Fixture {
+    name: "libkpack_sample.so",
+    kind: Kind::Shared,
+    targets: &["gfx1100", "gfx942"],
+    build: Build::Single {
+        sources: &["sample.hip"],
+        // A fixed compilation unit ID: otherwise clang derives it from the
+        // source's absolute path, and each checkout would build other bytes.
+        flags: &["-cuid=kpack_sample"],
+    },
+    bundles: 1,
+    wrappers: 1,
+    compressed_bundles: 0,
+    relr: false,
+    host_check: Some(HostCheck {
+        symbol: "sample_host_check",
+        value: 55,
+    }),
+    description: "demo library for `cargo xtask demo`",
+};
+
+/// The sample must stay small: it is committed.
+const SAMPLE_MAX_BYTES: u64 = 64 * 1024;
+
+impl Fixture {
+    /// Paths of the sources, relative to the workspace root.
+    pub fn sources(&self) -> Vec<String> {
+        match &self.build {
+            Build::Single { sources, .. } => sources.iter().map(|s| hip_path(s)).collect(),
+            Build::PerObject { units } => units.iter().map(|u| hip_path(u.source)).collect(),
+        }
+    }
+
+    /// The commands that build the fixture into `out_dir` (relative to the
+    /// workspace root, where they run), in order.
+    pub fn commands(&self, out_dir: &str) -> Vec<Vec<String>> {
+        let output = format!("{out_dir}/{}", self.name);
+        match &self.build {
+            Build::Single { sources, flags } => {
+                let mut c = strings(&[CLANGXX]);
+                c.extend(strings(COMMON_FLAGS));
+                c.extend(strings(self.code_model()));
+                if sources.iter().any(|s| s.ends_with(".hip")) {
+                    c.extend(self.offload_flags());
+                }
+                c.extend(strings(flags));
+                c.extend(self.link_flags());
+                c.extend(strings(&["-o", &output]));
+                c.extend(inputs(sources));
+                vec![c]
+            }
+            Build::PerObject { units } => {
+                let obj_dir = format!("{out_dir}/obj/{}", self.name);
+                let mut commands = Vec::new();
+                let mut link = strings(&[CLANGXX]);
+                link.extend(self.link_flags());
+                link.extend(strings(&["-o", &output]));
+                for unit in units.iter() {
+                    let stem = unit.source.trim_end_matches(".hip");
+                    let object = format!("{obj_dir}/{stem}.o");
+                    let mut c = strings(&[CLANGXX]);
+                    c.extend(strings(COMMON_FLAGS));
+                    c.extend(strings(self.code_model()));
+                    c.extend(self.offload_flags());
+                    if unit.compress {
+                        c.push("--offload-compress".into());
+                    }
+                    c.extend(strings(&["-c", "-o", &object, "-x", "hip"]));
+                    c.push(hip_path(unit.source));
+                    commands.push(c);
+                    link.push(object);
+                }
+                // A plain C++ link of objects does not add the HIP runtime
+                // (clang only does for HIP inputs or with --hip-link).
+                link.push("-lamdhip64".into());
+                commands.push(link);
+                commands
+            }
+        }
+    }
+
+    /// The checked properties, in one line.
+    fn expectation(&self) -> String {
+        format!(
+            "kind={} targets={} bundles={} wrappers={} compressed={} relr={} host_check={}",
+            self.kind.as_str(),
+            self.targets.join(","),
+            self.bundles,
+            self.wrappers,
+            self.compressed_bundles,
+            self.relr,
+            self.host_check
+                .map_or("-".to_owned(), |c| format!("{}={}", c.symbol, c.value)),
+        )
+    }
+
+    fn code_model(&self) -> &'static [&'static str] {
+        match self.kind {
+            Kind::Shared => &["-fPIC"],
+            Kind::Pie => &["-fPIE"],
+            Kind::Exec => &["-fno-pie"],
+        }
+    }
+
+    fn link_flags(&self) -> Vec<String> {
+        let mut flags = strings(&["-fuse-ld=lld"]);
+        match self.kind {
+            Kind::Shared => flags.extend(["-shared".into(), format!("-Wl,-soname,{}", self.name)]),
+            Kind::Pie => flags.push("-pie".into()),
+            Kind::Exec => flags.push("-no-pie".into()),
+        }
+        flags
+    }
+
+    fn offload_flags(&self) -> Vec<String> {
+        let mut flags = strings(&["-nogpulib", "-nogpuinc", "-I", HIP_DIR]);
+        flags.extend(self.targets.iter().map(|t| format!("--offload-arch={t}")));
+        flags
+    }
+}
+
+fn hip_path(file: &str) -> String {
+    format!("{HIP_DIR}/{file}")
+}
+
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+/// Source paths, each group preceded by its language (`-x hip`, `-x c++`).
+fn inputs(sources: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = "";
+    for source in sources {
+        let lang = if source.ends_with(".hip") {
+            "hip"
+        } else {
+            "c++"
+        };
+        if lang != current {
+            out.extend(strings(&["-x", lang]));
+            current = lang;
+        }
+        out.push(hip_path(source));
+    }
+    out
+}
+
+/// Something to build: its commands, inputs and output, all relative to the
+/// workspace root.
+struct Job {
+    name: String,
+    inputs: Vec<String>,
+    commands: Vec<Vec<String>>,
+    output: String,
+    /// What the output is checked against (a change re-runs the check).
+    expect: String,
+}
+
+impl Job {
+    fn for_fixture(fixture: &Fixture, out_dir: &str) -> Job {
+        Job {
+            name: fixture.name.to_owned(),
+            inputs: fixture.sources(),
+            commands: fixture.commands(out_dir),
+            output: format!("{out_dir}/{}", fixture.name),
+            expect: fixture.expectation(),
+        }
+    }
+
+    fn dlcheck() -> Job {
+        let source = hip_path("dlcheck.c");
+        let output = format!("{FIXTURES_DIR}/{DLCHECK}");
+        Job {
+            name: DLCHECK.to_owned(),
+            inputs: vec![source.clone()],
+            commands: vec![strings(&[CLANG, "-O2", "-Wall", "-o", &output, &source])],
+            output,
+            expect: String::new(),
+        }
+    }
+
+    /// Stamp text without the output hash: compiler, inputs, commands.
+    fn recipe(&self, sh: &Shell, compiler: &str, headers: &[String]) -> Result<String> {
+        let mut s = format!("compiler {compiler}\nexpect {}\n", self.expect);
+        for input in self.inputs.iter().chain(headers) {
+            let bytes = sh.read_binary_file(input)?;
+            writeln!(s, "input {input} {:016x}", fnv1a(&bytes))?;
+        }
+        for command in &self.commands {
+            writeln!(s, "run {}", command.join(" "))?;
+        }
+        Ok(s)
+    }
+
+    fn run(&self, sh: &Shell) -> Result<()> {
+        for command in &self.commands {
+            if let Some(dir) = command
+                .iter()
+                .skip_while(|a| *a != "-o")
+                .nth(1)
+                .and_then(|o| Path::new(o).parent())
+            {
+                sh.create_dir(dir)?;
+            }
+            let (program, args) = command.split_first().expect("commands are not empty");
+            cmd!(sh, "{program} {args...}")
+                .run()
+                .with_context(|| format!("building {}", self.name))?;
+        }
+        Ok(())
+    }
+}
+
+/// What happened to one fixture.
+enum Outcome {
+    Built,
+    UpToDate,
+}
+
+/// Builds every fixture (and the `dlcheck` helper) into `target/fixtures`,
+/// checks each against its entry in [`FIXTURES`], writes `fixtures.json` and
+/// prints a summary.
+pub fn build_all(sh: &Shell, root: &Path, force: bool) -> Result<()> {
+    let compiler = compiler_version(sh)?;
+    let headers = headers(sh)?;
+    let stamps = format!("{FIXTURES_DIR}/.stamps");
+    sh.create_dir(&stamps)?;
+
+    let dlcheck = Job::dlcheck();
+    build_job(
+        sh,
+        &dlcheck,
+        &compiler,
+        &headers,
+        &stamps,
+        force,
+        |_| Ok(()),
+    )?;
+    let dlcheck_path = root.join(&dlcheck.output);
+
+    let mut summary = Vec::new();
+    for fixture in FIXTURES {
+        let job = Job::for_fixture(fixture, FIXTURES_DIR);
+        let outcome = build_job(sh, &job, &compiler, &headers, &stamps, force, |path| {
+            verify::check(sh, &root.join(path), fixture, &dlcheck_path)
+        })?;
+        let size = std::fs::metadata(root.join(&job.output))?.len();
+        summary.push((fixture, outcome, size));
+    }
+
+    let manifest = root.join(FIXTURES_DIR).join("fixtures.json");
+    sh.write_file(&manifest, manifest_json()?)?;
+    print_summary(&summary);
+    println!("fixtures in {}", root.join(FIXTURES_DIR).display());
+    println!("manifest: {}", manifest.display());
+    Ok(())
+}
+
+/// Regenerates `integration/sample/libkpack_sample.so` (always: it is a
+/// committed file, not a build product).
+pub fn refresh_sample(sh: &Shell, root: &Path) -> Result<()> {
+    let job = Job::for_fixture(&SAMPLE, SAMPLE_DIR);
+    job.run(sh)?;
+    let path = root.join(&job.output);
+    let dlcheck = root.join(FIXTURES_DIR).join(DLCHECK);
+    verify::check(sh, &path, &SAMPLE, &dlcheck)?;
+    let size = std::fs::metadata(&path)?.len();
+    if size > SAMPLE_MAX_BYTES {
+        bail!(
+            "{} is {size} bytes; keep it under {SAMPLE_MAX_BYTES}",
+            job.output
+        );
+    }
+    println!("regenerated {} ({size} bytes)", job.output);
+    Ok(())
+}
+
+fn build_job(
+    sh: &Shell,
+    job: &Job,
+    compiler: &str,
+    headers: &[String],
+    stamps: &str,
+    force: bool,
+    check: impl Fn(&str) -> Result<()>,
+) -> Result<Outcome> {
+    let recipe = job.recipe(sh, compiler, headers)?;
+    let stamp = format!("{stamps}/{}", job.name);
+    if !force && sh.path_exists(&job.output) && sh.path_exists(&stamp) {
+        let output_hash = fnv1a(&sh.read_binary_file(&job.output)?);
+        if sh.read_file(&stamp)? == stamp_text(&recipe, output_hash) {
+            return Ok(Outcome::UpToDate);
+        }
+    }
+    sh.remove_path(&stamp)?;
+    job.run(sh)?;
+    check(&job.output).with_context(|| format!("checking {}", job.output))?;
+    let output_hash = fnv1a(&sh.read_binary_file(&job.output)?);
+    sh.write_file(&stamp, stamp_text(&recipe, output_hash))?;
+    Ok(Outcome::Built)
+}
+
+fn stamp_text(recipe: &str, output_hash: u64) -> String {
+    format!("{recipe}output {output_hash:016x}\n")
+}
+
+/// The compiler's version line; an error that says what to install if
+/// there is no compiler.
+fn compiler_version(sh: &Shell) -> Result<String> {
+    let version = cmd!(sh, "{CLANGXX} --version")
+        .quiet()
+        .read()
+        .with_context(|| {
+            format!(
+                "{CLANGXX} not found: the fixtures need Debian 12's clang-19, lld-19 and \
+             libamdhip64-dev (`cargo xtask test`, run as root, installs them)"
+            )
+        })?;
+    Ok(version.lines().next().unwrap_or_default().to_owned())
+}
+
+/// The headers in `integration/hip`: every fixture's stamp covers them.
+fn headers(sh: &Shell) -> Result<Vec<String>> {
+    let mut headers: Vec<String> = sh
+        .read_dir(HIP_DIR)?
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "h"))
+        .filter_map(|p| p.file_name().map(|n| hip_path(&n.to_string_lossy())))
+        .collect();
+    headers.sort();
+    Ok(headers)
+}
+
+/// 64-bit FNV-1a: stable across Rust releases, unlike `DefaultHasher`.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+#[derive(Serialize)]
+struct Manifest {
+    /// The dlopen helper, relative to the manifest's directory.
+    dlcheck: &'static str,
+    fixtures: Vec<ManifestEntry>,
+}
+
+#[derive(Serialize)]
+struct ManifestEntry {
+    name: &'static str,
+    kind: Kind,
+    targets: &'static [&'static str],
+    bundles: usize,
+    wrappers: usize,
+    compressed: bool,
+    compressed_bundles: usize,
+    relr: bool,
+    host_check: Option<HostCheck>,
+    sources: Vec<String>,
+    description: &'static str,
+}
+
+/// `fixtures.json`, read by the test suite.
+pub fn manifest_json() -> Result<String> {
+    let manifest = Manifest {
+        dlcheck: DLCHECK,
+        fixtures: FIXTURES
+            .iter()
+            .map(|f| ManifestEntry {
+                name: f.name,
+                kind: f.kind,
+                targets: f.targets,
+                bundles: f.bundles,
+                wrappers: f.wrappers,
+                compressed: f.compressed_bundles > 0,
+                compressed_bundles: f.compressed_bundles,
+                relr: f.relr,
+                host_check: f.host_check,
+                sources: f.sources(),
+                description: f.description,
+            })
+            .collect(),
+    };
+    Ok(serde_json::to_string_pretty(&manifest)? + "\n")
+}
+
+fn print_summary(summary: &[(&Fixture, Outcome, u64)]) {
+    println!(
+        "\n{:<22} {:<6} {:>8} {:>7} {:>8}  {:<10} targets",
+        "fixture", "kind", "bytes", "bundles", "wrappers", "status"
+    );
+    for (fixture, outcome, size) in summary {
+        let bundles = match fixture.compressed_bundles {
+            0 => fixture.bundles.to_string(),
+            n => format!("{}({n}z)", fixture.bundles),
+        };
+        let status = match outcome {
+            Outcome::Built => "built",
+            Outcome::UpToDate => "up to date",
+        };
+        println!(
+            "{:<22} {:<6} {:>8} {:>7} {:>8}  {:<10} {}",
+            fixture.name,
+            fixture.kind.as_str(),
+            size,
+            bundles,
+            fixture.wrappers,
+            status,
+            fixture.targets.join(",")
+        );
+    }
+    println!();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique() {
+        let mut names: Vec<_> = FIXTURES.iter().map(|f| f.name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), FIXTURES.len());
+    }
+
+    #[test]
+    fn fnv1a_matches_reference_values() {
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+
+    #[test]
+    fn per_object_build_compiles_each_unit_then_links() {
+        let multi = FIXTURES.iter().find(|f| f.name == "libmulti.so").unwrap();
+        let commands = multi.commands(FIXTURES_DIR);
+        assert_eq!(commands.len(), 5);
+        let compressed = commands
+            .iter()
+            .filter(|c| c.iter().any(|a| a == "--offload-compress"))
+            .count();
+        assert_eq!(compressed, multi.compressed_bundles);
+        assert!(commands[4].iter().any(|a| a == "-lamdhip64"));
+    }
+
+    #[test]
+    fn manifest_lists_every_fixture() {
+        let json: serde_json::Value = serde_json::from_str(&manifest_json().unwrap()).unwrap();
+        assert_eq!(json["fixtures"].as_array().unwrap().len(), FIXTURES.len());
+        assert_eq!(json["fixtures"][0]["kind"], "shared");
+    }
+}

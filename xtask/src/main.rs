@@ -1,0 +1,79 @@
+//! Repository automation for kpack, run as `cargo xtask <task>`.
+//!
+//! Follows the xtask convention: every step lives here, in Rust; the few
+//! external commands (clang, cargo, apt-get) are spawned through `xshell`.
+
+mod demo;
+mod fixtures;
+mod test;
+mod verify;
+
+use std::path::{Path, PathBuf};
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    about = "kpack repository automation"
+)]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Build the HIP test fixtures into target/fixtures (needs clang-19,
+    /// lld-19 and libamdhip64-dev; no GPU, no ROCm install).
+    Fixtures {
+        /// Also regenerate the committed demo library
+        /// integration/sample/libkpack_sample.so.
+        #[arg(long)]
+        refresh_sample: bool,
+        /// Rebuild every fixture even when it is up to date.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Build the kpack CLI and run it on the committed sample fat binary
+    /// (needs nothing but cargo).
+    Demo,
+    /// Set up a Debian 12 machine (as root: installs missing packages),
+    /// build the fixtures, then run all tests, rustfmt and clippy.
+    Test,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let root = project_root();
+    let sh = xshell::Shell::new()?;
+    sh.change_dir(&root);
+    match cli.task {
+        Task::Fixtures {
+            refresh_sample,
+            force,
+        } => {
+            fixtures::build_all(&sh, &root, force)?;
+            if refresh_sample {
+                fixtures::refresh_sample(&sh, &root)?;
+            }
+        }
+        Task::Demo => demo::run(&sh, &root)?,
+        Task::Test => test::run(&sh, &root)?,
+    }
+    Ok(())
+}
+
+/// The workspace root: the parent of this crate's directory.
+pub fn project_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in a subdirectory of the workspace")
+        .to_path_buf()
+}
+
+/// The cargo that runs us (so that `cargo +toolchain xtask` is honoured).
+pub fn cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned())
+}

@@ -1,0 +1,124 @@
+//! `cargo xtask test`: set up a Debian 12 machine, build the fixtures, run
+//! every test, rustfmt and clippy.
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use xshell::{cmd, Shell};
+
+use crate::cargo;
+use crate::fixtures::{self, FIXTURES_DIR, LLVM_BIN};
+
+/// Debian packages the fixtures and the tests need. clang-tools-19 holds
+/// clang-offload-bundler and llvm-19 the llvm-* tools: both only
+/// recommended by clang-19, so named here.
+const DEBIAN_PACKAGES: &[&str] = &[
+    "clang-19",
+    "clang-tools-19",
+    "llvm-19",
+    "lld-19",
+    "libamdhip64-dev",
+    "librocrand1",
+    "elfutils",
+    "cmake",
+    "patchelf",
+];
+
+pub fn run(sh: &Shell, root: &Path) -> Result<()> {
+    install_debian_packages(sh)?;
+    install_rust_components(sh)?;
+    fixtures::build_all(sh, root, false)?;
+
+    let cargo = cargo();
+    let fixtures_dir = root.join(FIXTURES_DIR);
+    let steps = [
+        (
+            "cargo test",
+            cmd!(sh, "{cargo} test --workspace")
+                .env("KPACK_FIXTURES_DIR", &fixtures_dir)
+                .env("KPACK_LLVM_BIN", LLVM_BIN),
+        ),
+        ("cargo fmt", cmd!(sh, "{cargo} fmt --all --check")),
+        (
+            "cargo clippy",
+            cmd!(
+                sh,
+                "{cargo} clippy --workspace --all-targets -- -D warnings"
+            ),
+        ),
+    ];
+    // Run every step, so that one failure does not hide the others.
+    let mut failed = Vec::new();
+    for (name, command) in steps {
+        if let Err(err) = command.run() {
+            eprintln!("{name} failed: {err}");
+            failed.push(name);
+        }
+    }
+    if !failed.is_empty() {
+        bail!("failed: {}", failed.join(", "));
+    }
+    println!("all tests and checks passed");
+    Ok(())
+}
+
+fn install_debian_packages(sh: &Shell) -> Result<()> {
+    let format = "-f=${db:Status-Abbrev}";
+    let mut missing = Vec::new();
+    for &package in DEBIAN_PACKAGES {
+        let status = cmd!(sh, "dpkg-query -W {format} {package}")
+            .quiet()
+            .ignore_status()
+            .ignore_stderr()
+            .read()
+            .context(
+                "dpkg-query not found: `cargo xtask test` sets up Debian 12 machines only; \
+                 elsewhere install the equivalents of the Debian packages by hand",
+            )?;
+        if !status.starts_with("ii") {
+            missing.push(package);
+        }
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let uid = cmd!(sh, "id -u").quiet().read()?;
+    if uid.trim() != "0" {
+        bail!(
+            "missing Debian packages: {}\nrun `cargo xtask test` as root to install them, or: \
+             sudo apt-get install {}",
+            missing.join(" "),
+            missing.join(" ")
+        );
+    }
+    println!("installing Debian packages: {}", missing.join(" "));
+    cmd!(sh, "apt-get update").run()?;
+    cmd!(sh, "apt-get install -y {missing...}")
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .run()?;
+    Ok(())
+}
+
+/// rustfmt and clippy ship with rustup's default profile, but not with the
+/// minimal one.
+fn install_rust_components(sh: &Shell) -> Result<()> {
+    let cargo = cargo();
+    let mut missing = Vec::new();
+    for (subcommand, component) in [("fmt", "rustfmt"), ("clippy", "clippy")] {
+        let present = cmd!(sh, "{cargo} {subcommand} --version")
+            .quiet()
+            .ignore_stdout()
+            .ignore_stderr()
+            .run()
+            .is_ok();
+        if !present {
+            missing.push(component);
+        }
+    }
+    if !missing.is_empty() {
+        cmd!(sh, "rustup component add {missing...}")
+            .run()
+            .context("installing rustfmt/clippy needs rustup")?;
+    }
+    Ok(())
+}
