@@ -24,6 +24,7 @@ pub mod fatbin;
 pub mod hipk;
 pub mod input;
 pub mod inspect;
+pub mod loader;
 pub mod msgpack;
 pub mod output;
 pub mod target;

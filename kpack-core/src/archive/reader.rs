@@ -256,38 +256,100 @@ impl Archive {
                 }
                 Ok(Cow::Borrowed(self.slice(offset, size)))
             }
-            Layout::Zstd { count, .. } => {
-                let frames = self
-                    .frames
-                    .get_or_init(|| self.index_frames())
-                    .as_ref()
-                    .map_err(Clone::clone)?;
-                let &(offset, len) = frames
-                    .get(entry.ordinal as usize)
-                    .ok_or_else(|| out_of_range(*count))?;
-                let frame = self.slice(offset, len);
-                let decompress_err = |reason: String| ArchiveError::Decompress {
-                    key: entry.key.clone(),
-                    target: entry.target.clone(),
-                    reason,
-                };
-                match zstd::zstd_safe::get_frame_content_size(frame) {
-                    Ok(Some(n)) if n != entry.original_size => return Err(mismatch(n)),
-                    Ok(_) => {}
-                    Err(_) => return Err(decompress_err("invalid zstd frame header".into())),
-                }
+            Layout::Zstd { .. } => {
+                let frame = self.zstd_frame(entry)?;
                 // original_size <= MAX_KERNEL_SIZE, so this is a bounded,
                 // TOC-declared allocation; decompression fails if the frame
                 // would write more.
                 let cap = usize::try_from(entry.original_size)
-                    .map_err(|_| decompress_err("kernel does not fit in memory".into()))?;
+                    .map_err(|_| decompress_err(entry, "kernel does not fit in memory".into()))?;
                 let mut buf = Vec::with_capacity(cap);
-                decompress_into(frame, &mut buf).map_err(|e| decompress_err(e.to_string()))?;
+                decompress_into(frame, &mut buf)
+                    .map_err(|e| decompress_err(entry, e.to_string()))?;
                 if buf.len() as u64 != entry.original_size {
                     return Err(mismatch(buf.len() as u64));
                 }
                 Ok(Cow::Owned(buf))
             }
+        }
+    }
+
+    /// Read the kernel of `entry` (an entry of this archive) into `dst`,
+    /// which must be exactly `original_size` bytes long. Same checks as
+    /// [`Archive::read`]; a `zstd-per-kernel` kernel is decompressed
+    /// straight into `dst`, so a caller that owns a differently allocated
+    /// buffer (e.g. the C API's `malloc`ed one) needs no extra copy. On
+    /// error the contents of `dst` are unspecified.
+    pub fn read_into(&self, entry: &Entry, dst: &mut [u8]) -> Result<(), ArchiveError> {
+        if dst.len() as u64 != entry.original_size {
+            return Err(ArchiveError::SizeMismatch {
+                key: entry.key.clone(),
+                target: entry.target.clone(),
+                expected: entry.original_size,
+                actual: dst.len() as u64,
+            });
+        }
+        match &self.layout {
+            Layout::Blobs(_) => {
+                let src = self.read(entry)?;
+                dst.copy_from_slice(&src);
+                Ok(())
+            }
+            Layout::Zstd { .. } => {
+                let frame = self.zstd_frame(entry)?;
+                let n = decompress_into(frame, dst)
+                    .map_err(|e| decompress_err(entry, e.to_string()))?;
+                if n as u64 != entry.original_size {
+                    return Err(ArchiveError::SizeMismatch {
+                        key: entry.key.clone(),
+                        target: entry.target.clone(),
+                        expected: entry.original_size,
+                        actual: n as u64,
+                    });
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The zstd frame of `entry` (scheme `zstd-per-kernel`), after checking
+    /// its ordinal, its size limit and the content size in its header.
+    fn zstd_frame(&self, entry: &Entry) -> Result<&[u8], ArchiveError> {
+        let Layout::Zstd { count, .. } = self.layout else {
+            return Err(decompress_err(entry, "archive has no zstd blob".into()));
+        };
+        if entry.original_size > MAX_KERNEL_SIZE {
+            return Err(ArchiveError::KernelTooLarge {
+                key: entry.key.clone(),
+                target: entry.target.clone(),
+                size: entry.original_size,
+                max: MAX_KERNEL_SIZE,
+            });
+        }
+        let frames = self
+            .frames
+            .get_or_init(|| self.index_frames())
+            .as_ref()
+            .map_err(Clone::clone)?;
+        let &(offset, len) =
+            frames
+                .get(entry.ordinal as usize)
+                .ok_or_else(|| ArchiveError::OrdinalOutOfRange {
+                    key: entry.key.clone(),
+                    target: entry.target.clone(),
+                    ordinal: u64::from(entry.ordinal),
+                    count,
+                })?;
+        let frame = self.slice(offset, len);
+        match zstd::zstd_safe::get_frame_content_size(frame) {
+            Ok(Some(n)) if n != entry.original_size => Err(ArchiveError::SizeMismatch {
+                key: entry.key.clone(),
+                target: entry.target.clone(),
+                expected: entry.original_size,
+                actual: n,
+            }),
+            Ok(_) => Ok(frame),
+            Err(_) => Err(decompress_err(entry, "invalid zstd frame header".into())),
         }
     }
 
@@ -345,7 +407,10 @@ thread_local! {
 
 /// Decompress one frame into the spare capacity of `buf` (fails if it needs
 /// more), reusing a per-thread zstd context.
-fn decompress_into(frame: &[u8], buf: &mut Vec<u8>) -> std::io::Result<usize> {
+fn decompress_into<B: zstd::zstd_safe::WriteBuf + ?Sized>(
+    frame: &[u8],
+    buf: &mut B,
+) -> std::io::Result<usize> {
     DECOMPRESSOR.with(|cell| {
         let mut slot = cell.borrow_mut();
         let d = match &mut *slot {
@@ -354,6 +419,14 @@ fn decompress_into(frame: &[u8], buf: &mut Vec<u8>) -> std::io::Result<usize> {
         };
         d.decompress_to_buffer(frame, buf)
     })
+}
+
+fn decompress_err(entry: &Entry, reason: String) -> ArchiveError {
+    ArchiveError::Decompress {
+        key: entry.key.clone(),
+        target: entry.target.clone(),
+        reason,
+    }
 }
 
 fn read_u32(data: &[u8], pos: u64) -> u32 {
