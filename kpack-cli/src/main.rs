@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use kpack_core::archive::Scheme;
 use kpack_core::inspect::{self, Listing};
+use kpack_core::offload::{self, OffloadOptions};
 
 #[derive(Parser)]
 #[command(
@@ -45,6 +47,50 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Move the device code of a fat binary into per-target .kpack archives
+    /// and write a host-only binary that points at them.
+    Offload {
+        input: PathBuf,
+        /// The host-only binary to write (may be INPUT itself).
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Directory for the archives (`<group>_<target>.kpack`).
+        #[arg(long)]
+        archive_dir: PathBuf,
+        /// The binary's key in the archives (default: OUTPUT's file name).
+        #[arg(long)]
+        kernel_name: Option<String>,
+        /// Archive path written into the binary, relative to its directory
+        /// unless absolute; `@GFXARCH@` stands for a target ID. Repeatable.
+        /// Default: `<path from OUTPUT's dir to ARCHIVE_DIR>/<group>_@GFXARCH@.kpack`.
+        #[arg(long = "search-path", value_name = "PATTERN")]
+        search_paths: Vec<String>,
+        /// Archive name prefix (default: OUTPUT's name up to its first `.`).
+        #[arg(long)]
+        group: Option<String>,
+        #[arg(long, value_enum, default_value = "zstd")]
+        compression: Compression,
+        /// zstd level (1-22).
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=22))]
+        compression_level: i32,
+        /// Print a JSON summary.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check an offloaded host binary: segments, program headers, HIPK
+    /// metadata, wrappers and relocations.
+    VerifyElf {
+        file: PathBuf,
+        /// Print a JSON summary.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Compression {
+    None,
+    Zstd,
 }
 
 fn main() -> ExitCode {
@@ -97,6 +143,75 @@ fn run(cli: Cli) -> kpack_core::Result<()> {
                 for f in &files {
                     println!("{}\t{} bytes", output.join(&f.file).display(), f.size);
                 }
+            }
+        }
+        Command::Offload {
+            input,
+            output,
+            archive_dir,
+            kernel_name,
+            search_paths,
+            group,
+            compression,
+            compression_level,
+            json,
+        } => {
+            let mut opts = OffloadOptions::new(archive_dir);
+            opts.kernel_name = kernel_name;
+            opts.search_paths = search_paths;
+            opts.group = group;
+            opts.scheme = match compression {
+                Compression::None => Scheme::None,
+                Compression::Zstd => Scheme::ZstdPerKernel,
+            };
+            opts.level = compression_level;
+            let s = offload::offload(&input, &output, &opts)?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&s).expect("summary serializes")
+                );
+            } else {
+                if let Some(note) = &s.note {
+                    eprintln!("kpack: note: {}: {note}", input.display());
+                }
+                if s.outcome == offload::Outcome::Offloaded {
+                    println!(
+                        "{} -> {}: {} -> {} bytes, {} bundle(s), {} wrapper(s)",
+                        input.display(),
+                        output.display(),
+                        s.input_size,
+                        s.output_size,
+                        s.bundles,
+                        s.wrappers.len()
+                    );
+                    for a in &s.archives {
+                        println!(
+                            "  {}: {} code object(s), {} -> {} bytes",
+                            a.path.display(),
+                            a.kernels,
+                            a.bytes_in,
+                            a.bytes_out
+                        );
+                    }
+                }
+            }
+        }
+        Command::VerifyElf { file, json } => {
+            let v = offload::verify_file(&file)?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&v).expect("report serializes")
+                );
+            } else {
+                println!(
+                    "{}: ok: {} wrapper(s), kernel name {}, search paths {}",
+                    file.display(),
+                    v.co_indices.len(),
+                    v.metadata.kernel_name,
+                    v.metadata.search_paths.join(", ")
+                );
             }
         }
     }

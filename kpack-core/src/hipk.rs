@@ -94,7 +94,7 @@ pub enum HipkError {
 }
 
 /// The HIPK metadata of an offloaded binary.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct HipkMetadata {
     /// The binary's key in archive TOCs, without the `#N` suffix.
     pub kernel_name: String,

@@ -26,6 +26,7 @@ pub mod input;
 pub mod inspect;
 pub mod loader;
 pub mod msgpack;
+pub mod offload;
 pub mod output;
 pub mod target;
 

@@ -1,0 +1,372 @@
+//! Offloading a fat binary: its code objects go into per-target `.kpack`
+//! archives and the binary is rewritten into a host-only one whose wrappers
+//! point at HIPK metadata naming those archives (SPEC §2, §3).
+//!
+//! [`offload`] is the engine behind `kpack offload`, and behind split,
+//! pack-tree and CMake's `kpack_offload_target()`: it reads the input
+//! through a memory map, writes archives first and the binary last (each to
+//! a temporary file renamed into place), and checks its own output with
+//! [`verify::verify_elf`] before renaming it.
+
+pub mod transform;
+pub mod verify;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Component, Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::archive::{ArchiveWriter, Scheme, DEFAULT_ZSTD_LEVEL};
+use crate::bundle::parse_fatbin;
+use crate::elf::{ElfType, ElfView, FATBIN_SECTION};
+use crate::error::{Error, Result, WithPath};
+use crate::hipk::HipkMetadata;
+use crate::input::map_file;
+use crate::output::{parent_dir, write_atomically_with_mode};
+
+pub use transform::{TransformError, WrapperChange};
+pub use verify::{verify_elf, Verified, VerifyError};
+
+/// The placeholder for a target ID in search paths.
+pub const GFXARCH: &str = "@GFXARCH@";
+
+/// How to offload.
+#[derive(Debug, Clone)]
+pub struct OffloadOptions {
+    /// Where the archives go.
+    pub archive_dir: PathBuf,
+    /// The binary's key in archive TOCs (without `#N`); default: the output
+    /// file's name.
+    pub kernel_name: Option<String>,
+    /// Search paths written into the metadata; default: one,
+    /// `<relative path from the output's directory to archive_dir>/<group>_@GFXARCH@.kpack`.
+    pub search_paths: Vec<String>,
+    /// Archive name prefix; default: the output file's name up to its first
+    /// `.` (`libfoo.so.1` → `libfoo`).
+    pub group: Option<String>,
+    pub scheme: Scheme,
+    pub level: i32,
+}
+
+impl OffloadOptions {
+    pub fn new(archive_dir: impl Into<PathBuf>) -> Self {
+        OffloadOptions {
+            archive_dir: archive_dir.into(),
+            kernel_name: None,
+            search_paths: Vec::new(),
+            group: None,
+            scheme: Scheme::ZstdPerKernel,
+            level: DEFAULT_ZSTD_LEVEL,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Device code moved to archives, host binary rewritten.
+    Offloaded,
+    /// The input was offloaded already: left as it is (copied if the output
+    /// is another path).
+    AlreadyOffloaded,
+    /// A relocatable object or static archive: a link input, copied
+    /// unchanged.
+    LinkInput,
+}
+
+/// One archive written.
+#[derive(Debug, Clone, Serialize)]
+pub struct ArchiveWritten {
+    pub path: PathBuf,
+    pub target: String,
+    pub kernels: usize,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+}
+
+/// What [`offload`] did.
+#[derive(Debug, Clone, Serialize)]
+pub struct OffloadSummary {
+    pub input: PathBuf,
+    pub output: PathBuf,
+    pub outcome: Outcome,
+    pub note: Option<String>,
+    pub kernel_name: Option<String>,
+    pub search_paths: Vec<String>,
+    pub bundles: usize,
+    pub wrappers: Vec<WrapperChange>,
+    pub archives: Vec<ArchiveWritten>,
+    pub input_size: u64,
+    pub output_size: u64,
+}
+
+/// A code object found in a fat binary, ready to archive.
+#[derive(Debug, Clone)]
+pub struct CodeObject<'a> {
+    pub bundle: usize,
+    pub triple: String,
+    pub target: String,
+    pub data: crate::bundle::Blob<'a>,
+}
+
+/// The archive key of a binary's code object: `name#co_index`.
+pub fn archive_key(kernel_name: &str, co_index: usize) -> String {
+    format!("{kernel_name}#{co_index}")
+}
+
+/// The archive file name for a group and target.
+pub fn archive_file_name(group: &str, target: &str) -> String {
+    format!("{group}_{target}.kpack")
+}
+
+/// `to` relative to `from` (both absolute and normalized), with `/`.
+pub fn relative_path(from: &Path, to: &Path) -> String {
+    let f: Vec<Component> = from.components().collect();
+    let t: Vec<Component> = to.components().collect();
+    let common = f.iter().zip(&t).take_while(|(a, b)| a == b).count();
+    let mut parts: Vec<String> = vec!["..".to_string(); f.len() - common];
+    parts.extend(
+        t[common..]
+            .iter()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned()),
+    );
+    if parts.is_empty() {
+        ".".into()
+    } else {
+        parts.join("/")
+    }
+}
+
+/// An absolute, normalized form of a path whose last components may not
+/// exist yet.
+fn absolute(path: &Path) -> Result<PathBuf> {
+    let abs = std::path::absolute(path).with_path(path)?;
+    // Resolve symlinks of the longest existing ancestor, keep the rest.
+    let mut existing = abs.clone();
+    let mut rest = Vec::new();
+    while !existing.exists() {
+        match (existing.file_name(), existing.parent()) {
+            (Some(n), Some(p)) => {
+                rest.push(n.to_os_string());
+                existing = p.to_path_buf();
+            }
+            _ => break,
+        }
+    }
+    let mut out = fs::canonicalize(&existing).with_path(&existing)?;
+    for n in rest.into_iter().rev() {
+        out.push(n);
+    }
+    Ok(out)
+}
+
+fn default_group(output: &Path) -> String {
+    let name = output
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    match name.split('.').next() {
+        Some(stem) if !stem.is_empty() => stem.to_string(),
+        _ => name,
+    }
+}
+
+/// Offload `input` to `output` (which may be the same path), writing
+/// archives to `opts.archive_dir`.
+pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<OffloadSummary> {
+    let mapped = map_file(input)?;
+    let bytes: &[u8] = &mapped;
+    let mode = fs::metadata(input).with_path(input)?.permissions().mode();
+    let mut summary = OffloadSummary {
+        input: input.to_path_buf(),
+        output: output.to_path_buf(),
+        outcome: Outcome::Offloaded,
+        note: None,
+        kernel_name: None,
+        search_paths: Vec::new(),
+        bundles: 0,
+        wrappers: Vec::new(),
+        archives: Vec::new(),
+        input_size: bytes.len() as u64,
+        output_size: bytes.len() as u64,
+    };
+    let copy_unchanged = |summary: &mut OffloadSummary, outcome, note: String| -> Result<()> {
+        if !same_file(input, output) {
+            write_atomically_with_mode(output, Some(mode), |f| f.write_all(bytes))?;
+        }
+        summary.outcome = outcome;
+        summary.note = Some(note);
+        Ok(())
+    };
+    if bytes.starts_with(b"!<arch>\n") {
+        copy_unchanged(
+            &mut summary,
+            Outcome::LinkInput,
+            "static archive: a link input, copied unchanged".into(),
+        )?;
+        return Ok(summary);
+    }
+    let elf = ElfView::parse(bytes).with_path(input)?;
+    if elf.elf_type() == ElfType::Relocatable {
+        copy_unchanged(
+            &mut summary,
+            Outcome::LinkInput,
+            "relocatable object: a link input, copied unchanged".into(),
+        )?;
+        return Ok(summary);
+    }
+    match transform::precheck(bytes) {
+        Ok(transform::Precheck::AlreadyOffloaded) => {
+            copy_unchanged(
+                &mut summary,
+                Outcome::AlreadyOffloaded,
+                "already offloaded: left as it is".into(),
+            )?;
+            return Ok(summary);
+        }
+        Ok(transform::Precheck::Fat) => {}
+        Err(e) => return Err(transform_error(input, e)),
+    }
+
+    // Code objects, by target.
+    let section = elf
+        .section(FATBIN_SECTION)
+        .with_path(input)?
+        .ok_or_else(|| transform_error(input, TransformError::NotFat))?;
+    let bundles = parse_fatbin(section.data).with_path(input)?;
+    let mut by_target: BTreeMap<String, Vec<CodeObject>> = BTreeMap::new();
+    for b in &bundles {
+        for e in b.device_entries() {
+            by_target
+                .entry(e.target().to_string())
+                .or_default()
+                .push(CodeObject {
+                    bundle: b.index,
+                    triple: e.triple.clone(),
+                    target: e.target().to_string(),
+                    data: e.data.clone(),
+                });
+        }
+    }
+
+    // Metadata.
+    let kernel_name = opts.kernel_name.clone().unwrap_or_else(|| {
+        output
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    });
+    let group = opts.group.clone().unwrap_or_else(|| default_group(output));
+    fs::create_dir_all(&opts.archive_dir).with_path(&opts.archive_dir)?;
+    let search_paths = if opts.search_paths.is_empty() {
+        let from = absolute(parent_dir(output))?;
+        let to = absolute(&opts.archive_dir)?;
+        let rel = relative_path(&from, &to);
+        vec![format!("{rel}/{}", archive_file_name(&group, GFXARCH))]
+    } else {
+        opts.search_paths.clone()
+    };
+    let metadata = HipkMetadata {
+        kernel_name: kernel_name.clone(),
+        search_paths: search_paths.clone(),
+    };
+
+    // The host binary, checked before anything is written.
+    let t =
+        transform::transform(bytes, &metadata.encode()).map_err(|e| transform_error(input, e))?;
+    verify_elf(&t.bytes, Some(t.bundles)).map_err(|e| Error::Request {
+        path: input.into(),
+        what: format!("internal error: the rewritten binary fails verification: {e}"),
+    })?;
+
+    // Archives first, then the binary that names them.
+    for (target, cos) in &by_target {
+        let path = opts.archive_dir.join(archive_file_name(&group, target));
+        let mut w = ArchiveWriter::new(group.clone(), target.clone(), vec![target.clone()])
+            .scheme(opts.scheme)
+            .zstd_level(opts.level);
+        for co in cos {
+            let meta = vec![("target".to_string(), co.triple.as_str().into())];
+            w.add(
+                archive_key(&kernel_name, co.bundle),
+                target.clone(),
+                &co.data[..],
+                Some(meta),
+            )
+            .map_err(|e| Error::Archive {
+                path: path.clone(),
+                source: e,
+            })?;
+        }
+        let s = w.write(&path)?;
+        summary.archives.push(ArchiveWritten {
+            path,
+            target: target.clone(),
+            kernels: s.kernels,
+            bytes_in: s.bytes_in,
+            bytes_out: s.bytes_out,
+        });
+    }
+    mapped.release(0..bytes.len());
+    write_atomically_with_mode(output, Some(mode), |f| f.write_all(&t.bytes))?;
+    summary.kernel_name = Some(kernel_name);
+    summary.search_paths = search_paths;
+    summary.bundles = t.bundles;
+    summary.wrappers = t.wrappers;
+    summary.output_size = t.bytes.len() as u64;
+    Ok(summary)
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (fs::canonicalize(a), fs::canonicalize(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    }
+}
+
+fn transform_error(path: &Path, e: TransformError) -> Error {
+    Error::Request {
+        path: path.into(),
+        what: e.to_string(),
+    }
+}
+
+/// Check an offloaded binary on disk (`kpack verify-elf`).
+pub fn verify_file(path: &Path) -> Result<Verified> {
+    let mapped = map_file(path)?;
+    verify_elf(&mapped, None).map_err(|e| Error::Request {
+        path: path.into(),
+        what: e.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_paths() {
+        assert_eq!(
+            relative_path(Path::new("/a/b/lib"), Path::new("/a/b/.kpack")),
+            "../.kpack"
+        );
+        assert_eq!(
+            relative_path(Path::new("/a/b"), Path::new("/a/b/.kpack")),
+            ".kpack"
+        );
+        assert_eq!(relative_path(Path::new("/a/b"), Path::new("/a/b")), ".");
+        assert_eq!(
+            relative_path(Path::new("/x/y/z"), Path::new("/a")),
+            "../../../a"
+        );
+    }
+
+    #[test]
+    fn default_groups() {
+        assert_eq!(default_group(Path::new("out/libfoo.so.1.2")), "libfoo");
+        assert_eq!(default_group(Path::new(".hidden")), ".hidden");
+    }
+}
