@@ -232,33 +232,16 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
     }
 
     // Code objects, by target.
-    let section = elf
-        .section(FATBIN_SECTION)
-        .with_path(input)?
-        .ok_or_else(|| transform_error(input, TransformError::NotFat))?;
-    let bundles = parse_fatbin(section.data).with_path(input)?;
     let mut by_target: BTreeMap<String, Vec<CodeObject>> = BTreeMap::new();
-    for b in &bundles {
-        for e in b.device_entries() {
-            by_target
-                .entry(e.target().to_string())
-                .or_default()
-                .push(CodeObject {
-                    bundle: b.index,
-                    triple: e.triple.clone(),
-                    target: e.target().to_string(),
-                    data: e.data.clone(),
-                });
-        }
+    for co in code_objects(input, bytes)? {
+        by_target.entry(co.target.clone()).or_default().push(co);
     }
 
     // Metadata.
-    let kernel_name = opts.kernel_name.clone().unwrap_or_else(|| {
-        output
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default()
-    });
+    let kernel_name = opts
+        .kernel_name
+        .clone()
+        .unwrap_or_else(|| output.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
     let group = opts.group.clone().unwrap_or_else(|| default_group(output));
     fs::create_dir_all(&opts.archive_dir).with_path(&opts.archive_dir)?;
     let search_paths = if opts.search_paths.is_empty() {
@@ -269,18 +252,10 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
     } else {
         opts.search_paths.clone()
     };
-    let metadata = HipkMetadata {
-        kernel_name: kernel_name.clone(),
-        search_paths: search_paths.clone(),
-    };
+    let metadata = HipkMetadata { kernel_name: kernel_name.clone(), search_paths: search_paths.clone() };
 
     // The host binary, checked before anything is written.
-    let t =
-        transform::transform(bytes, &metadata.encode()).map_err(|e| transform_error(input, e))?;
-    verify_elf(&t.bytes, Some(t.bundles)).map_err(|e| Error::Request {
-        path: input.into(),
-        what: format!("internal error: the rewritten binary fails verification: {e}"),
-    })?;
+    let t = rewrite(input, bytes, &metadata)?;
 
     // Archives first, then the binary that names them.
     for (target, cos) in &by_target {
@@ -318,6 +293,66 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
     summary.wrappers = t.wrappers;
     summary.output_size = t.bytes.len() as u64;
     Ok(summary)
+}
+
+/// Every device code object of a fat binary's `.hip_fatbin`, in bundle
+/// order.
+pub fn code_objects<'a>(path: &Path, bytes: &'a [u8]) -> Result<Vec<CodeObject<'a>>> {
+    let elf = ElfView::parse(bytes).with_path(path)?;
+    let section =
+        elf.section(FATBIN_SECTION).with_path(path)?.ok_or_else(|| transform_error(path, TransformError::NotFat))?;
+    let bundles = parse_fatbin(section.data).with_path(path)?;
+    let mut out = Vec::new();
+    for b in &bundles {
+        for e in b.device_entries() {
+            out.push(CodeObject {
+                bundle: b.index,
+                triple: e.triple.clone(),
+                target: e.target().to_string(),
+                data: e.data.clone(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The host-only form of a fat binary with this metadata, checked by the
+/// verifier. Writes nothing.
+pub fn rewrite(path: &Path, bytes: &[u8], metadata: &HipkMetadata) -> Result<transform::Transformed> {
+    let t = transform::transform(bytes, &metadata.encode()).map_err(|e| transform_error(path, e))?;
+    verify_elf(&t.bytes, Some(t.bundles)).map_err(|e| Error::Request {
+        path: path.into(),
+        what: format!("internal error: the rewritten binary fails verification: {e}"),
+    })?;
+    Ok(t)
+}
+
+/// Is this file a fat binary kpack can offload (ELF with a PROGBITS
+/// `.hip_fatbin`), one already offloaded, or something else?
+pub fn classify_binary(bytes: &[u8]) -> BinaryKind {
+    if bytes.starts_with(b"!<arch>\n") {
+        return BinaryKind::LinkInput;
+    }
+    let Ok(elf) = ElfView::parse(bytes) else { return BinaryKind::Other };
+    if elf.elf_type() == ElfType::Relocatable {
+        return BinaryKind::LinkInput;
+    }
+    match transform::precheck(bytes) {
+        Ok(transform::Precheck::Fat) => BinaryKind::Fat,
+        Ok(transform::Precheck::AlreadyOffloaded) => BinaryKind::Offloaded,
+        Err(TransformError::NotFat) => BinaryKind::Other,
+        // Device code with something wrong: offloading it reports what.
+        Err(_) => BinaryKind::Fat,
+    }
+}
+
+/// See [`classify_binary`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BinaryKind {
+    Fat,
+    Offloaded,
+    LinkInput,
+    Other,
 }
 
 fn same_file(a: &Path, b: &Path) -> bool {
