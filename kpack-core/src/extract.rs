@@ -138,15 +138,83 @@ pub fn extract(input: &Path, out_dir: &Path, target: Option<&str>) -> Result<Vec
                 }
                 return write_all(input, out_dir, target, files, available);
             }
-            DeviceCode::Offloaded(_) => {
-                return Err(Error::Unsupported {
-                    path: input.into(),
-                    what: "an offloaded host binary: its code objects live in .kpack archives; extract from those".into(),
-                });
+            DeviceCode::Offloaded(o) => {
+                // Resolve each wrapper through the metadata and the archives
+                // its search paths name: what a GPU would load.
+                let mut cos: Vec<u64> = o.wrappers.iter().map(|w| w.reserved1).collect();
+                cos.sort_unstable();
+                cos.dedup();
+                let several = cos.len() > 1 || cos.iter().any(|&c| c > 0);
+                let base = crate::output::parent_dir(input);
+                let mut seen = std::collections::BTreeSet::new();
+                for pattern in &o.metadata.search_paths {
+                    for path in expand_search_path(base, pattern) {
+                        let archive = Archive::open(&path)?;
+                        for tgt in archive.gfx_arches() {
+                            available.push(tgt.clone());
+                            if target.is_some_and(|t| !target_matches(tgt, t)) {
+                                continue;
+                            }
+                            for &co in &cos {
+                                let key = format!("{}#{co}", o.metadata.kernel_name);
+                                if archive.entry(&key, tgt).is_none()
+                                    || !seen.insert((tgt.clone(), co))
+                                {
+                                    continue;
+                                }
+                                let bytes = archive.kernel(&key, tgt).with_path(&path)?;
+                                files.push((
+                                    Extracted {
+                                        file: fatbin_file_name(tgt, several.then_some(co as usize)),
+                                        target: tgt.clone(),
+                                        key: Some(key),
+                                        bundle: Some(co as usize),
+                                        size: bytes.len() as u64,
+                                    },
+                                    Cow::Owned(bytes),
+                                ));
+                            }
+                        }
+                    }
+                }
             }
         },
     }
     write_all(input, out_dir, target, files, available)
+}
+
+/// The archive files a search path names, relative to `base` unless
+/// absolute; `@GFXARCH@` matches any target in that directory.
+fn expand_search_path(base: &Path, pattern: &str) -> Vec<PathBuf> {
+    let full = if Path::new(pattern).is_absolute() {
+        PathBuf::from(pattern)
+    } else {
+        base.join(pattern)
+    };
+    let Some(name) = full.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+        return Vec::new();
+    };
+    let Some((pre, post)) = name.split_once(crate::offload::GFXARCH) else {
+        return if full.is_file() {
+            vec![full]
+        } else {
+            Vec::new()
+        };
+    };
+    let dir = crate::output::parent_dir(&full).to_path_buf();
+    let mut out: Vec<PathBuf> = fs::read_dir(&dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter(|e| {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    n.len() > pre.len() + post.len() && n.starts_with(pre) && n.ends_with(post)
+                })
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
 }
 
 fn write_all(

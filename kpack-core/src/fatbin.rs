@@ -48,9 +48,9 @@ pub enum DeviceCode<'a> {
     Offloaded(Offloaded),
 }
 
-/// Read the wrappers of `.hipFatBinSegment` (the values as stored in the
-/// file; in a PIE/shared object the `binary` pointer is applied by a
-/// relocation at load time).
+/// Read the wrappers of `.hipFatBinSegment`, each `binary` pointer resolved
+/// through its relocation (the value it has at load time, relative to the
+/// load base).
 pub fn read_wrappers(path: &Path, elf: &ElfView) -> Result<Vec<Wrapper>> {
     let Some(sec) = elf.section(WRAPPER_SECTION).with_path(path)? else {
         return Ok(Vec::new());
@@ -70,10 +70,31 @@ pub fn read_wrappers(path: &Path, elf: &ElfView) -> Result<Vec<Wrapper>> {
             },
         });
     }
+    // Show the pointer as it is at load time (relative to the load base):
+    // in a PIE or shared object a relocation supplies it.
+    let bytes = elf.bytes();
+    let headers = crate::elf::Headers::parse(bytes).with_path(path)?;
+    let relas = crate::elf::read_relas(bytes, &headers).with_path(path)?;
+    let relr = crate::elf::read_relr(bytes, &headers).with_path(path)?;
     Ok(sec
         .data
         .chunks_exact(WRAPPER_SIZE)
-        .map(|c| Wrapper::parse(c.try_into().expect("wrapper size")))
+        .enumerate()
+        .map(|(k, c)| {
+            let mut w = Wrapper::parse(c.try_into().expect("wrapper size"));
+            let at = (k * WRAPPER_SIZE + 8) as u64;
+            if let Ok(p) = crate::elf::pointer_at(
+                bytes,
+                &headers,
+                &relas,
+                &relr,
+                sec.addr + at,
+                sec.offset + at,
+            ) {
+                w.binary = p.value;
+            }
+            w
+        })
         .collect())
 }
 

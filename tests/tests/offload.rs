@@ -1,0 +1,673 @@
+//! `kpack offload` on real binaries: the rewritten binary is valid for
+//! every tool that reads ELF, still loads and runs, and its wrappers lead
+//! (through the HIPK metadata and the archives) to exactly the code objects
+//! clang-offload-bundler extracts from the original.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use kpack_core::archive::Archive;
+use kpack_core::hipk::{HipkMetadata, HIPK_MAGIC};
+use kpack_e2e::*;
+use serde_json::Value;
+
+struct Offloaded {
+    _dir: tempfile::TempDir,
+    out: PathBuf,
+    archives: PathBuf,
+    summary: Value,
+}
+
+fn offload_to(input: &Path, dir: tempfile::TempDir) -> Offloaded {
+    let out = dir.path().join("lib").join(input.file_name().unwrap());
+    let archives = dir.path().join(".kpack");
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+    let json = kpack_ok(&[
+        &"offload",
+        &input,
+        &"-o",
+        &out,
+        &"--archive-dir",
+        &archives,
+        &"--json",
+    ]);
+    Offloaded {
+        _dir: dir,
+        out,
+        archives,
+        summary: serde_json::from_str(&json).unwrap(),
+    }
+}
+
+fn offload(input: &Path) -> Offloaded {
+    offload_to(input, tempfile::tempdir().unwrap())
+}
+
+/// eu-elflint's complaints, without the file name.
+fn elflint(path: &Path) -> BTreeSet<String> {
+    let out = Command::new("eu-elflint")
+        .arg("--gnu-ld")
+        .arg(path)
+        .output()
+        .expect("eu-elflint (elfutils)");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .chain(String::from_utf8_lossy(&out.stderr).lines())
+        .map(|l| l.split_once(": ").map_or(l, |x| x.1).to_string())
+        .filter(|l| l != "No errors")
+        .collect()
+}
+
+fn assert_tools_accept(original: &Path, rewritten: &Path) {
+    let before = elflint(original);
+    let after = elflint(rewritten);
+    let new: Vec<_> = after.difference(&before).collect();
+    assert!(
+        new.is_empty(),
+        "{}: eu-elflint reports new problems: {new:?}",
+        rewritten.display()
+    );
+    let out = Command::new("readelf")
+        .arg("-a")
+        .arg("-W")
+        .arg(rewritten)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.trim().is_empty(),
+        "{}: readelf complains: {err}",
+        rewritten.display()
+    );
+    kpack_ok(&[&"verify-elf", &rewritten]);
+}
+
+/// clang-offload-bundler's code objects of the original, by (bundle, target).
+fn ground_truth(binary: &Path) -> BTreeMap<(usize, String), Vec<u8>> {
+    let scratch = tempfile::tempdir().unwrap();
+    let fatbin = objcopy_section(binary, ".hip_fatbin", scratch.path());
+    let mut out = BTreeMap::new();
+    for (i, b) in split_bundles(&fatbin).iter().enumerate() {
+        let file = scratch.path().join(format!("b{i}"));
+        std::fs::write(&file, b).unwrap();
+        for (t, bytes) in bundler_unbundle(&file, scratch.path()) {
+            out.insert((i, t), bytes);
+        }
+    }
+    out
+}
+
+/// Runs the host code of a fixture (through dlcheck for a library), with
+/// the environment given.
+fn run_host(f: &Fixture, binary: &Path, env: &[(&str, &Path)]) -> String {
+    let mut cmd = match fixture_host_check(f) {
+        Some((symbol, _)) => {
+            let mut c = Command::new(fixtures_dir().join("dlcheck"));
+            c.arg(binary).arg(symbol);
+            c
+        }
+        None => Command::new(binary),
+    };
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{} failed: {}",
+        binary.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn fixture_host_check(f: &Fixture) -> Option<(String, i64)> {
+    let text = std::fs::read_to_string(fixtures_dir().join("fixtures.json")).unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let e = v["fixtures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["name"] == f.name.as_str())
+        .unwrap();
+    let hc = &e["host_check"];
+    hc.as_object().map(|o| {
+        (
+            o["symbol"].as_str().unwrap().to_string(),
+            o["value"].as_i64().unwrap(),
+        )
+    })
+}
+
+/// A stand-in for the HIP runtime's registration entry points, preloaded
+/// ahead of libamdhip64: logs each wrapper it is given and the bytes its
+/// `binary` pointer points at.
+fn shim() -> PathBuf {
+    static SHIM: OnceLock<PathBuf> = OnceLock::new();
+    SHIM.get_or_init(|| {
+        let dir = workspace().join("target/test-shim");
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("hipshim.c");
+        std::fs::write(
+            &src,
+            r#"
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+typedef struct { uint32_t magic, version; const unsigned char* binary; uint64_t reserved1; } wrapper_t;
+static void* handle[1];
+void** __hipRegisterFatBinary(const void* data) {
+  const wrapper_t* w = (const wrapper_t*)data;
+  FILE* f = fopen(getenv("KPACK_SHIM_LOG"), "a");
+  if (!f) abort();
+  fprintf(f, "%08x %u %llu ", w->magic, w->version, (unsigned long long)w->reserved1);
+  size_t n = 4096 - ((uintptr_t)w->binary & 4095);
+  if (n > 1024) n = 1024;
+  for (size_t i = 0; i < n; i++) fprintf(f, "%02x", w->binary[i]);
+  fprintf(f, "\n");
+  fclose(f);
+  return handle;
+}
+void __hipUnregisterFatBinary(void** h) { (void)h; }
+void __hipRegisterFunction(void) {}
+void __hipRegisterVar(void) {}
+void __hipRegisterManagedVar(void) {}
+void __hipRegisterSurface(void) {}
+void __hipRegisterTexture(void) {}
+"#,
+        )
+        .unwrap();
+        let so = dir.join("libhipshim.so");
+        run_ok(Command::new("cc").args(["-shared", "-fPIC", "-o"]).arg(&so).arg(&src));
+        so
+    })
+    .clone()
+}
+
+struct Registered {
+    magic: u32,
+    version: u32,
+    co_index: u64,
+    metadata: HipkMetadata,
+}
+
+fn registered(f: &Fixture, binary: &Path) -> Vec<Registered> {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let shim = shim();
+    let out = run_host(
+        f,
+        binary,
+        &[("LD_PRELOAD", &shim), ("KPACK_SHIM_LOG", &log)],
+    );
+    if let Some((_, value)) = fixture_host_check(f) {
+        assert_eq!(out, value.to_string(), "{}: host code result", f.name);
+    }
+    std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let p: Vec<&str> = l.split(' ').collect();
+            let hex = p[3];
+            let bytes: Vec<u8> = (0..hex.len() / 2)
+                .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+                .collect();
+            Registered {
+                magic: u32::from_str_radix(p[0], 16).unwrap(),
+                version: p[1].parse().unwrap(),
+                co_index: p[2].parse().unwrap(),
+                metadata: HipkMetadata::decode(&bytes).expect("wrapper points at HIPK metadata"),
+            }
+        })
+        .collect()
+}
+
+/// Everything the issue asks of one offloaded fixture.
+fn check_fixture(name: &str) {
+    let f = fixture(name);
+    let o = offload(&f.path);
+    assert_eq!(o.summary["outcome"], "offloaded");
+    assert_tools_accept(&f.path, &o.out);
+
+    // Host code still runs, and the runtime sees HIPK wrappers whose
+    // metadata and archives give back the original code objects.
+    let regs = registered(&f, &o.out);
+    // An -fgpu-rdc link registers once for all its translation units (they
+    // share one handle); otherwise every wrapper is registered.
+    let registrations = if name == "librdc.so" { 1 } else { f.wrappers };
+    assert_eq!(regs.len(), registrations, "{name}: wrappers registered");
+    let truth = ground_truth(&f.path);
+    let kernel_name = o.out.file_name().unwrap().to_string_lossy().into_owned();
+    for (i, r) in regs.iter().enumerate() {
+        assert_eq!(r.magic, HIPK_MAGIC, "{name}: wrapper {i} magic");
+        assert_eq!(r.version, 1);
+        let want_co = if f.bundles == 1 { 0 } else { i as u64 };
+        assert_eq!(r.co_index, want_co, "{name}: wrapper {i} reserved1");
+        assert_eq!(r.metadata.kernel_name, kernel_name);
+        assert_eq!(r.metadata.search_paths.len(), 1);
+        for t in &f.targets {
+            let archive_path = o
+                .out
+                .parent()
+                .unwrap()
+                .join(r.metadata.search_paths[0].replace("@GFXARCH@", t));
+            let a = Archive::open(&archive_path).expect("archive named by the metadata");
+            let got = a
+                .kernel(&format!("{kernel_name}#{}", r.co_index), t)
+                .unwrap();
+            assert!(
+                got == truth[&(r.co_index as usize, t.clone())],
+                "{name}: wrapper {i} {t} differs from the bundler's"
+            );
+        }
+    }
+    // Every wrapper in the file, registered or not, points at the metadata
+    // and names a code object present in every target's archive.
+    let ls: Value = serde_json::from_str(&kpack_ok(&[&"ls", &o.out, &"--json"])).unwrap();
+    assert_eq!(ls["kind"], "offloaded");
+    let ws = ls["wrappers"].as_array().unwrap();
+    assert_eq!(ws.len(), f.wrappers);
+    for (i, w) in ws.iter().enumerate() {
+        assert_eq!(w["magic"], "HIPK");
+        assert_eq!(
+            w["binary"], ls["metadata_address"],
+            "{name}: wrapper {i} pointer"
+        );
+        let co = w["reserved1"].as_u64().unwrap();
+        assert_eq!(
+            co,
+            if f.bundles == 1 { 0 } else { i as u64 },
+            "{name}: wrapper {i} reserved1"
+        );
+        for t in &f.targets {
+            let a = Archive::open(o.archives.join(format!(
+                "{}_{t}.kpack",
+                kernel_name.split('.').next().unwrap()
+            )))
+            .unwrap();
+            assert!(
+                a.kernel(&format!("{kernel_name}#{co}"), t).unwrap()
+                    == truth[&(co as usize, t.clone())]
+            );
+        }
+    }
+    // `kpack extract` on the offloaded binary resolves the same way.
+    let ex = tempfile::tempdir().unwrap();
+    kpack_ok(&[&"extract", &o.out, &"-o", &ex.path()]);
+    assert_eq!(
+        dir_files(ex.path()).len(),
+        truth.len(),
+        "{name}: extracted through the archives"
+    );
+    // Every code object is in an archive.
+    let mut n = 0;
+    for e in std::fs::read_dir(&o.archives).unwrap() {
+        n += Archive::open(e.unwrap().path()).unwrap().kernel_count();
+    }
+    assert_eq!(n, truth.len(), "{name}: archived code objects");
+
+    // The packagers' tools still work, and what they write still loads.
+    let scratch = tempfile::tempdir().unwrap();
+    let tools: [(&str, &[&str]); 4] = [
+        ("strip", &["strip"]),
+        ("eu-strip", &["eu-strip"]),
+        ("debuglink", &["objcopy", "--only-keep-debug"]),
+        ("patchelf", &["patchelf", "--set-rpath", "/opt/rocm/lib"]),
+    ];
+    for (label, cmd) in tools {
+        let copy = o
+            .out
+            .parent()
+            .unwrap()
+            .join(format!("{label}-{kernel_name}"));
+        std::fs::copy(&o.out, &copy).unwrap();
+        if label == "debuglink" {
+            let dbg = scratch.path().join("x.debug");
+            run_ok(Command::new(cmd[0]).args(&cmd[1..]).arg(&copy).arg(&dbg));
+            run_ok(
+                Command::new("objcopy")
+                    .arg("--strip-debug")
+                    .arg(format!("--add-gnu-debuglink={}", dbg.display()))
+                    .arg(&copy),
+            );
+        } else {
+            let out = Command::new(cmd[0])
+                .args(&cmd[1..])
+                .arg(&copy)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{label} failed on {name}");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                err.trim().is_empty(),
+                "{label} complains about {name}: {err}"
+            );
+        }
+        kpack_ok(&[&"verify-elf", &copy]);
+        let regs2 = registered(&f, &copy);
+        assert_eq!(regs2.len(), registrations, "{name} after {label}");
+        assert!(regs2
+            .iter()
+            .all(|r| r.magic == HIPK_MAGIC && r.metadata.kernel_name == kernel_name));
+    }
+}
+
+macro_rules! offload_tests {
+    ($($test:ident => $fixture:expr),* $(,)?) => {$(
+        #[test]
+        fn $test() { check_fixture($fixture); }
+    )*};
+}
+
+offload_tests! {
+    libvadd => "libvadd.so",
+    vadd_pie => "vadd_pie",
+    vadd_nopie => "vadd_nopie",
+    libvadd_compressed => "libvadd_compressed.so",
+    librdc => "librdc.so",
+    libmulti => "libmulti.so",
+    libwide => "libwide.so",
+    libvadd_relr => "libvadd_relr.so",
+}
+
+#[test]
+fn librocrand_shrinks_loads_and_keeps_its_code_objects() {
+    let input = Path::new(LIBROCRAND);
+    let o = offload(input);
+    assert_tools_accept(input, &o.out);
+    let before = std::fs::metadata(input).unwrap().len();
+    let after = std::fs::metadata(&o.out).unwrap().len();
+    assert!(
+        after * 100 <= before * 55,
+        "librocrand: {after} of {before} bytes"
+    );
+    // Host code: rocrand_get_version() is unchanged.
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("v.c");
+    std::fs::write(
+        &src,
+        "#include <dlfcn.h>\n#include <stdio.h>\nint main(int c, char** v) { void* h = dlopen(v[1], RTLD_NOW); if (!h) return 2;\n\
+         int (*f)(int*) = (int (*)(int*))dlsym(h, \"rocrand_get_version\"); int x = -1; if (!f || f(&x)) return 3; printf(\"%d\", x); return 0; }\n",
+    )
+    .unwrap();
+    let exe = dir.path().join("v");
+    run_ok(Command::new("cc").arg("-o").arg(&exe).arg(&src).arg("-ldl"));
+    let v0 = run_ok(Command::new(&exe).arg(input));
+    let v1 = run_ok(Command::new(&exe).arg(&o.out));
+    assert_eq!(v0, v1);
+    assert!(!v0.is_empty());
+    let copy = dir.path().join("stripped.so");
+    std::fs::copy(&o.out, &copy).unwrap();
+    run_ok(Command::new("strip").arg(&copy));
+    assert_eq!(run_ok(Command::new(&exe).arg(&copy)), v0);
+    // Every code object, through the archives.
+    let truth = ground_truth(input);
+    let mut n = 0;
+    for ((bundle, target), bytes) in &truth {
+        let a = Archive::open(o.archives.join(format!("librocrand_{target}.kpack"))).unwrap();
+        assert!(
+            a.kernel(&format!("librocrand.so.1.1#{bundle}"), target)
+                .unwrap()
+                == *bytes
+        );
+        n += 1;
+    }
+    assert_eq!(n, 7);
+}
+
+/// A fat binary whose .hip_fatbin ends exactly on a page boundary, made by
+/// linking zero padding after the device code.
+#[test]
+fn fatbin_ending_on_a_page_boundary() {
+    let dir = tempfile::tempdir().unwrap();
+    let hip = workspace().join("integration/hip");
+    // Compile once, then link the object alone and with zero padding after
+    // it (an object of its own, after the HIP one on the link line).
+    let obj = dir.path().join("vadd.o");
+    run_ok(
+        Command::new("clang++-19")
+            .args([
+                "-x",
+                "hip",
+                "-nogpulib",
+                "-nogpuinc",
+                "--offload-arch=gfx1100",
+                "-fPIC",
+                "-O2",
+                "-c",
+            ])
+            .arg("-I")
+            .arg(&hip)
+            .arg(hip.join("vadd.hip"))
+            .arg("-o")
+            .arg(&obj),
+    );
+    let build = |out: &Path, pad: Option<u64>| {
+        let mut c = Command::new("clang++-19");
+        c.args(["-shared", "-fuse-ld=lld"]).arg(&obj);
+        if let Some(n) = pad {
+            let s = dir.path().join("pad.s");
+            std::fs::write(
+                &s,
+                format!(".section .hip_fatbin,\"a\",@progbits\n.zero {n}\n"),
+            )
+            .unwrap();
+            let o = dir.path().join("pad.o");
+            run_ok(Command::new("clang-19").arg("-c").arg(&s).arg("-o").arg(&o));
+            c.arg(&o);
+        }
+        run_ok(c.arg("-lamdhip64").arg("-o").arg(out));
+    };
+    let first = dir.path().join("libfirst.so");
+    build(&first, None);
+    let size = |p: &Path| {
+        let text = run_ok(Command::new("readelf").args(["-SW"]).arg(p));
+        let line = text
+            .lines()
+            .find(|l| l.contains(".hip_fatbin"))
+            .unwrap()
+            .to_string();
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let i = f.iter().position(|x| *x == "PROGBITS").unwrap();
+        (
+            u64::from_str_radix(f[i + 1], 16).unwrap(),
+            u64::from_str_radix(f[i + 3], 16).unwrap(),
+        )
+    };
+    let (_, s) = size(&first);
+    let lib = dir.path().join("libpage.so");
+    build(&lib, Some(4096 - s % 4096));
+    let (addr, s2) = size(&lib);
+    assert_eq!(
+        (addr + s2) % 4096,
+        0,
+        "padding did not end the section on a page"
+    );
+    let o = offload(&lib);
+    assert_tools_accept(&lib, &o.out);
+    let a = Archive::open(o.archives.join("libpage_gfx1100.kpack")).unwrap();
+    let truth = ground_truth(&lib);
+    assert!(a.kernel("libpage.so#0", "gfx1100").unwrap() == truth[&(0, "gfx1100".to_string())]);
+}
+
+#[test]
+fn small_fatbin_is_rewritten_in_place() {
+    // libvadd_compressed's .hip_fatbin is smaller than a page: nothing to
+    // cut, so the metadata goes over it and the rest is zeroed.
+    let f = fixture("libvadd_compressed.so");
+    let o = offload(&f.path);
+    let bytes = std::fs::read(&o.out).unwrap();
+    let fatbin = std::fs::read(&f.path).unwrap();
+    let bundle_start = fatbin.windows(4).position(|w| w == b"CCOB").unwrap();
+    // No byte of the compressed bundle's payload is left.
+    let payload = &fatbin[bundle_start + 24..bundle_start + 88];
+    assert!(bytes.windows(payload.len()).all(|w| w != payload));
+    assert!(!bytes.windows(4).any(|w| w == b"CCOB"));
+}
+
+#[test]
+fn already_offloaded_is_a_noop_and_link_inputs_are_copied() {
+    let f = fixture("libvadd.so");
+    let o = offload(&f.path);
+    let again = o.out.with_file_name("again.so");
+    let out = kpack(&[
+        &"offload",
+        &o.out,
+        &"-o",
+        &again,
+        &"--archive-dir",
+        &o.archives,
+    ]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already offloaded"));
+    assert_eq!(
+        std::fs::read(&again).unwrap(),
+        std::fs::read(&o.out).unwrap()
+    );
+
+    let obj = std::fs::read_dir(fixtures_dir().join("obj"))
+        .unwrap()
+        .flat_map(|e| walk(e.unwrap().path()))
+        .find(|p| p.extension().is_some_and(|x| x == "o"))
+        .expect("an object file among the fixtures' objects");
+    let dir = tempfile::tempdir().unwrap();
+    let out_o = dir.path().join("copy.o");
+    let err = kpack(&[
+        &"offload",
+        &obj,
+        &"-o",
+        &out_o,
+        &"--archive-dir",
+        &dir.path(),
+    ]);
+    assert!(err.status.success());
+    assert!(String::from_utf8_lossy(&err.stderr).contains("link input"));
+    assert_eq!(std::fs::read(&out_o).unwrap(), std::fs::read(&obj).unwrap());
+    let ar = dir.path().join("libx.a");
+    run_ok(Command::new("ar").arg("rcs").arg(&ar).arg(&obj));
+    let out_a = dir.path().join("copy.a");
+    assert!(kpack(&[
+        &"offload",
+        &ar,
+        &"-o",
+        &out_a,
+        &"--archive-dir",
+        &dir.path()
+    ])
+    .status
+    .success());
+    assert_eq!(std::fs::read(&out_a).unwrap(), std::fs::read(&ar).unwrap());
+}
+
+fn walk(p: PathBuf) -> Vec<PathBuf> {
+    if p.is_dir() {
+        std::fs::read_dir(&p)
+            .unwrap()
+            .flat_map(|e| walk(e.unwrap().path()))
+            .collect()
+    } else {
+        vec![p]
+    }
+}
+
+#[test]
+fn in_place_keeps_mode_and_does_not_write_through_hard_links() {
+    use std::os::unix::fs::PermissionsExt;
+    let f = fixture("libvadd.so");
+    let dir = tempfile::tempdir().unwrap();
+    let lib = dir.path().join("libvadd.so");
+    std::fs::copy(&f.path, &lib).unwrap();
+    std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o750)).unwrap();
+    let link = dir.path().join("hardlink.so");
+    std::fs::hard_link(&lib, &link).unwrap();
+    kpack_ok(&[
+        &"offload",
+        &lib,
+        &"-o",
+        &lib,
+        &"--archive-dir",
+        &dir.path().join(".kpack"),
+    ]);
+    assert_eq!(
+        std::fs::metadata(&lib).unwrap().permissions().mode() & 0o777,
+        0o750
+    );
+    assert_eq!(
+        std::fs::read(&link).unwrap(),
+        std::fs::read(&f.path).unwrap(),
+        "hard link written through"
+    );
+    kpack_ok(&[&"verify-elf", &lib]);
+    let names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names.iter().all(|n| !n.starts_with(".kpack-tmp")),
+        "temporary left: {names:?}"
+    );
+}
+
+/// Damaged inputs are refused with a clear error and no output.
+fn refuses(bytes: &[u8], needle: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("libbad.so");
+    std::fs::write(&input, bytes).unwrap();
+    let out = dir.path().join("out.so");
+    let archives = dir.path().join("arch");
+    let err = kpack_fails(&[&"offload", &input, &"-o", &out, &"--archive-dir", &archives]);
+    assert!(err.contains("libbad.so") && err.contains(needle), "{err}");
+    assert!(!out.exists());
+    assert!(!archives.exists() || std::fs::read_dir(&archives).unwrap().next().is_none());
+}
+
+fn wrapper_offset(bytes: &[u8]) -> usize {
+    let elf = kpack_core::elf::Headers::parse(bytes).unwrap();
+    let i = elf.section_index(".hipFatBinSegment").unwrap();
+    elf.shdrs[i].sh_offset as usize
+}
+
+#[test]
+fn refuses_unknown_magic() {
+    let mut b = std::fs::read(fixture("libvadd.so").path).unwrap();
+    let w = wrapper_offset(&b);
+    b[w..w + 4].copy_from_slice(b"XXXX");
+    refuses(&b, "unknown magic");
+}
+
+#[test]
+fn refuses_pointer_not_at_a_bundle() {
+    // ET_EXEC: the pointer is the value in the file.
+    let mut b = std::fs::read(fixture("vadd_nopie").path).unwrap();
+    let w = wrapper_offset(&b);
+    let p = u64::from_le_bytes(b[w + 8..w + 16].try_into().unwrap());
+    b[w + 8..w + 16].copy_from_slice(&(p + 16).to_le_bytes());
+    refuses(&b, "does not point at the start of a bundle");
+}
+
+#[test]
+fn refuses_relocation_into_removed_bytes() {
+    // Another RELATIVE relocation made to point into .hip_fatbin.
+    let mut b = std::fs::read(fixture("libvadd.so").path).unwrap();
+    let h = kpack_core::elf::Headers::parse(&b).unwrap();
+    let relas = kpack_core::elf::read_relas(&b, &h).unwrap();
+    let fi = h.section_index(".hip_fatbin").unwrap();
+    let fat = h.shdrs[fi].sh_addr;
+    let w = h.shdrs[h.section_index(".hipFatBinSegment").unwrap()].sh_addr;
+    let r = relas
+        .iter()
+        .find(|r| r.r_type == 8 && r.r_offset != w + 8)
+        .expect("another RELATIVE relocation");
+    let at = r.entry_offset as usize + 16;
+    b[at..at + 8].copy_from_slice(&(fat + 64).to_le_bytes());
+    refuses(&b, "points inside .hip_fatbin");
+}
+
+#[test]
+fn refuses_binary_without_device_code() {
+    let b = std::fs::read(fixture("libhostonly.so").path).unwrap();
+    refuses(&b, "no .hip_fatbin");
+}
