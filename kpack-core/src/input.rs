@@ -48,6 +48,18 @@ impl Mapped {
     }
 }
 
+impl Mapped {
+    /// [`Mapped::release`] for a slice of this map (a slice from elsewhere
+    /// is ignored).
+    pub fn release_slice(&self, s: &[u8]) {
+        let base = self.bytes().as_ptr() as usize;
+        let start = s.as_ptr() as usize;
+        if start >= base && start + s.len() <= base + self.len() {
+            self.release(start - base..start - base + s.len());
+        }
+    }
+}
+
 impl Deref for Mapped {
     type Target = [u8];
     fn deref(&self) -> &[u8] {

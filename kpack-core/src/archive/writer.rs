@@ -67,6 +67,9 @@ pub struct ArchiveWriter<'a> {
     keys: Vec<(String, Vec<usize>)>,
     key_index: HashMap<String, usize>,
     seen: HashSet<(String, String)>,
+    /// Called with each kernel's input bytes once they are written (e.g. to
+    /// drop the pages of a memory-mapped input).
+    done: Option<Box<dyn Fn(&[u8]) + Sync + 'a>>,
 }
 
 impl<'a> ArchiveWriter<'a> {
@@ -89,6 +92,7 @@ impl<'a> ArchiveWriter<'a> {
             keys: Vec::new(),
             key_index: HashMap::new(),
             seen: HashSet::new(),
+            done: None,
         }
     }
 
@@ -108,6 +112,13 @@ impl<'a> ArchiveWriter<'a> {
     /// Turning it off reproduces the reference Python writer's frames.
     pub fn content_checksum(mut self, on: bool) -> Self {
         self.checksum = on;
+        self
+    }
+
+    /// Call `f` with each kernel's input bytes after they are written, so a
+    /// caller streaming from a memory map can release those pages.
+    pub fn on_written(mut self, f: impl Fn(&[u8]) + Sync + 'a) -> Self {
+        self.done = Some(Box::new(f));
         self
     }
 
@@ -233,6 +244,9 @@ impl<'a> ArchiveWriter<'a> {
                 let mut blobs = Vec::with_capacity(self.kernels.len());
                 for k in &self.kernels {
                     out.write_all(&k.data)?;
+                    if let Some(done) = &self.done {
+                        done(&k.data);
+                    }
                     let size = k.data.len() as u64;
                     blobs.push(Value::str_map([
                         ("offset", Value::from(pos)),
@@ -257,8 +271,11 @@ impl<'a> ArchiveWriter<'a> {
                             },
                         )
                         .collect();
-                    for frame in frames {
+                    for (frame, k) in frames.into_iter().zip(batch) {
                         let frame = frame?;
+                        if let Some(done) = &self.done {
+                            done(&k.data);
+                        }
                         zstd_size += 4 + frame.len() as u64;
                         if zstd_size > MAX_ZSTD_SIZE {
                             return Err(ArchiveError::ZstdBlobTooLarge {

@@ -101,6 +101,10 @@ pub struct OffloadSummary {
     pub archives: Vec<ArchiveWritten>,
     pub input_size: u64,
     pub output_size: u64,
+    /// Wall time of the ELF rewrite and its verification.
+    pub transform_seconds: f64,
+    /// Wall time of writing the archives (compression included).
+    pub archive_seconds: f64,
 }
 
 /// A code object found in a fat binary, ready to archive.
@@ -192,6 +196,8 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
         archives: Vec::new(),
         input_size: bytes.len() as u64,
         output_size: bytes.len() as u64,
+        transform_seconds: 0.0,
+        archive_seconds: 0.0,
     };
     let copy_unchanged = |summary: &mut OffloadSummary, outcome, note: String| -> Result<()> {
         if !same_file(input, output) {
@@ -238,10 +244,12 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
     }
 
     // Metadata.
-    let kernel_name = opts
-        .kernel_name
-        .clone()
-        .unwrap_or_else(|| output.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+    let kernel_name = opts.kernel_name.clone().unwrap_or_else(|| {
+        output
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    });
     let group = opts.group.clone().unwrap_or_else(|| default_group(output));
     fs::create_dir_all(&opts.archive_dir).with_path(&opts.archive_dir)?;
     let search_paths = if opts.search_paths.is_empty() {
@@ -252,17 +260,24 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
     } else {
         opts.search_paths.clone()
     };
-    let metadata = HipkMetadata { kernel_name: kernel_name.clone(), search_paths: search_paths.clone() };
+    let metadata = HipkMetadata {
+        kernel_name: kernel_name.clone(),
+        search_paths: search_paths.clone(),
+    };
 
     // The host binary, checked before anything is written.
+    let clock = std::time::Instant::now();
     let t = rewrite(input, bytes, &metadata)?;
+    summary.transform_seconds = clock.elapsed().as_secs_f64();
+    let clock = std::time::Instant::now();
 
     // Archives first, then the binary that names them.
     for (target, cos) in &by_target {
         let path = opts.archive_dir.join(archive_file_name(&group, target));
         let mut w = ArchiveWriter::new(group.clone(), target.clone(), vec![target.clone()])
             .scheme(opts.scheme)
-            .zstd_level(opts.level);
+            .zstd_level(opts.level)
+            .on_written(|data| mapped.release_slice(data));
         for co in cos {
             let meta = vec![("target".to_string(), co.triple.as_str().into())];
             w.add(
@@ -285,6 +300,7 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
             bytes_out: s.bytes_out,
         });
     }
+    summary.archive_seconds = clock.elapsed().as_secs_f64();
     mapped.release(0..bytes.len());
     write_atomically_with_mode(output, Some(mode), |f| f.write_all(&t.bytes))?;
     summary.kernel_name = Some(kernel_name);
@@ -299,8 +315,10 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
 /// order.
 pub fn code_objects<'a>(path: &Path, bytes: &'a [u8]) -> Result<Vec<CodeObject<'a>>> {
     let elf = ElfView::parse(bytes).with_path(path)?;
-    let section =
-        elf.section(FATBIN_SECTION).with_path(path)?.ok_or_else(|| transform_error(path, TransformError::NotFat))?;
+    let section = elf
+        .section(FATBIN_SECTION)
+        .with_path(path)?
+        .ok_or_else(|| transform_error(path, TransformError::NotFat))?;
     let bundles = parse_fatbin(section.data).with_path(path)?;
     let mut out = Vec::new();
     for b in &bundles {
@@ -318,8 +336,13 @@ pub fn code_objects<'a>(path: &Path, bytes: &'a [u8]) -> Result<Vec<CodeObject<'
 
 /// The host-only form of a fat binary with this metadata, checked by the
 /// verifier. Writes nothing.
-pub fn rewrite(path: &Path, bytes: &[u8], metadata: &HipkMetadata) -> Result<transform::Transformed> {
-    let t = transform::transform(bytes, &metadata.encode()).map_err(|e| transform_error(path, e))?;
+pub fn rewrite(
+    path: &Path,
+    bytes: &[u8],
+    metadata: &HipkMetadata,
+) -> Result<transform::Transformed> {
+    let t =
+        transform::transform(bytes, &metadata.encode()).map_err(|e| transform_error(path, e))?;
     verify_elf(&t.bytes, Some(t.bundles)).map_err(|e| Error::Request {
         path: path.into(),
         what: format!("internal error: the rewritten binary fails verification: {e}"),
@@ -333,7 +356,9 @@ pub fn classify_binary(bytes: &[u8]) -> BinaryKind {
     if bytes.starts_with(b"!<arch>\n") {
         return BinaryKind::LinkInput;
     }
-    let Ok(elf) = ElfView::parse(bytes) else { return BinaryKind::Other };
+    let Ok(elf) = ElfView::parse(bytes) else {
+        return BinaryKind::Other;
+    };
     if elf.elf_type() == ElfType::Relocatable {
         return BinaryKind::LinkInput;
     }
