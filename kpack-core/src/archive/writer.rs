@@ -22,6 +22,9 @@ use super::{
 use crate::error::WithPath;
 use crate::msgpack::{self, Value};
 
+/// See [`ArchiveWriter::on_written`].
+type WrittenHook<'a> = Box<dyn Fn(&[u8]) + Sync + 'a>;
+
 /// Input bytes compressed per parallel batch.
 pub const DEFAULT_BATCH_BYTES: usize = 64 << 20;
 
@@ -69,7 +72,7 @@ pub struct ArchiveWriter<'a> {
     seen: HashSet<(String, String)>,
     /// Called with each kernel's input bytes once they are written (e.g. to
     /// drop the pages of a memory-mapped input).
-    done: Option<Box<dyn Fn(&[u8]) + Sync + 'a>>,
+    done: Option<WrittenHook<'a>>,
 }
 
 impl<'a> ArchiveWriter<'a> {
