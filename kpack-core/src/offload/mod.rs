@@ -252,6 +252,7 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
     });
     let group = opts.group.clone().unwrap_or_else(|| default_group(output));
     fs::create_dir_all(&opts.archive_dir).with_path(&opts.archive_dir)?;
+    fs::create_dir_all(parent_dir(output)).with_path(parent_dir(output))?;
     let search_paths = if opts.search_paths.is_empty() {
         let from = absolute(parent_dir(output))?;
         let to = absolute(&opts.archive_dir)?;
