@@ -45,9 +45,12 @@ pub fn run(sh: &Shell, root: &Path) -> Result<()> {
         "kpack offload {sample} -o {shown_out}/lib/{} --archive-dir {shown_out}/.kpack",
         SAMPLE.name
     ));
-    cmd!(sh, "{kpack} offload {sample} -o {host} --archive-dir {archives}")
-        .quiet()
-        .run()?;
+    cmd!(
+        sh,
+        "{kpack} offload {sample} -o {host} --archive-dir {archives}"
+    )
+    .quiet()
+    .run()?;
     banner(&format!("kpack ls {shown_out}/lib/{}", SAMPLE.name));
     cmd!(sh, "{kpack} ls {host}").quiet().run()?;
     banner(&format!("kpack verify-elf {shown_out}/lib/{}", SAMPLE.name));
@@ -65,7 +68,11 @@ pub fn run(sh: &Shell, root: &Path) -> Result<()> {
         let a = std::fs::read(extracted.join(&name))?;
         let b = std::fs::read(resolved.join(&name))
             .with_context(|| format!("{} not resolved", name.to_string_lossy()))?;
-        ensure!(a == b, "{} differs after the round trip", name.to_string_lossy());
+        ensure!(
+            a == b,
+            "{} differs after the round trip",
+            name.to_string_lossy()
+        );
     }
     println!("every code object resolved through the archives is identical to the original");
 
@@ -80,7 +87,10 @@ pub fn run(sh: &Shell, root: &Path) -> Result<()> {
     let sample_size = std::fs::metadata(root.join(&sample))?.len();
     let host_size = std::fs::metadata(&host)?.len();
     println!("\n{sample_size:>10}  {sample} (input)");
-    println!("{host_size:>10}  {shown_out}/lib/{} (host-only output)", SAMPLE.name);
+    println!(
+        "{host_size:>10}  {shown_out}/lib/{} (host-only output)",
+        SAMPLE.name
+    );
     Ok(())
 }
 
