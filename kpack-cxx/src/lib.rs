@@ -1,1 +1,629 @@
-//! kpack runtime library (C API and C++ bindings). Filled in by the runtime issue.
+//! kpack runtime library: the C API of `include/rocm_kpack/kpack.h`, a
+//! drop-in for ROCm's reference runtime (SPEC §4), built as
+//! `librocm_kpack.a` and `librocm_kpack.so`. The C++ API
+//! (`include/rocm_kpack/kpack.hpp`) is a header-only layer over it.
+//!
+//! This layer is thin and mechanical: check pointers, convert strings, call
+//! [`kpack_core::archive::Archive`] or [`kpack_core::loader::Loader`], map
+//! the error to a [`KpackError`] code, write outputs only on success. Every
+//! entry point runs inside `catch_unwind`, so no panic crosses the C
+//! boundary; a caught panic (a bug) is reported as
+//! `KPACK_ERROR_INVALID_FORMAT`. Buffers handed out are `calloc`ed, so
+//! plain `free()` releases them.
+//!
+//! [`prelink`] turns the static library into the prelinked archive that is
+//! installed (only `kpack_*` symbols global).
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod prelink;
+
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::ptr::NonNull;
+
+use kpack_core::archive::{Archive, ArchiveError};
+use kpack_core::loader::{self, DiscoverError, LoadError, Loader};
+
+/// `kpack_error_t`, value for value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KpackError {
+    Success = 0,
+    InvalidArgument = 1,
+    FileNotFound = 2,
+    InvalidFormat = 3,
+    UnsupportedVersion = 4,
+    KernelNotFound = 5,
+    DecompressionFailed = 6,
+    OutOfMemory = 7,
+    NotImplemented = 8,
+    IoError = 9,
+    MsgpackParseFailed = 10,
+    PathDiscoveryFailed = 11,
+    InvalidMetadata = 12,
+    ArchiveNotFound = 13,
+    ArchNotFound = 14,
+}
+
+use KpackError as E;
+
+/// What a caught panic is reported as.
+const PANIC_ERROR: KpackError = E::InvalidFormat;
+
+/// The code of a failure to open an archive.
+pub fn open_error_code(e: &kpack_core::Error) -> KpackError {
+    match e {
+        kpack_core::Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            E::FileNotFound
+        }
+        kpack_core::Error::Archive { source, .. } => match source {
+            ArchiveError::UnsupportedVersion { .. } => E::UnsupportedVersion,
+            ArchiveError::TocFieldValue { field, .. } if field == "format_version" => {
+                E::UnsupportedVersion
+            }
+            ArchiveError::TocParse { .. } => E::MsgpackParseFailed,
+            ArchiveError::Io(_) => E::IoError,
+            _ => E::InvalidFormat,
+        },
+        _ => E::IoError,
+    }
+}
+
+/// The code of a failure to read a code object from an open archive.
+pub fn read_error_code(e: &ArchiveError) -> KpackError {
+    match e {
+        ArchiveError::KernelNotFound { .. } => E::KernelNotFound,
+        ArchiveError::Io(_) => E::IoError,
+        _ => E::DecompressionFailed,
+    }
+}
+
+/// The code of a failed load.
+pub fn load_error_code(e: &LoadError) -> KpackError {
+    match e {
+        LoadError::NoArchitectures => E::InvalidArgument,
+        LoadError::Disabled => E::NotImplemented,
+        LoadError::Metadata(_) => E::InvalidMetadata,
+        LoadError::Read { source, .. } => read_error_code(source),
+        LoadError::KernelNotFound { .. } => E::KernelNotFound,
+        LoadError::ArchNotFound { .. } => E::ArchNotFound,
+        LoadError::ArchiveNotFound { .. } => E::ArchiveNotFound,
+        LoadError::OutOfMemory { .. } => E::OutOfMemory,
+    }
+}
+
+/// What a `kpack_archive_t` points to: the archive and the C strings the
+/// query functions hand out (stable until `kpack_close`).
+pub struct KpackArchive {
+    archive: Archive,
+    arches: Vec<CString>,
+    binaries: Vec<CString>,
+}
+
+impl KpackArchive {
+    fn open(path: &CStr) -> Result<KpackArchive, KpackError> {
+        let archive = Archive::open(cstr_path(path)).map_err(|e| open_error_code(&e))?;
+        // TOC strings are MessagePack str: a NUL inside one cannot be
+        // handed to C.
+        let c = |s: &str| CString::new(s).map_err(|_| E::InvalidFormat);
+        let arches = archive
+            .gfx_arches()
+            .iter()
+            .map(|s| c(s))
+            .collect::<Result<_, _>>()?;
+        let binaries = archive.binaries().map(c).collect::<Result<_, _>>()?;
+        Ok(KpackArchive {
+            archive,
+            arches,
+            binaries,
+        })
+    }
+}
+
+/// What a `kpack_cache_t` points to.
+pub struct KpackCache {
+    loader: Loader,
+}
+
+/// A `calloc`ed buffer: `free()`d on drop unless handed out with
+/// [`CBuffer::into_raw`].
+struct CBuffer {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+impl CBuffer {
+    /// `len` zeroed bytes (at least one byte is allocated, so the pointer of
+    /// an empty code object is still a unique, freeable pointer).
+    fn zeroed(len: usize) -> Option<CBuffer> {
+        // SAFETY: calloc has no preconditions; it returns NULL or memory for
+        // max(len, 1) zeroed bytes that we now own.
+        let p = unsafe { libc::calloc(len.max(1), 1) };
+        NonNull::new(p.cast::<u8>()).map(|ptr| CBuffer { ptr, len })
+    }
+
+    fn into_raw(self) -> (*mut c_void, usize) {
+        let me = std::mem::ManuallyDrop::new(self);
+        (me.ptr.as_ptr().cast(), me.len)
+    }
+}
+
+impl AsMut<[u8]> for CBuffer {
+    fn as_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` is a live allocation of at least `len` initialized
+        // (zeroed) bytes, owned by `self` and borrowed mutably here.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for CBuffer {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from calloc and is freed exactly once.
+        unsafe { libc::free(self.ptr.as_ptr().cast()) }
+    }
+}
+
+/// Run an entry point: its result, or [`PANIC_ERROR`] if it panicked.
+fn guard(f: impl FnOnce() -> Result<(), KpackError>) -> KpackError {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => E::Success,
+        Ok(Err(e)) => e,
+        Err(_) => PANIC_ERROR,
+    }
+}
+
+/// Run a `void` entry point, swallowing a panic.
+fn guard_void(f: impl FnOnce()) {
+    let _ = catch_unwind(AssertUnwindSafe(f));
+}
+
+/// Fail with `INVALID_ARGUMENT` if any pointer is NULL.
+fn require(ptrs: &[bool]) -> Result<(), KpackError> {
+    if ptrs.iter().any(|&null| null) {
+        Err(E::InvalidArgument)
+    } else {
+        Ok(())
+    }
+}
+
+/// # Safety
+/// `p` is non-NULL and points to a NUL-terminated string that outlives `'a`.
+unsafe fn cstr<'a>(p: *const c_char) -> &'a CStr {
+    // SAFETY: guaranteed by the caller.
+    unsafe { CStr::from_ptr(p) }
+}
+
+#[cfg(unix)]
+fn cstr_path(s: &CStr) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    PathBuf::from(std::ffi::OsStr::from_bytes(s.to_bytes()))
+}
+
+#[cfg(not(unix))]
+fn cstr_path(s: &CStr) -> PathBuf {
+    PathBuf::from(s.to_string_lossy().into_owned())
+}
+
+/// Open a `.kpack` archive.
+///
+/// # Safety
+/// `path` is NULL or a NUL-terminated string; `archive` is NULL or valid
+/// for a write.
+#[no_mangle]
+pub unsafe extern "C" fn kpack_open(
+    path: *const c_char,
+    archive: *mut *mut KpackArchive,
+) -> KpackError {
+    guard(|| {
+        require(&[path.is_null(), archive.is_null()])?;
+        // SAFETY: checked non-NULL; the caller passes a C string.
+        let handle = KpackArchive::open(unsafe { cstr(path) })?;
+        // SAFETY: checked non-NULL; the caller passes a writable pointer.
+        unsafe { archive.write(Box::into_raw(Box::new(handle))) };
+        Ok(())
+    })
+}
+
+/// Close an archive (NULL: no-op).
+///
+/// # Safety
+/// `archive` is NULL or a handle from `kpack_open` not closed yet, and no
+/// other thread uses it.
+#[no_mangle]
+pub unsafe extern "C" fn kpack_close(archive: *mut KpackArchive) {
+    guard_void(|| {
+        if !archive.is_null() {
+            // SAFETY: a live handle from Box::into_raw in kpack_open, closed
+            // once (caller's contract).
+            drop(unsafe { Box::from_raw(archive) });
+        }
+    })
+}
+
+/// Shared body of the count queries.
+///
+/// # Safety
+/// `archive` is NULL or a live handle; `count` is NULL or valid for a write.
+unsafe fn count_of(
+    archive: *const KpackArchive,
+    count: *mut usize,
+    which: fn(&KpackArchive) -> usize,
+) -> KpackError {
+    guard(|| {
+        require(&[archive.is_null(), count.is_null()])?;
+        // SAFETY: checked non-NULL; a live handle (caller's contract).
+        let a = unsafe { &*archive };
+        // SAFETY: checked non-NULL; writable (caller's contract).
+        unsafe { count.write(which(a)) };
+        Ok(())
+    })
+}
+
+/// Shared body of the indexed string queries.
+///
+/// # Safety
+/// `archive` is NULL or a live handle; `out` is NULL or valid for a write.
+unsafe fn string_at(
+    archive: *const KpackArchive,
+    index: usize,
+    out: *mut *const c_char,
+    which: fn(&KpackArchive) -> &[CString],
+) -> KpackError {
+    guard(|| {
+        require(&[archive.is_null(), out.is_null()])?;
+        // SAFETY: checked non-NULL; a live handle (caller's contract).
+        let a = unsafe { &*archive };
+        let s = which(a).get(index).ok_or(E::InvalidArgument)?;
+        // SAFETY: checked non-NULL; writable. The string lives in the
+        // handle until kpack_close.
+        unsafe { out.write(s.as_ptr()) };
+        Ok(())
+    })
+}
+
+/// Number of architectures of an archive.
+///
+/// # Safety
+/// `archive` is NULL or a live handle; `count` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kpack_get_architecture_count(
+    archive: *const KpackArchive,
+    count: *mut usize,
+) -> KpackError {
+    // SAFETY: same contract as this function's.
+    unsafe { count_of(archive, count, |a| a.arches.len()) }
+}
+
+/// Architecture `index` of an archive (`gfx_arches` order).
+///
+/// # Safety
+/// `archive` is NULL or a live handle; `arch` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kpack_get_architecture(
+    archive: *const KpackArchive,
+    index: usize,
+    arch: *mut *const c_char,
+) -> KpackError {
+    // SAFETY: same contract as this function's.
+    unsafe { string_at(archive, index, arch, |a| &a.arches) }
+}
+
+/// Number of binary keys of an archive.
+///
+/// # Safety
+/// `archive` is NULL or a live handle; `count` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kpack_get_binary_count(
+    archive: *const KpackArchive,
+    count: *mut usize,
+) -> KpackError {
+    // SAFETY: same contract as this function's.
+    unsafe { count_of(archive, count, |a| a.binaries.len()) }
+}
+
+/// Binary key `index` of an archive (sorted bytewise).
+///
+/// # Safety
+/// `archive` is NULL or a live handle; `binary` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kpack_get_binary(
+    archive: *const KpackArchive,
+    index: usize,
+    binary: *mut *const c_char,
+) -> KpackError {
+    // SAFETY: same contract as this function's.
+    unsafe { string_at(archive, index, binary, |a| &a.binaries) }
+}
+
+/// Decompress one code object into a new `malloc`ed buffer.
+///
+/// # Safety
+/// `archive` is NULL or a live handle; `binary_name` and `arch` are NULL or
+/// C strings; `kernel_data` and `kernel_size` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kpack_get_kernel(
+    archive: *const KpackArchive,
+    binary_name: *const c_char,
+    arch: *const c_char,
+    kernel_data: *mut *mut c_void,
+    kernel_size: *mut usize,
+) -> KpackError {
+    guard(|| {
+        require(&[
+            archive.is_null(),
+            binary_name.is_null(),
+            arch.is_null(),
+            kernel_data.is_null(),
+            kernel_size.is_null(),
+        ])?;
+        // SAFETY: checked non-NULL; a live handle and C strings (caller's
+        // contract).
+        let (a, key, target) = unsafe { (&*archive, cstr(binary_name), cstr(arch)) };
+        // TOC keys and targets are UTF-8: other bytes name nothing.
+        let (Ok(key), Ok(target)) = (key.to_str(), target.to_str()) else {
+            return Err(E::KernelNotFound);
+        };
+        let entry = a.archive.entry(key, target).ok_or(E::KernelNotFound)?;
+        let len = usize::try_from(entry.original_size).map_err(|_| E::OutOfMemory)?;
+        let mut buf = CBuffer::zeroed(len).ok_or(E::OutOfMemory)?;
+        a.archive
+            .read_into(entry, buf.as_mut())
+            .map_err(|e| read_error_code(&e))?;
+        let (ptr, len) = buf.into_raw();
+        // SAFETY: checked non-NULL; writable (caller's contract).
+        unsafe {
+            kernel_data.write(ptr);
+            kernel_size.write(len);
+        }
+        Ok(())
+    })
+}
+
+/// Free a buffer from `kpack_get_kernel` (NULL: no-op).
+///
+/// # Safety
+/// `kernel_data` is NULL or a buffer from this library not freed yet.
+#[no_mangle]
+pub unsafe extern "C" fn kpack_free_kernel(kernel_data: *mut c_void) {
+    // SAFETY: malloc'ed by this library (or NULL), freed once.
+    unsafe { libc::free(kernel_data) }
+}
+
+/// Create a loader cache; reads the environment now.
+///
+/// # Safety
+/// `cache` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn kpack_cache_create(cache: *mut *mut KpackCache) -> KpackError {
+    guard(|| {
+        require(&[cache.is_null()])?;
+        let handle = Box::new(KpackCache {
+            loader: Loader::from_env(),
+        });
+        // SAFETY: checked non-NULL; writable (caller's contract).
+        unsafe { cache.write(Box::into_raw(handle)) };
+        Ok(())
+    })
+}
+
+/// Destroy a cache and close its archives (NULL: no-op).
+///
+/// # Safety
+/// `cache` is NULL or a live handle from `kpack_cache_create`, and no other
+/// thread uses it.
+#[no_mangle]
+pub unsafe extern "C" fn kpack_cache_destroy(cache: *mut KpackCache) {
+    guard_void(|| {
+        if !cache.is_null() {
+            // SAFETY: a live handle from Box::into_raw, destroyed once.
+            drop(unsafe { Box::from_raw(cache) });
+        }
+    })
+}
+
+/// Find the file mapped at an address.
+///
+/// # Safety
+/// `path_out` is NULL or valid for `path_out_size` bytes of writes;
+/// `offset_out` is NULL or writable. `address_in_binary` is only compared,
+/// never dereferenced.
+#[no_mangle]
+pub unsafe extern "C" fn kpack_discover_binary_path(
+    address_in_binary: *const c_void,
+    path_out: *mut c_char,
+    path_out_size: usize,
+    offset_out: *mut usize,
+) -> KpackError {
+    guard(|| {
+        require(&[
+            address_in_binary.is_null(),
+            path_out.is_null(),
+            path_out_size == 0,
+        ])?;
+        let found =
+            loader::discover_binary_path(address_in_binary as usize).map_err(|e| match e {
+                DiscoverError::Unsupported => E::NotImplemented,
+                DiscoverError::Io(_) | DiscoverError::NotMapped(_) => E::PathDiscoveryFailed,
+            })?;
+        let bytes = path_bytes(&found.path);
+        if bytes.len() >= path_out_size {
+            return Err(E::InvalidArgument);
+        }
+        let offset = usize::try_from(found.offset).map_err(|_| E::PathDiscoveryFailed)?;
+        // SAFETY: path_out is valid for path_out_size > bytes.len() bytes
+        // (caller's contract, checked above); offset_out is NULL or
+        // writable.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), path_out.cast::<u8>(), bytes.len());
+            path_out.add(bytes.len()).write(0);
+            if !offset_out.is_null() {
+                offset_out.write(offset);
+            }
+        }
+        Ok(())
+    })
+}
+
+#[cfg(unix)]
+fn path_bytes(p: &std::path::Path) -> Vec<u8> {
+    use std::os::unix::ffi::OsStrExt;
+    p.as_os_str().as_bytes().to_vec()
+}
+
+#[cfg(not(unix))]
+fn path_bytes(p: &std::path::Path) -> Vec<u8> {
+    p.to_string_lossy().into_owned().into_bytes()
+}
+
+/// Load a code object through the cache.
+///
+/// # Safety
+/// `cache` is NULL or a live handle; `hipk_metadata` is NULL or points to
+/// readable MessagePack metadata (read only as far as the map extends, at
+/// most 64 KiB); `binary_path` is NULL or a C string; `arch_list` is NULL
+/// or points to `arch_count` pointers that are NULL or C strings;
+/// `code_object_out` and `code_object_size_out` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kpack_load_code_object(
+    cache: *const KpackCache,
+    hipk_metadata: *const c_void,
+    binary_path: *const c_char,
+    co_index: u32,
+    arch_list: *const *const c_char,
+    arch_count: usize,
+    code_object_out: *mut *mut c_void,
+    code_object_size_out: *mut usize,
+) -> KpackError {
+    guard(|| {
+        require(&[
+            cache.is_null(),
+            hipk_metadata.is_null(),
+            binary_path.is_null(),
+            arch_list.is_null(),
+            code_object_out.is_null(),
+            code_object_size_out.is_null(),
+            arch_count == 0,
+            arch_count > isize::MAX as usize / std::mem::size_of::<*const c_char>(),
+        ])?;
+        // SAFETY: checked non-NULL; arch_list holds arch_count pointers
+        // (caller's contract; the count fits an allocation).
+        let ptrs = unsafe { std::slice::from_raw_parts(arch_list, arch_count) };
+        let archs = ptrs
+            .iter()
+            .map(|&p| {
+                require(&[p.is_null()])?;
+                // SAFETY: checked non-NULL; a C string (caller's contract).
+                unsafe { cstr(p) }.to_str().map_err(|_| E::InvalidArgument)
+            })
+            .collect::<Result<Vec<&str>, _>>()?;
+        // SAFETY: checked non-NULL; live handle and C string.
+        let (loader, path) = unsafe { (&(*cache).loader, cstr_path(cstr(binary_path))) };
+        let metadata = hipk_metadata.cast::<u8>();
+        let decode = || {
+            loader::decode_metadata_window(|n| {
+                // SAFETY: the window grows only by bytes the decoder proves
+                // the map still needs, up to 64 KiB, so it stays inside the
+                // caller's metadata (readable, caller's contract).
+                unsafe { std::slice::from_raw_parts(metadata, n) }
+            })
+        };
+        let buf = loader
+            .load_with(decode, &path, co_index, &archs, CBuffer::zeroed)
+            .map_err(|e| load_error_code(&e))?;
+        let (ptr, len) = buf.into_raw();
+        // SAFETY: checked non-NULL; writable (caller's contract).
+        unsafe {
+            code_object_out.write(ptr);
+            code_object_size_out.write(len);
+        }
+        Ok(())
+    })
+}
+
+/// Free a buffer from `kpack_load_code_object` (NULL: no-op).
+///
+/// # Safety
+/// `code_object` is NULL or a buffer from this library not freed yet.
+#[no_mangle]
+pub unsafe extern "C" fn kpack_free_code_object(code_object: *mut c_void) {
+    // SAFETY: malloc'ed by this library (or NULL), freed once.
+    unsafe { libc::free(code_object) }
+}
+
+/// `kpack_arch_callback_t`.
+pub type ArchCallback = unsafe extern "C" fn(arch: *const c_char, user_data: *mut c_void) -> bool;
+
+/// Call `callback` for each architecture of the archive at `archive_path`.
+///
+/// # Safety
+/// `archive_path` is NULL or a C string; `callback` is NULL or a function
+/// that does not unwind; `user_data` is passed through untouched.
+#[no_mangle]
+pub unsafe extern "C" fn kpack_enumerate_architectures(
+    archive_path: *const c_char,
+    callback: Option<ArchCallback>,
+    user_data: *mut c_void,
+) -> KpackError {
+    guard(|| {
+        require(&[archive_path.is_null()])?;
+        let callback = callback.ok_or(E::InvalidArgument)?;
+        // SAFETY: checked non-NULL; a C string (caller's contract).
+        let archive = KpackArchive::open(unsafe { cstr(archive_path) })?;
+        for arch in &archive.arches {
+            // SAFETY: the callback gets a C string valid for the call and
+            // the caller's user_data, as documented.
+            if !unsafe { callback(arch.as_ptr(), user_data) } {
+                break;
+            }
+        }
+        Ok(())
+    })
+}
+
+// zstd's tracing hooks. zstd calls `ZSTD_trace_decompress_begin/end` when
+// some loaded library defines them (weak undefined references). Defined here
+// as hidden no-ops, so that neither librocm_kpack.so nor a library linking
+// librocm_kpack.a imports or exports a `ZSTD_*` symbol (another library in
+// the process could otherwise hook into this copy of zstd). Hidden
+// visibility needs assembly: a `#[no_mangle]` function would be exported.
+// `ZSTD_trace_decompress_begin` returns 0 ("do not trace"), so `_end` is
+// never called.
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+std::arch::global_asm!(
+    ".pushsection .text.kpack_zstd_trace,\"ax\",@progbits",
+    ".globl ZSTD_trace_decompress_begin",
+    ".hidden ZSTD_trace_decompress_begin",
+    ".type ZSTD_trace_decompress_begin,@function",
+    "ZSTD_trace_decompress_begin:",
+    "xor eax, eax",
+    "ret",
+    ".size ZSTD_trace_decompress_begin, . - ZSTD_trace_decompress_begin",
+    ".globl ZSTD_trace_decompress_end",
+    ".hidden ZSTD_trace_decompress_end",
+    ".type ZSTD_trace_decompress_end,@function",
+    "ZSTD_trace_decompress_end:",
+    "ret",
+    ".size ZSTD_trace_decompress_end, . - ZSTD_trace_decompress_end",
+    ".popsection",
+);
+
+#[cfg(all(target_os = "linux", target_arch = "aarch64"))]
+std::arch::global_asm!(
+    ".pushsection .text.kpack_zstd_trace,\"ax\",%progbits",
+    ".globl ZSTD_trace_decompress_begin",
+    ".hidden ZSTD_trace_decompress_begin",
+    ".type ZSTD_trace_decompress_begin,%function",
+    "ZSTD_trace_decompress_begin:",
+    "mov x0, #0",
+    "ret",
+    ".size ZSTD_trace_decompress_begin, . - ZSTD_trace_decompress_begin",
+    ".globl ZSTD_trace_decompress_end",
+    ".hidden ZSTD_trace_decompress_end",
+    ".type ZSTD_trace_decompress_end,%function",
+    "ZSTD_trace_decompress_end:",
+    "ret",
+    ".size ZSTD_trace_decompress_end, . - ZSTD_trace_decompress_end",
+    ".popsection",
+);

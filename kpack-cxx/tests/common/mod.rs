@@ -1,0 +1,220 @@
+//! Shared helpers of the runtime library's tests: where the built library,
+//! the headers and the fixtures are; compiling and running C/C++ programs;
+//! valgrind.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use kpack_core::archive::ArchiveWriter;
+use kpack_core::hipk::HipkMetadata;
+use kpack_core::msgpack::{self, Value};
+
+/// Native libraries a Rust static library needs on Linux
+/// (`rustc --print native-static-libs`).
+pub const NATIVE_LIBS: &[&str] = &[
+    "-lgcc_s",
+    "-lutil",
+    "-lrt",
+    "-lpthread",
+    "-lm",
+    "-ldl",
+    "-lc",
+];
+
+/// The cargo profile directory this test was built into (holds
+/// `librocm_kpack.a` and `librocm_kpack.so`).
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // <target>/<profile>/deps/<test>
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("profile directory")
+        .to_path_buf()
+}
+
+pub fn staticlib() -> PathBuf {
+    let p = profile_dir().join("librocm_kpack.a");
+    assert!(p.is_file(), "{} missing: build kpack-cxx", p.display());
+    p
+}
+
+pub fn sharedlib() -> PathBuf {
+    let p = profile_dir().join("librocm_kpack.so");
+    assert!(p.is_file(), "{} missing: build kpack-cxx", p.display());
+    p
+}
+
+pub fn crate_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn include_dir() -> PathBuf {
+    crate_dir().join("include")
+}
+
+/// The reference archives (`../shared/fixtures/reference-kpack`).
+pub fn reference_fixtures() -> PathBuf {
+    let p = crate_dir().join("../../shared/fixtures/reference-kpack");
+    assert!(
+        p.join("test_zstd.kpack").is_file(),
+        "{} missing",
+        p.display()
+    );
+    p
+}
+
+/// A scratch directory for this test binary's build products.
+pub fn build_dir(name: &str) -> PathBuf {
+    let d = profile_dir().join("kpack-cxx-tests").join(name);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Run `cmd`, panicking with its output unless it exits 0.
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n--- stdout\n{}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Compile and link `source` against `lib` (static or shared) with the
+/// strict warning flags.
+pub fn build_program(compiler: &str, std: &str, source: &Path, lib: &Path, out: &Path) {
+    let mut cmd = Command::new(compiler);
+    cmd.arg(format!("-std={std}"))
+        .args(["-Wall", "-Wextra", "-Werror", "-pedantic", "-g", "-O1"])
+        .arg("-I")
+        .arg(include_dir())
+        .arg(source)
+        .arg(lib)
+        .args(NATIVE_LIBS)
+        .arg("-o")
+        .arg(out);
+    if compiler.ends_with("++") {
+        cmd.arg("-pthread");
+    }
+    run_ok(&mut cmd);
+}
+
+/// Valgrind must be installed (`cargo xtask test` installs it).
+pub fn valgrind() -> Command {
+    let found = Command::new("valgrind").arg("--version").output();
+    assert!(
+        found.map(|o| o.status.success()).unwrap_or(false),
+        "valgrind is not installed: apt-get install valgrind"
+    );
+    Command::new("valgrind")
+}
+
+/// Run `program args` under valgrind tool `tool` (with its strict options)
+/// and assert a clean report.
+pub fn run_under_valgrind(tool: &str, program: &Path, args: &[&str], envs: &[(&str, &str)]) {
+    let mut cmd = valgrind();
+    cmd.arg(format!("--tool={tool}"))
+        .arg("--error-exitcode=99")
+        .arg("--quiet");
+    if tool == "memcheck" {
+        cmd.args([
+            "--leak-check=full",
+            "--errors-for-leak-kinds=definite,indirect",
+            "--track-origins=yes",
+        ]);
+    }
+    cmd.arg(program).args(args);
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let out = run_ok(&mut cmd);
+    assert!(
+        stdout(&out).contains("PASS"),
+        "{tool}: {}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+}
+
+/// The code object the loader tests store for (key, target).
+pub fn code(key: &str, target: &str) -> Vec<u8> {
+    let mut v = format!("co {} {target} ", key.rsplit('#').next().unwrap_or("")).into_bytes();
+    // Long enough that zstd has something to compress.
+    v.extend(key.bytes().cycle().take(3000));
+    v
+}
+
+/// Write an archive serving `arches` with `code(key, target)` for each
+/// of `kernels`.
+pub fn write_archive(path: &Path, arches: &[&str], kernels: &[(&str, &str)]) {
+    let mut w = ArchiveWriter::new(
+        "lib",
+        arches[0],
+        arches.iter().map(|a| a.to_string()).collect(),
+    );
+    for (k, t) in kernels {
+        w.add(*k, *t, code(k, t), None).unwrap();
+    }
+    w.write(path).unwrap();
+}
+
+/// Write HIPK metadata to a file.
+pub fn write_metadata(path: &Path, kernel_name: &str, search_paths: &[&str]) {
+    let m = HipkMetadata {
+        kernel_name: kernel_name.into(),
+        search_paths: search_paths.iter().map(|s| s.to_string()).collect(),
+    };
+    std::fs::write(path, m.encode()).unwrap();
+}
+
+/// Damage the content checksum of zstd frame `index` of an archive
+/// written by kpack (frames carry checksums), so that it fails to read.
+pub fn damage_frame(bytes: &mut [u8], index: usize) {
+    let mut pos = 68;
+    for _ in 0..index {
+        let len = u32::from_le_bytes(bytes[pos..pos + 4].try_into().unwrap()) as usize;
+        pos += 4 + len;
+    }
+    let len = u32::from_le_bytes(bytes[pos..pos + 4].try_into().unwrap()) as usize;
+    bytes[pos + 4 + len - 1] ^= 0xff;
+}
+
+/// Rewrite an archive's TOC with `edit`.
+pub fn edit_toc(bytes: &[u8], edit: impl FnOnce(&mut Value)) -> Vec<u8> {
+    let toc_offset = u64::from_le_bytes(bytes[8..16].try_into().unwrap()) as usize;
+    let mut toc = msgpack::decode(&bytes[toc_offset..]).unwrap();
+    edit(&mut toc);
+    let mut out = bytes[..toc_offset].to_vec();
+    out.extend(msgpack::encode(&toc));
+    out
+}
+
+/// The value at `path` (map keys) inside `v`.
+pub fn at<'a>(v: &'a mut Value, path: &[&str]) -> &'a mut Value {
+    let mut cur = v;
+    for key in path {
+        let Value::Map(entries) = cur else {
+            panic!("not a map at {key}")
+        };
+        cur = entries
+            .iter_mut()
+            .find(|(k, _)| k.as_str() == Some(key))
+            .map(|(_, v)| v)
+            .unwrap_or_else(|| panic!("no {key}"));
+    }
+    cur
+}
