@@ -248,6 +248,24 @@ fn align_up(x: u64, a: u64) -> u64 {
     x.div_ceil(a) * a
 }
 
+/// `len` bytes of the output at `at`, or an error if the input's headers
+/// put them outside it.
+fn region<'o>(
+    out: &'o mut [u8],
+    at: u64,
+    len: usize,
+    what: &str,
+) -> Result<&'o mut [u8], TransformError> {
+    let start = usize::try_from(at).ok();
+    match start.and_then(|s| s.checked_add(len).map(|e| (s, e))) {
+        Some((s, e)) if e <= out.len() => Ok(&mut out[s..e]),
+        _ => Err(ElfError::Malformed(format!(
+            "{what} at file offset {at:#x} lies outside the file"
+        ))
+        .into()),
+    }
+}
+
 fn put_u32(b: &mut [u8], at: usize, v: u32) {
     b[at..at + 4].copy_from_slice(&v.to_le_bytes());
 }
@@ -318,9 +336,45 @@ pub fn precheck(b: &[u8]) -> Result<Precheck, TransformError> {
     }
 }
 
+/// Reject headers whose ranges overflow or leave the file, so that the
+/// layout arithmetic below cannot.
+fn validate_layout(h: &Headers, len: u64) -> Result<(), TransformError> {
+    for (i, p) in h.phdrs.iter().enumerate() {
+        let bad = |what: &str| -> TransformError {
+            ElfError::Malformed(format!("program header {i}: {what}")).into()
+        };
+        if p.p_filesz > 0 && p.p_offset.checked_add(p.p_filesz).is_none_or(|e| e > len) {
+            return Err(bad("its file range runs past the end of the file"));
+        }
+        if p.p_vaddr.checked_add(p.p_memsz).is_none() || p.p_paddr.checked_add(p.p_memsz).is_none()
+        {
+            return Err(bad("its address range overflows"));
+        }
+        if p.is_load() && p.p_filesz > p.p_memsz {
+            return Err(bad("file size exceeds memory size"));
+        }
+        if p.is_load() && (p.p_align > 1 << 30 || (p.p_align > 1 && !p.p_align.is_power_of_two())) {
+            return Err(bad("unsupported alignment"));
+        }
+    }
+    for (i, s) in h.shdrs.iter().enumerate() {
+        let overflow = s.sh_addr.checked_add(s.sh_size).is_none()
+            || (s.file_size() > 0 && s.sh_offset.checked_add(s.sh_size).is_none_or(|e| e > len));
+        if overflow {
+            return Err(ElfError::BadSection {
+                name: h.names[i].clone(),
+                problem: "its range overflows or leaves the file".into(),
+            }
+            .into());
+        }
+    }
+    Ok(())
+}
+
 /// Transform a fat binary. `metadata` is the encoded HIPK metadata.
 pub fn transform(b: &[u8], metadata: &[u8]) -> Result<Transformed, TransformError> {
     let h = Headers::parse(b)?;
+    validate_layout(&h, b.len() as u64)?;
     let ehdr = h.file;
     let kinds = RelocKinds::for_machine(ehdr.e_machine)
         .ok_or(TransformError::UnsupportedMachine(ehdr.e_machine))?;
@@ -588,6 +642,21 @@ pub fn transform(b: &[u8], metadata: &[u8]) -> Result<Transformed, TransformErro
     } else {
         b.len() as u64
     };
+    for (i, sh) in h.shdrs.iter().enumerate().skip(1) {
+        if sh.file_size() > 0 && sh.sh_offset + sh.sh_size > body_end {
+            return Err(ElfError::BadSection {
+                name: h.names[i].clone(),
+                problem: "overlaps the section header table".into(),
+            }
+            .into());
+        }
+    }
+    if ehdr.e_phoff + (phnum * PHDR_SIZE) as u64 > cut_start {
+        return Err(ElfError::Malformed(
+            "the program header table lies in .hip_fatbin's removed pages".into(),
+        )
+        .into());
+    }
     let mut out = Vec::with_capacity((body_end - removed) as usize + 4096);
     out.extend_from_slice(&b[..cut_start as usize]);
     out.extend_from_slice(&b[cut_end as usize..body_end as usize]);
@@ -604,6 +673,7 @@ pub fn transform(b: &[u8], metadata: &[u8]) -> Result<Transformed, TransformErro
         let at = map_off(off).ok_or(TransformError::SectionInRemoved {
             name: WRAPPER_SECTION.into(),
         })? as usize;
+        region(&mut out, at as u64, WRAPPER_SIZE, "wrapper")?;
         put_u32(&mut out, at, HIPK_MAGIC);
         put_u64(&mut out, at + 8, metadata_addr);
         put_u64(&mut out, at + 16, c.co_index as u64);
@@ -616,7 +686,7 @@ pub fn transform(b: &[u8], metadata: &[u8]) -> Result<Transformed, TransformErro
         let at = map_off(r.entry_offset).ok_or(TransformError::SectionInRemoved {
             name: ".rela.dyn".into(),
         })? as usize;
-        out[at..at + Rela::SIZE].copy_from_slice(&r.to_bytes());
+        region(&mut out, at as u64, Rela::SIZE, "relocation")?.copy_from_slice(&r.to_bytes());
     }
 
     // Move the block, then grow the table over its old place.
@@ -628,7 +698,7 @@ pub fn transform(b: &[u8], metadata: &[u8]) -> Result<Transformed, TransformErro
     }
     for (k, p) in phdrs.iter().enumerate() {
         let at = ehdr.e_phoff as usize + k * PHDR_SIZE;
-        out[at..at + PHDR_SIZE].copy_from_slice(&p.to_bytes());
+        region(&mut out, at as u64, PHDR_SIZE, "program header")?.copy_from_slice(&p.to_bytes());
     }
     out[metadata_off as usize..(metadata_off + meta_len) as usize].copy_from_slice(metadata);
 
@@ -643,8 +713,9 @@ pub fn transform(b: &[u8], metadata: &[u8]) -> Result<Transformed, TransformErro
             })?;
             for k in 0..s.sh_size / 16 {
                 let at = (base + k * 16) as usize;
-                let tag = u64::from_le_bytes(out[at..at + 8].try_into().expect("8 bytes"));
-                let val = u64::from_le_bytes(out[at + 8..at + 16].try_into().expect("8 bytes"));
+                let entry = region(&mut out, at as u64, 16, ".dynamic entry")?;
+                let tag = u64::from_le_bytes(entry[..8].try_into().expect("8 bytes"));
+                let val = u64::from_le_bytes(entry[8..].try_into().expect("8 bytes"));
                 if DT_ADDRESS_TAGS.contains(&tag) && in_block(val) {
                     put_u64(&mut out, at + 8, val.wrapping_add(addr_delta));
                 }

@@ -1,0 +1,70 @@
+//! The offload transform and the verifier on damaged fixture binaries:
+//! errors, never panics; and whatever the transform produces passes the
+//! verifier.
+
+use kpack_core::hipk::HipkMetadata;
+use kpack_core::offload::{transform, verify_elf};
+use kpack_e2e::*;
+
+/// xorshift64*: a small deterministic generator.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+#[test]
+fn mutated_fixtures_never_panic() {
+    let meta = HipkMetadata {
+        kernel_name: "lib/x.so".into(),
+        search_paths: vec!["../.kpack/x_@GFXARCH@.kpack".into()],
+    }
+    .encode();
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut produced = 0;
+    for f in fixtures().into_iter().filter(|f| f.device_code) {
+        let original = std::fs::read(&f.path).unwrap();
+        // Headers, tables and the first page of .hip_fatbin hold what the
+        // transform reads; mutate mostly there.
+        let hot = original.len().min(0x2000);
+        for round in 0..400 {
+            let mut b = original.clone();
+            let flips = 1 + rng.below(4);
+            for _ in 0..flips {
+                let at = if round % 4 == 0 {
+                    rng.below(b.len())
+                } else {
+                    rng.below(hot)
+                };
+                let v = rng.next() as u8;
+                b[at] = match rng.below(3) {
+                    0 => v,
+                    1 => b[at] ^ (1 << (v % 8)),
+                    _ => 0xff,
+                };
+            }
+            let r = std::panic::catch_unwind(|| transform::transform(&b, &meta));
+            let r = r.unwrap_or_else(|_| {
+                panic!("{}: transform panicked on mutation round {round}", f.name)
+            });
+            if let Ok(t) = r {
+                produced += 1;
+                // What it writes must verify or be rejected by the verifier
+                // cleanly (the offload driver never writes an unverified file).
+                let v = std::panic::catch_unwind(|| verify_elf(&t.bytes, Some(t.bundles)));
+                assert!(v.is_ok(), "{}: verifier panicked on round {round}", f.name);
+            }
+        }
+    }
+    assert!(
+        produced > 0,
+        "no mutation was transformable: the test exercises only errors"
+    );
+}
