@@ -65,6 +65,11 @@ enum Command {
         /// Default: `<path from OUTPUT's dir to ARCHIVE_DIR>/<group>_@GFXARCH@.kpack`.
         #[arg(long = "search-path", value_name = "PATTERN")]
         search_paths: Vec<String>,
+        /// A search path written after the others (default or given);
+        /// repeatable. For an installed layout that differs from the build
+        /// tree's.
+        #[arg(long = "extra-search-path", value_name = "PATTERN")]
+        extra_search_paths: Vec<String>,
         /// Archive name prefix (default: OUTPUT's name up to its first `.`).
         #[arg(long)]
         group: Option<String>,
@@ -151,6 +156,7 @@ fn run(cli: Cli) -> kpack_core::Result<()> {
             archive_dir,
             kernel_name,
             search_paths,
+            extra_search_paths,
             group,
             compression,
             compression_level,
@@ -159,6 +165,7 @@ fn run(cli: Cli) -> kpack_core::Result<()> {
             let mut opts = OffloadOptions::new(archive_dir);
             opts.kernel_name = kernel_name;
             opts.search_paths = search_paths;
+            opts.extra_search_paths = extra_search_paths;
             opts.group = group;
             opts.scheme = match compression {
                 Compression::None => Scheme::None,

@@ -44,6 +44,9 @@ pub struct OffloadOptions {
     /// Search paths written into the metadata; default: one,
     /// `<relative path from the output's directory to archive_dir>/<group>_@GFXARCH@.kpack`.
     pub search_paths: Vec<String>,
+    /// Search paths written after those (e.g. the installed layout's, when
+    /// it differs from the build tree's).
+    pub extra_search_paths: Vec<String>,
     /// Archive name prefix; default: the output file's name up to its first
     /// `.` (`libfoo.so.1` → `libfoo`).
     pub group: Option<String>,
@@ -57,6 +60,7 @@ impl OffloadOptions {
             archive_dir: archive_dir.into(),
             kernel_name: None,
             search_paths: Vec::new(),
+            extra_search_paths: Vec::new(),
             group: None,
             scheme: Scheme::ZstdPerKernel,
             level: DEFAULT_ZSTD_LEVEL,
@@ -261,6 +265,12 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
     } else {
         opts.search_paths.clone()
     };
+    let mut search_paths = search_paths;
+    for p in &opts.extra_search_paths {
+        if !search_paths.contains(p) {
+            search_paths.push(p.clone());
+        }
+    }
     let metadata = HipkMetadata {
         kernel_name: kernel_name.clone(),
         search_paths: search_paths.clone(),
