@@ -4,6 +4,7 @@
 //! external commands (clang, cargo, apt-get) are spawned through `xshell`.
 
 mod demo;
+mod dist;
 mod fixtures;
 mod test;
 mod verify;
@@ -39,6 +40,15 @@ enum Task {
     /// Build the kpack CLI and run it on the committed sample fat binary
     /// (needs nothing but cargo).
     Demo,
+    /// Release build installed as a relocatable package under PREFIX:
+    /// librocm_kpack.a, headers, the kpack command and the CMake package.
+    Dist {
+        #[arg(long)]
+        prefix: PathBuf,
+        /// Also install the shared library librocm_kpack.so.
+        #[arg(long)]
+        shared: bool,
+    },
     /// Set up a Debian 12 machine (as root: installs missing packages),
     /// build the fixtures, then run all tests, rustfmt and clippy.
     Test,
@@ -60,6 +70,7 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Task::Demo => demo::run(&sh, &root)?,
+        Task::Dist { prefix, shared } => dist::run(&sh, &root, &prefix, shared)?,
         Task::Test => test::run(&sh, &root)?,
     }
     Ok(())

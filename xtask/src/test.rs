@@ -22,6 +22,9 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "elfutils",
     "cmake",
     "patchelf",
+    "valgrind",
+    "binutils",
+    "g++",
 ];
 
 pub fn run(sh: &Shell, root: &Path) -> Result<()> {
