@@ -4,7 +4,8 @@
  *   consumer_c LIBRARY EXPECTED_DIR TARGET...
  *
  * Stands in for the HIP runtime: dlopen() runs the library's constructor,
- * whose __hipRegisterFatBinary call lands here with the wrapper. */
+ * whose __hipRegisterFatBinary call lands here with the wrapper.
+ * Expected bytes: EXPECTED_DIR/<target>#<co_index>.co, else <target>.co. */
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -32,6 +33,9 @@ void** __hipRegisterFatBinary(const void* data) {
 void __hipUnregisterFatBinary(void** handle) { (void)handle; }
 void __hipRegisterFunction(void) {}
 void __hipRegisterVar(void) {}
+void __hipRegisterManagedVar(void) {}
+void __hipRegisterSurface(void) {}
+void __hipRegisterTexture(void) {}
 
 static unsigned char* read_file(const char* path, size_t* size) {
   FILE* f = fopen(path, "rb");
@@ -87,10 +91,16 @@ int main(int argc, char** argv) {
       void* co = NULL;
       size_t co_size = 0;
       e = kpack_load_code_object(cache, wr->binary, path, (uint32_t)wr->reserved1, archs, 1, &co, &co_size);
+      /* EXPECTED_DIR/<target>#<co_index>.co, or <target>.co. */
       char expected_path[4096];
-      snprintf(expected_path, sizeof expected_path, "%s/%s.co", argv[2], argv[t]);
+      snprintf(expected_path, sizeof expected_path, "%s/%s#%llu.co", argv[2], argv[t],
+               (unsigned long long)wr->reserved1);
       size_t want_size = 0;
       unsigned char* want = read_file(expected_path, &want_size);
+      if (!want) {
+        snprintf(expected_path, sizeof expected_path, "%s/%s.co", argv[2], argv[t]);
+        want = read_file(expected_path, &want_size);
+      }
       if (e != KPACK_SUCCESS || !want || want_size != co_size || memcmp(want, co, co_size) != 0) {
         fprintf(stderr, "%s (%s): error %d, %zu bytes; expected %zu bytes from %s\n", path, argv[t], (int)e,
                 co_size, want_size, expected_path);

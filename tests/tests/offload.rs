@@ -671,3 +671,70 @@ fn refuses_binary_without_device_code() {
     let b = std::fs::read(fixture("libhostonly.so").path).unwrap();
     refuses(&b, "no .hip_fatbin");
 }
+
+/// The runtime end to end: a C program linking the static runtime library
+/// (the CMake consumer's checker) stands in for the HIP runtime, dlopens
+/// each offloaded library, takes each registered wrapper's pointer,
+/// discovers the binary's path from it and loads every target's code object
+/// through `kpack_load_code_object`: the bytes equal the bundler's.
+#[test]
+fn c_runtime_loads_offloaded_fixtures() {
+    let root = workspace();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    run_ok(
+        Command::new(&cargo)
+            .args(["build", "--quiet", "-p", "kpack-cxx", "--lib"])
+            .current_dir(&root),
+    );
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let lib = target.join("debug/librocm_kpack.a");
+    let dir = tempfile::tempdir().unwrap();
+    let checker = dir.path().join("check");
+    run_ok(
+        Command::new("cc")
+            .args([
+                "-std=c11",
+                "-Wall",
+                "-Werror",
+                "-rdynamic",
+                "-DROCM_KPACK_STATIC",
+                "-o",
+            ])
+            .arg(&checker)
+            .arg("-I")
+            .arg(root.join("kpack-cxx/include"))
+            .arg(root.join("integration/cmake-consumer/check.c"))
+            .arg(&lib)
+            .args(["-ldl", "-lpthread", "-lm", "-lgcc_s", "-lrt", "-lutil"]),
+    );
+    for f in fixtures()
+        .into_iter()
+        .filter(|f| f.device_code && f.name.ends_with(".so"))
+    {
+        let o = offload(&f.path);
+        let expected = dir.path().join(format!("expected-{}", f.name));
+        std::fs::create_dir(&expected).unwrap();
+        for ((bundle, t), bytes) in ground_truth(&f.path) {
+            let name = if f.bundles > 1 {
+                format!("{t}#{bundle}.co")
+            } else {
+                format!("{t}.co")
+            };
+            std::fs::write(expected.join(name), bytes).unwrap();
+        }
+        let out = run_ok(
+            Command::new(&checker)
+                .arg(&o.out)
+                .arg(&expected)
+                .args(&f.targets),
+        );
+        let registrations = if f.name == "librdc.so" { 1 } else { f.wrappers };
+        let want = format!(
+            "{} code objects loaded and identical, 0 failures",
+            registrations * f.targets.len()
+        );
+        assert!(out.contains(&want), "{}: {out}", f.name);
+    }
+}
