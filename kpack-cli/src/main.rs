@@ -1,6 +1,8 @@
 //! `kpack`: the command-line face of kpack-core. Flags become calls, results
 //! become text or JSON; all the work happens in kpack-core.
 
+mod artifacts;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -90,6 +92,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    #[command(flatten)]
+    Artifact(artifacts::ArtifactCommand),
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -100,11 +104,15 @@ enum Compression {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli) {
+    let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
+        Command::Artifact(c) => artifacts::run(c),
+        command => run(Cli { command }).map_err(Into::into),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let mut msg = format!("kpack: error: {e}");
-            let mut src = std::error::Error::source(&e);
+            let mut src = e.source();
             // The top error already includes its direct source; print deeper causes.
             if let Some(s) = src {
                 src = s.source();
@@ -221,6 +229,7 @@ fn run(cli: Cli) -> kpack_core::Result<()> {
                 );
             }
         }
+        Command::Artifact(_) => unreachable!("dispatched in main"),
     }
     Ok(())
 }

@@ -10,12 +10,15 @@
 //! - [`archive`]: `.kpack` archives, reading and writing;
 //! - [`hipk`]: the HIPK metadata blob of an offloaded binary;
 //! - [`elf`]: ELF section access for fat and offloaded host binaries;
-//! - [`input`]: opening and classifying input files.
+//! - [`input`]: opening and classifying input files;
+//! - [`artifact`]: split, verify, recombine and pack-tree over build
+//!   artifacts and install trees (SPEC §5).
 //!
 //! Nothing here prints or exits; every failure is an [`Error`] that names the
 //! file and what was wrong.
 
 pub mod archive;
+pub mod artifact;
 pub mod bundle;
 pub mod elf;
 pub mod error;

@@ -1,0 +1,378 @@
+//! The engine shared by split and pack-tree: offload many files in
+//! parallel, then write one archive per target.
+//!
+//! Phase 1 handles every file on its own (in parallel): a fat binary is
+//! rewritten into its host-only form at its destination and its code objects
+//! are recorded, not copied: a code object stored plainly in the input is
+//! referred to in the input's memory map, and one that had to be
+//! decompressed is spilled to a scratch file (in `--tmp-dir`) and mapped
+//! from there, so memory use stays bounded by what the kernel keeps cached.
+//! Phase 2 writes one archive per target, its code objects in the order of
+//! (kernel name, bundle index): the output does not depend on which thread
+//! did what.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use super::tree::{copy_file, make_dirs, write_file};
+use super::{ArchiveInfo, ArtifactError, Observer, Result};
+use crate::archive::{ArchiveWriter, Scheme};
+use crate::bundle::Blob;
+use crate::elf::{ElfView, FATBIN_SECTION};
+use crate::hipk::HipkMetadata;
+use crate::input::{map_file, Mapped};
+use crate::msgpack::Value;
+use crate::offload::{archive_key, classify_binary, code_objects, rewrite, BinaryKind};
+
+/// One regular file to handle.
+#[derive(Debug, Clone)]
+pub struct FileJob {
+    pub src: PathBuf,
+    pub size: u64,
+    pub mode: u32,
+    /// Where the file (or its host-only form) goes.
+    pub dst: PathBuf,
+    /// The binary's key, if it turns out to be a fat binary (`None`: its
+    /// path is not UTF-8, which is then an error).
+    pub kernel_name: Option<String>,
+    /// The one search path written into its metadata.
+    pub search_path: String,
+    /// Recorded in the archive entries' metadata (`source_prefix`).
+    pub source_prefix: Option<String>,
+    /// A database handler claimed the file for this target: it goes to
+    /// this destination instead (unless it is a fat binary).
+    pub database: Option<(String, PathBuf)>,
+}
+
+/// A code object recorded by phase 1.
+pub struct CodeRef {
+    pub target: String,
+    pub triple: String,
+    pub bundle: usize,
+    map: Arc<Mapped>,
+    offset: usize,
+    len: usize,
+}
+
+impl CodeRef {
+    pub fn bytes(&self) -> &[u8] {
+        &self.map[self.offset..self.offset + self.len]
+    }
+}
+
+/// An offloaded binary.
+pub struct Offloaded {
+    pub kernel_name: String,
+    pub source_prefix: Option<String>,
+    pub code_objects: Vec<CodeRef>,
+    pub dropped: usize,
+    pub wrappers: usize,
+}
+
+/// What happened to one file.
+pub enum Outcome {
+    Copied,
+    Database {
+        target: String,
+    },
+    Offloaded(Box<Offloaded>),
+    /// Already offloaded: copied as it is.
+    AlreadyOffloaded,
+    /// A relocatable object or static archive: copied as it is.
+    LinkInput {
+        note: Option<String>,
+    },
+}
+
+pub struct Done {
+    pub outcome: Outcome,
+    pub bytes_out: u64,
+}
+
+/// Where the archive of a target goes, given the sorted source prefixes
+/// that contributed to it: the absolute path, and the path to report.
+pub type Place<'a> = dyn Fn(&str, &[String]) -> (PathBuf, String) + Sync + 'a;
+
+pub struct Packer<'a> {
+    pub scheme: Scheme,
+    pub level: i32,
+    /// Where decompressed code objects are spilled.
+    pub scratch: &'a Path,
+    pub observer: &'a dyn Observer,
+    /// Keep only code objects of targets this accepts (pack-tree's
+    /// `--gfx-arches`).
+    pub keep_target: Option<&'a (dyn Fn(&str) -> bool + Sync)>,
+}
+
+impl Packer<'_> {
+    /// Phase 1: every job, in parallel; results in job order. The first
+    /// error in job order is returned, so that the error reported does not
+    /// depend on scheduling either.
+    pub fn run(&self, jobs: &[FileJob]) -> Result<Vec<Done>> {
+        let results: Vec<Result<Done>> = jobs
+            .par_iter()
+            .enumerate()
+            .map(|(i, job)| {
+                let r = self.process(i, job);
+                self.observer.advance(job.size);
+                r
+            })
+            .collect();
+        results.into_iter().collect()
+    }
+
+    fn process(&self, index: usize, job: &FileJob) -> Result<Done> {
+        if maybe_binary(&job.src)? {
+            let mapped = map_file(&job.src)?;
+            match classify_binary(&mapped) {
+                BinaryKind::Fat => return self.offload(index, job, mapped),
+                BinaryKind::Offloaded if job.database.is_none() => {
+                    let n = copy_file(&job.src, &job.dst, job.mode)?;
+                    return Ok(Done {
+                        outcome: Outcome::AlreadyOffloaded,
+                        bytes_out: n,
+                    });
+                }
+                BinaryKind::LinkInput if job.database.is_none() => {
+                    let note = carries_device_code(&mapped).then(|| {
+                        format!(
+                            "{}: a link input (relocatable object) with device code: copied unchanged",
+                            job.src.display()
+                        )
+                    });
+                    let n = copy_file(&job.src, &job.dst, job.mode)?;
+                    return Ok(Done {
+                        outcome: Outcome::LinkInput { note },
+                        bytes_out: n,
+                    });
+                }
+                _ => {}
+            }
+        }
+        if let Some((target, dst)) = &job.database {
+            let n = copy_file(&job.src, dst, job.mode)?;
+            return Ok(Done {
+                outcome: Outcome::Database {
+                    target: target.clone(),
+                },
+                bytes_out: n,
+            });
+        }
+        let n = copy_file(&job.src, &job.dst, job.mode)?;
+        Ok(Done {
+            outcome: Outcome::Copied,
+            bytes_out: n,
+        })
+    }
+
+    fn offload(&self, index: usize, job: &FileJob, mapped: Mapped) -> Result<Done> {
+        let kernel_name = job
+            .kernel_name
+            .clone()
+            .ok_or_else(|| ArtifactError::input(&job.src, "file name is not valid UTF-8"))?;
+        let bytes: &[u8] = &mapped;
+        let cos = code_objects(&job.src, bytes)?;
+        let metadata = HipkMetadata {
+            kernel_name: kernel_name.clone(),
+            search_paths: vec![job.search_path.clone()],
+        };
+        let t = rewrite(&job.src, bytes, &metadata)?;
+        write_file(&job.dst, &t.bytes, job.mode)?;
+
+        // Where each kept code object's bytes are: in the input, or spilled.
+        enum At {
+            Input(usize),
+            Scratch(usize),
+        }
+        let base = bytes.as_ptr() as usize;
+        let mut spill: Option<(BufWriter<File>, PathBuf, usize)> = None;
+        let mut kept = Vec::new();
+        let mut dropped = 0;
+        for co in &cos {
+            if let Some(keep) = self.keep_target {
+                if !keep(&co.target) {
+                    dropped += 1;
+                    continue;
+                }
+            }
+            let data: &[u8] = &co.data;
+            let in_input = match &co.data {
+                Blob::Borrowed(s) => (s.as_ptr() as usize)
+                    .checked_sub(base)
+                    .filter(|off| off + s.len() <= bytes.len()),
+                Blob::Shared(..) => None,
+            };
+            let at = match in_input {
+                Some(off) => At::Input(off),
+                None => {
+                    if spill.is_none() {
+                        let path = self.scratch.join(format!("code-objects-{index}.bin"));
+                        let f = File::create(&path).map_err(|e| ArtifactError::io(&path, e))?;
+                        spill = Some((BufWriter::with_capacity(1 << 20, f), path, 0));
+                    }
+                    let (w, path, pos) = spill.as_mut().expect("spill file");
+                    w.write_all(data)
+                        .map_err(|e| ArtifactError::io(&*path, e))?;
+                    let at = At::Scratch(*pos);
+                    *pos += data.len();
+                    at
+                }
+            };
+            kept.push((
+                co.target.clone(),
+                co.triple.clone(),
+                co.bundle,
+                data.len(),
+                at,
+            ));
+        }
+        drop(cos);
+        let scratch_map = match spill {
+            Some((mut w, path, _)) => {
+                w.flush().map_err(|e| ArtifactError::io(&path, e))?;
+                drop(w);
+                Some(Arc::new(map_file(&path)?))
+            }
+            None => None,
+        };
+        let input_map = Arc::new(mapped);
+        let code_objects = kept
+            .into_iter()
+            .map(|(target, triple, bundle, len, at)| {
+                let (map, offset) = match at {
+                    At::Input(off) => (input_map.clone(), off),
+                    At::Scratch(off) => (scratch_map.clone().expect("scratch map"), off),
+                };
+                CodeRef {
+                    target,
+                    triple,
+                    bundle,
+                    map,
+                    offset,
+                    len,
+                }
+            })
+            .collect();
+        Ok(Done {
+            outcome: Outcome::Offloaded(Box::new(Offloaded {
+                kernel_name,
+                source_prefix: job.source_prefix.clone(),
+                code_objects,
+                dropped,
+                wrappers: t.wrappers.len(),
+            })),
+            bytes_out: t.bytes.len() as u64,
+        })
+    }
+
+    /// Phase 2: one archive per target. `place(target, prefixes)` says
+    /// where the archive of `target` goes (absolute path, and the path to
+    /// report) given the sorted source prefixes that contributed to it;
+    /// `family(target)` gives its `gfx_arch_family`.
+    pub fn write_archives(
+        &self,
+        binaries: &[&Offloaded],
+        group: &str,
+        family: &(dyn Fn(&str) -> String + Sync),
+        place: &Place<'_>,
+    ) -> Result<Vec<ArchiveInfo>> {
+        let mut sorted: Vec<&Offloaded> = binaries.to_vec();
+        sorted.sort_by(|a, b| a.kernel_name.cmp(&b.kernel_name));
+        let mut by_target: BTreeMap<&str, Vec<(&Offloaded, &CodeRef)>> = BTreeMap::new();
+        for b in &sorted {
+            for co in &b.code_objects {
+                by_target.entry(&co.target).or_default().push((b, co));
+            }
+        }
+        for list in by_target.values_mut() {
+            list.sort_by(|x, y| {
+                (x.0.kernel_name.as_str(), x.1.bundle).cmp(&(y.0.kernel_name.as_str(), y.1.bundle))
+            });
+        }
+        let work: u64 = by_target
+            .values()
+            .flatten()
+            .map(|(_, co)| co.len as u64)
+            .sum();
+        self.observer.add_work(work);
+        let targets: Vec<(&str, Vec<(&Offloaded, &CodeRef)>)> = by_target.into_iter().collect();
+        let results: Vec<Result<ArchiveInfo>> = targets
+            .par_iter()
+            .map(|(target, list)| {
+                let mut prefixes: Vec<String> =
+                    list.iter().filter_map(|(b, _)| b.source_prefix.clone()).collect();
+                prefixes.sort();
+                prefixes.dedup();
+                let (path, shown) = place(target, &prefixes);
+                let mut w = ArchiveWriter::new(group, family(target), vec![target.to_string()])
+                    .scheme(self.scheme)
+                    .zstd_level(self.level);
+                for (b, co) in list {
+                    let mut meta = vec![("target".to_string(), Value::from(co.triple.as_str()))];
+                    if let Some(p) = &b.source_prefix {
+                        meta.push(("source_prefix".to_string(), Value::from(p.as_str())));
+                    }
+                    w.add(
+                        archive_key(&b.kernel_name, co.bundle),
+                        target.to_string(),
+                        co.bytes(),
+                        Some(meta),
+                    )
+                    .map_err(|source| crate::Error::Archive {
+                        path: path.clone(),
+                        source,
+                    })?;
+                }
+                if path.exists() {
+                    return Err(ArtifactError::input(
+                        &path,
+                        "an archive of this name is already in the output (the input has one at the same path)",
+                    ));
+                }
+                if let Some(dir) = path.parent() {
+                    make_dirs(dir)?;
+                }
+                let s = w.write(&path)?;
+                self.observer.advance(s.bytes_in);
+                Ok(ArchiveInfo {
+                    target: target.to_string(),
+                    path: shown,
+                    prefix: prefixes.first().cloned(),
+                    code_objects: s.kernels,
+                    bytes_in: s.bytes_in,
+                    bytes_out: s.bytes_out,
+                })
+            })
+            .collect();
+        results.into_iter().collect()
+    }
+}
+
+/// Could this file be an ELF file or a static archive? (Reads 8 bytes.)
+fn maybe_binary(path: &Path) -> Result<bool> {
+    let mut head = [0u8; 8];
+    let mut f = File::open(path).map_err(|e| ArtifactError::io(path, e))?;
+    let mut n = 0;
+    while n < head.len() {
+        match f
+            .read(&mut head[n..])
+            .map_err(|e| ArtifactError::io(path, e))?
+        {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(head[..n].starts_with(b"\x7fELF") || head[..n].starts_with(b"!<arch>\n"))
+}
+
+fn carries_device_code(bytes: &[u8]) -> bool {
+    ElfView::parse(bytes)
+        .ok()
+        .and_then(|e| e.section(FATBIN_SECTION).ok().flatten())
+        .is_some()
+}

@@ -1,0 +1,299 @@
+//! Walking directory trees in sorted order, and copying their entries
+//! (symlinks as symlinks, file modes kept).
+
+use std::fs;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use super::{ArtifactError, Result};
+
+/// One entry below a root directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    /// Path relative to the root.
+    pub rel: PathBuf,
+    pub kind: NodeKind,
+    /// Permission bits (`st_mode & 0o7777`).
+    pub mode: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeKind {
+    Dir,
+    /// A symbolic link and its target, as written.
+    Symlink(PathBuf),
+    File {
+        size: u64,
+    },
+}
+
+impl Node {
+    /// The relative path with `/` separators (file names must be UTF-8).
+    pub fn rel_str(&self, root: &Path) -> Result<String> {
+        rel_string(&self.rel).ok_or_else(|| {
+            ArtifactError::input(root.join(&self.rel), "file name is not valid UTF-8")
+        })
+    }
+}
+
+pub fn rel_string(rel: &Path) -> Option<String> {
+    let parts: Option<Vec<&str>> = rel.components().map(|c| c.as_os_str().to_str()).collect();
+    Some(parts?.join("/"))
+}
+
+/// Every entry below `root` (not `root` itself), depth first, each
+/// directory's entries sorted by name: the order does not depend on the
+/// file system. Symlinks are not followed. Sockets, FIFOs and devices are
+/// an error.
+pub fn scan(root: &Path) -> Result<Vec<Node>> {
+    let mut out = Vec::new();
+    scan_into(root, Path::new(""), &mut out)?;
+    Ok(out)
+}
+
+fn scan_into(root: &Path, rel: &Path, out: &mut Vec<Node>) -> Result<()> {
+    let dir = root.join(rel);
+    let mut entries = Vec::new();
+    for e in fs::read_dir(&dir).map_err(|e| ArtifactError::io(&dir, e))? {
+        let e = e.map_err(|e| ArtifactError::io(&dir, e))?;
+        entries.push(e.file_name());
+    }
+    entries.sort();
+    for name in entries {
+        let rel = rel.join(&name);
+        let path = root.join(&rel);
+        let meta = fs::symlink_metadata(&path).map_err(|e| ArtifactError::io(&path, e))?;
+        let ty = meta.file_type();
+        let mode = meta.permissions().mode() & 0o7777;
+        if ty.is_symlink() {
+            let target = fs::read_link(&path).map_err(|e| ArtifactError::io(&path, e))?;
+            out.push(Node {
+                rel,
+                kind: NodeKind::Symlink(target),
+                mode,
+            });
+        } else if ty.is_dir() {
+            out.push(Node {
+                rel: rel.clone(),
+                kind: NodeKind::Dir,
+                mode,
+            });
+            scan_into(root, &rel, out)?;
+        } else if ty.is_file() {
+            out.push(Node {
+                rel,
+                kind: NodeKind::File { size: meta.len() },
+                mode,
+            });
+        } else {
+            let what = if ty.is_fifo() {
+                "a FIFO"
+            } else if ty.is_socket() {
+                "a socket"
+            } else {
+                "a device file"
+            };
+            return Err(ArtifactError::input(
+                path,
+                format!("{what}: artifacts may hold only files, directories and symlinks"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Create `dir` and its missing parents (mode 0755 less the umask).
+pub fn make_dirs(dir: &Path) -> Result<()> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)
+        .map_err(|e| ArtifactError::io(dir, e))
+}
+
+/// Copy a regular file, keeping its permission bits.
+pub fn copy_file(src: &Path, dst: &Path, mode: u32) -> Result<u64> {
+    if let Some(p) = dst.parent() {
+        make_dirs(p)?;
+    }
+    let n = fs::copy(src, dst).map_err(|e| ArtifactError::io(dst, e))?;
+    fs::set_permissions(dst, fs::Permissions::from_mode(mode))
+        .map_err(|e| ArtifactError::io(dst, e))?;
+    Ok(n)
+}
+
+/// Write bytes to a new file with this mode.
+pub fn write_file(dst: &Path, bytes: &[u8], mode: u32) -> Result<()> {
+    if let Some(p) = dst.parent() {
+        make_dirs(p)?;
+    }
+    fs::write(dst, bytes).map_err(|e| ArtifactError::io(dst, e))?;
+    fs::set_permissions(dst, fs::Permissions::from_mode(mode))
+        .map_err(|e| ArtifactError::io(dst, e))
+}
+
+/// Create a symlink `dst` → `target` (the target as written, not resolved).
+pub fn copy_symlink(target: &Path, dst: &Path) -> Result<()> {
+    if let Some(p) = dst.parent() {
+        make_dirs(p)?;
+    }
+    std::os::unix::fs::symlink(target, dst).map_err(|e| ArtifactError::io(dst, e))
+}
+
+/// Give `out` and every directory below it the mode of the directory at
+/// the same relative path below `src`, where that exists. Run after
+/// everything is written (a read-only directory would block writes into
+/// it).
+pub fn copy_dir_modes(out: &Path, src: &Path) -> Result<()> {
+    let mut dirs = vec![PathBuf::new()];
+    collect_dirs(out, Path::new(""), &mut dirs)?;
+    // Deepest first, so that a directory without write permission for its
+    // owner is changed after its children.
+    for rel in dirs.iter().rev() {
+        let s = src.join(rel);
+        if let Ok(meta) = fs::symlink_metadata(&s) {
+            if meta.is_dir() {
+                let mode = meta.permissions().mode() & 0o7777;
+                let d = out.join(rel);
+                fs::set_permissions(&d, fs::Permissions::from_mode(mode))
+                    .map_err(|e| ArtifactError::io(&d, e))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn collect_dirs(root: &Path, rel: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    let dir = root.join(rel);
+    let mut names = Vec::new();
+    for e in fs::read_dir(&dir).map_err(|e| ArtifactError::io(&dir, e))? {
+        let e = e.map_err(|e| ArtifactError::io(&dir, e))?;
+        if e.file_type()
+            .map_err(|err| ArtifactError::io(e.path(), err))?
+            .is_dir()
+        {
+            names.push(e.file_name());
+        }
+    }
+    names.sort();
+    for n in names {
+        let r = rel.join(n);
+        out.push(r.clone());
+        collect_dirs(root, &r, out)?;
+    }
+    Ok(())
+}
+
+/// Copy a whole tree (symlinks as symlinks, modes kept) to `dst`, which
+/// must not exist. Returns the bytes of regular files copied.
+pub fn copy_tree(src: &Path, dst: &Path) -> Result<u64> {
+    make_dirs(dst)?;
+    let mut bytes = 0;
+    for node in scan(src)? {
+        let (s, d) = (src.join(&node.rel), dst.join(&node.rel));
+        match &node.kind {
+            NodeKind::Dir => make_dirs(&d)?,
+            NodeKind::Symlink(t) => copy_symlink(t, &d)?,
+            NodeKind::File { .. } => bytes += copy_file(&s, &d, node.mode)?,
+        }
+    }
+    copy_dir_modes(dst, src)?;
+    Ok(bytes)
+}
+
+/// Total size of the regular files below `dir`.
+pub fn tree_bytes(dir: &Path) -> Result<u64> {
+    Ok(scan(dir)?
+        .iter()
+        .map(|n| match n.kind {
+            NodeKind::File { size } => size,
+            _ => 0,
+        })
+        .sum())
+}
+
+/// Do two files have the same bytes? Compared in chunks, without reading
+/// either whole into memory.
+pub fn same_bytes(a: &Path, b: &Path) -> Result<bool> {
+    use std::io::Read;
+    let (ma, mb) = (
+        fs::metadata(a).map_err(|e| ArtifactError::io(a, e))?,
+        fs::metadata(b).map_err(|e| ArtifactError::io(b, e))?,
+    );
+    if ma.len() != mb.len() {
+        return Ok(false);
+    }
+    let mut fa = fs::File::open(a).map_err(|e| ArtifactError::io(a, e))?;
+    let mut fb = fs::File::open(b).map_err(|e| ArtifactError::io(b, e))?;
+    let (mut ba, mut bb) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+    loop {
+        let n = read_full(&mut fa, &mut ba).map_err(|e| ArtifactError::io(a, e))?;
+        let m = read_full(&mut fb, &mut bb).map_err(|e| ArtifactError::io(b, e))?;
+        if n != m || ba[..n] != bb[..m] {
+            return Ok(false);
+        }
+        if n == 0 {
+            return Ok(true);
+        }
+    }
+
+    fn read_full(f: &mut fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+        let mut n = 0;
+        while n < buf.len() {
+            match f.read(&mut buf[n..])? {
+                0 => break,
+                k => n += k,
+            }
+        }
+        Ok(n)
+    }
+}
+
+/// Remove a directory tree, making read-only directories writable first.
+pub fn remove_tree(dir: &Path) -> Result<()> {
+    match fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(_) => {
+            let mut dirs = vec![PathBuf::new()];
+            collect_dirs(dir, Path::new(""), &mut dirs)?;
+            for rel in &dirs {
+                let d = dir.join(rel);
+                let _ = fs::set_permissions(&d, fs::Permissions::from_mode(0o755));
+            }
+            fs::remove_dir_all(dir).map_err(|e| ArtifactError::io(dir, e))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scan_is_sorted_and_keeps_symlinks() {
+        let d = tempfile::tempdir().unwrap();
+        let r = d.path();
+        for n in ["b", "a", "c"] {
+            fs::create_dir(r.join(n)).unwrap();
+            fs::write(r.join(n).join("z"), n).unwrap();
+            fs::write(r.join(n).join("y"), n).unwrap();
+        }
+        std::os::unix::fs::symlink("a/z", r.join("link")).unwrap();
+        let rels: Vec<String> = scan(r)
+            .unwrap()
+            .iter()
+            .map(|n| rel_string(&n.rel).unwrap())
+            .collect();
+        assert_eq!(
+            rels,
+            ["a", "a/y", "a/z", "b", "b/y", "b/z", "c", "c/y", "c/z", "link"]
+        );
+        let o = tempfile::tempdir().unwrap();
+        let out = o.path().join("copy");
+        copy_tree(r, &out).unwrap();
+        assert_eq!(fs::read_link(out.join("link")).unwrap(), Path::new("a/z"));
+        assert_eq!(fs::read(out.join("b/y")).unwrap(), b"b");
+        remove_tree(&out).unwrap();
+    }
+}
