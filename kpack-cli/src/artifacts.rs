@@ -21,7 +21,7 @@ type CliResult = Result<(), Box<dyn std::error::Error>>;
 
 #[derive(Subcommand)]
 pub enum ArtifactCommand {
-    /// Split build artifacts (SPEC §5): each into `<prefix>_generic` (host
+    /// Split build artifacts: each into `<prefix>_generic` (host
     /// code; fat binaries offloaded) and `<prefix>_<target>` per target
     /// (its `.kpack` archive and database files).
     Split(SplitArgs),

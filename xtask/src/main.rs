@@ -3,6 +3,7 @@
 //! Follows the xtask convention: every step lives here, in Rust; the few
 //! external commands (clang, cargo, apt-get) are spawned through `xshell`.
 
+mod artifacts;
 mod demo;
 mod dist;
 mod fixtures;
@@ -52,6 +53,25 @@ enum Task {
     /// Set up a Debian 12 machine (as root: installs missing packages),
     /// build the fixtures, then run all tests, rustfmt and clippy.
     Test,
+    /// `kpack split` over a build tree (release build of kpack; same flags,
+    /// see `cargo xtask split --help`).
+    #[command(disable_help_flag = true)]
+    Split {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// `kpack verify` (same flags).
+    #[command(disable_help_flag = true)]
+    Verify {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// `kpack recombine` (same flags).
+    #[command(disable_help_flag = true)]
+    Recombine {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -72,6 +92,9 @@ fn main() -> anyhow::Result<()> {
         Task::Demo => demo::run(&sh, &root)?,
         Task::Dist { prefix, shared } => dist::run(&sh, &root, &prefix, shared)?,
         Task::Test => test::run(&sh, &root)?,
+        Task::Split { args } => artifacts::run(&root, "split", &args)?,
+        Task::Verify { args } => artifacts::run(&root, "verify", &args)?,
+        Task::Recombine { args } => artifacts::run(&root, "recombine", &args)?,
     }
     Ok(())
 }
