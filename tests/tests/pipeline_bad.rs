@@ -40,6 +40,11 @@ fn nothing_written(out: &Path) {
     }
 }
 
+/// `out` was not even created.
+fn not_created(out: &Path) {
+    assert!(!out.exists(), "{} created", out.display());
+}
+
 /// A blas_lib artifact with one fat binary (libvadd.so: gfx1100, gfx1101,
 /// gfx942) and a rocBLAS database file.
 fn blas_artifact(dir: &Path, fat: &[u8]) {
@@ -86,7 +91,7 @@ fn split_missing_manifest() {
         "{err}"
     );
     assert!(err.contains("blas_lib_gfx110X-dgpu"), "{err}");
-    nothing_written(&out);
+    not_created(&out);
     // In batch mode a directory without manifest is not an artifact: skipped
     // and reported.
     let o = split_batch(&t.path().join("shard"), &out, &["--json"]);
@@ -127,11 +132,11 @@ fn split_manifest_line_escaping_the_artifact() {
             "{err}"
         );
         assert!(err.contains("artifact_manifest.txt"), "{err}");
-        nothing_written(&out);
+        not_created(&out);
         let o = split_batch(&shard, &out, &[]);
         assert_eq!(o.status.code(), Some(1));
         assert!(String::from_utf8_lossy(&o.stderr).contains(needle));
-        nothing_written(&out);
+        not_created(&out);
     }
 }
 
@@ -458,7 +463,7 @@ fn recombine_fails(shards: &Path, config: &str, out: &Path, needles: &[&str]) {
     for n in needles {
         assert!(err.contains(n), "no {n:?} in: {err}");
     }
-    nothing_written(out);
+    not_created(out);
 }
 
 #[test]
@@ -761,4 +766,130 @@ fn xtask_forwards_to_kpack() {
     ]);
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("kpack: error: missing.json"));
+}
+
+/// A manifest prefix without a directory is skipped, left out of the
+/// output manifests, and reported under --verbose and in --json.
+#[test]
+fn split_skips_missing_prefix() {
+    let t = tempfile::tempdir().unwrap();
+    let a = t.path().join("fft_lib_gfx110X-dgpu");
+    artifact(&a, "stage\nnever/installed\n", &[("stage/lib/x", b"x")]);
+    let out = t.path().join("out");
+    let o = kpack(&[
+        &"split",
+        &"--artifact-dir",
+        &a,
+        &"--output-dir",
+        &out,
+        &"--verbose",
+        &"--json",
+    ]);
+    assert!(o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("manifest prefix never/installed does not exist: skipped"),
+        "{err}"
+    );
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        s["artifacts"][0]["skipped_prefixes"],
+        serde_json::json!(["never/installed"])
+    );
+    assert_eq!(s["artifacts"][0]["artifact_prefix"], "fft_lib");
+    assert_eq!(names(&out), ["fft_lib_generic"]);
+    assert_eq!(
+        fs::read_to_string(out.join("fft_lib_generic/artifact_manifest.txt")).unwrap(),
+        "stage\n"
+    );
+}
+
+/// Every database handler routes its files; files no enabled handler
+/// claims stay generic; decompressed code objects are spilled to --tmp-dir
+/// (and cleaned up).
+#[test]
+fn split_database_handlers_and_tmp_dir() {
+    let t = tempfile::tempdir().unwrap();
+    let a = t.path().join("ml_lib_fam");
+    let fat = lib("libvadd_compressed.so");
+    artifact(
+        &a,
+        "stage\n",
+        &[
+            ("stage/lib/libml.so", &fat),
+            ("stage/lib/aotriton/kernels/gfx1100/flash/attn.hsaco", b"a"),
+            ("stage/lib/aotriton/kernels/README", b"r"),
+            ("stage/share/miopen/db/gfx942.tn.model", b"m"),
+            ("stage/share/miopen/db/gfx942.kdb", b"k"),
+            ("stage/lib/engines/arch_content/gemm/gfx1101/k.co", b"h"),
+            ("stage/lib/hipblaslt/library/extop_gfx942.co", b"x"),
+        ],
+    );
+    let out = t.path().join("out");
+    let tmp = t.path().join("scratch");
+    let o = kpack(&[
+        &"split",
+        &"--artifact-dir",
+        &a,
+        &"--output-dir",
+        &out,
+        &"--tmp-dir",
+        &tmp,
+        &"--split-databases",
+        &"aotriton",
+        &"miopen",
+        &"hipkernelprovider",
+        &"--clang-offload-bundler",
+        &"/nonexistent/clang-offload-bundler",
+        &"--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        s["artifacts"][0]["database_targets"],
+        serde_json::json!({"gfx1100": 1, "gfx1101": 1, "gfx942": 1})
+    );
+    let files = |name: &str| -> Vec<String> {
+        snapshot(&out.join(name))
+            .into_iter()
+            .filter(|(_, (k, _, _))| *k == 'f')
+            .map(|(p, _)| p)
+            .collect()
+    };
+    assert_eq!(
+        files("ml_lib_gfx1100"),
+        [
+            "artifact_manifest.txt",
+            "stage/.kpack/ml_lib_gfx1100.kpack",
+            "stage/lib/aotriton/kernels/gfx1100/flash/attn.hsaco"
+        ]
+    );
+    assert_eq!(
+        files("ml_lib_gfx1101"),
+        [
+            "artifact_manifest.txt",
+            "stage/.kpack/ml_lib_gfx1101.kpack",
+            "stage/lib/engines/arch_content/gemm/gfx1101/k.co"
+        ]
+    );
+    assert_eq!(
+        files("ml_lib_gfx942"),
+        [
+            "artifact_manifest.txt",
+            "stage/.kpack/ml_lib_gfx942.kpack",
+            "stage/share/miopen/db/gfx942.tn.model"
+        ]
+    );
+    assert_eq!(
+        files("ml_lib_generic"),
+        [
+            "artifact_manifest.txt",
+            "stage/lib/aotriton/kernels/README",
+            "stage/lib/hipblaslt/library/extop_gfx942.co",
+            "stage/lib/libml.so",
+            "stage/share/miopen/db/gfx942.kdb"
+        ]
+    );
+    assert_eq!(names(&tmp), Vec::<String>::new(), "scratch left behind");
+    kpack_ok(&[&"verify", &"--artifacts-dir", &out]);
 }

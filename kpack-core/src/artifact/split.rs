@@ -155,9 +155,9 @@ pub fn split_artifact(
     observer: &dyn Observer,
 ) -> Result<SplitSummary> {
     let start = Instant::now();
-    check_output_dir(opts)?;
     check_prefix_name(artifact_dir, artifact_prefix)?;
     let plan = plan(artifact_dir, artifact_prefix, opts)?;
+    check_output_dir(opts)?;
     observer.add_work(plan.bytes);
     let a = run(&plan, opts, observer)?;
     let mut s = SplitSummary {
@@ -181,7 +181,6 @@ pub fn split_batch(
     observer: &dyn Observer,
 ) -> Result<SplitSummary> {
     let start = Instant::now();
-    check_output_dir(opts)?;
     let out_canon = fs::canonicalize(&opts.output_dir).ok();
     let mut summary = SplitSummary {
         output_dir: opts.output_dir.display().to_string(),
@@ -233,6 +232,7 @@ pub fn split_batch(
             Err(e) => return Err(e),
         }
     }
+    check_output_dir(opts)?;
     observer.add_work(plans.iter().flatten().map(|p| p.bytes).sum());
     let stop = AtomicBool::new(false);
     // `None`: not started because an earlier artifact failed.
@@ -327,16 +327,14 @@ fn check_prefix_name(dir: &Path, prefix: &str) -> Result<()> {
 fn plan(dir: &Path, prefix: &str, opts: &SplitOptions) -> Result<Plan> {
     let prefixes = read_manifest(dir)?;
     let canon = fs::canonicalize(dir).map_err(|e| ArtifactError::io(dir, e))?;
-    if let Ok(out) = fs::canonicalize(&opts.output_dir) {
-        if out.starts_with(&canon) {
-            return Err(ArtifactError::input(
-                dir,
-                format!(
-                    "the output directory {} lies inside the artifact",
-                    opts.output_dir.display()
-                ),
-            ));
-        }
+    if resolve(&opts.output_dir)?.starts_with(&canon) {
+        return Err(ArtifactError::input(
+            dir,
+            format!(
+                "the output directory {} lies inside the artifact",
+                opts.output_dir.display()
+            ),
+        ));
     }
     let mut present = Vec::new();
     let mut skipped = Vec::new();
@@ -386,9 +384,32 @@ fn plan(dir: &Path, prefix: &str, opts: &SplitOptions) -> Result<Plan> {
     })
 }
 
+/// `path` made absolute, its longest existing ancestor with symlinks
+/// resolved.
+fn resolve(path: &Path) -> Result<PathBuf> {
+    let abs = std::path::absolute(path).map_err(|e| ArtifactError::io(path, e))?;
+    let mut existing = abs.as_path();
+    let mut rest = Vec::new();
+    while fs::symlink_metadata(existing).is_err() {
+        match (existing.file_name(), existing.parent()) {
+            (Some(n), Some(p)) => {
+                rest.push(n.to_os_string());
+                existing = p;
+            }
+            _ => break,
+        }
+    }
+    let mut out = fs::canonicalize(existing).map_err(|e| ArtifactError::io(existing, e))?;
+    out.extend(rest.iter().rev());
+    Ok(out)
+}
+
 /// Output artifacts of `prefix` already in `out`.
 fn existing_outputs(out: &Path, prefix: &str) -> Result<Vec<String>> {
     let mut v = Vec::new();
+    if !out.is_dir() {
+        return Ok(v);
+    }
     for (name, _) in manifest::subdirs(out)? {
         if let Some(n) = OutputName::parse(&name) {
             if n.component == prefix && matches!(n.suffix, Suffix::Generic | Suffix::Target(_)) {
