@@ -33,13 +33,33 @@ pub fn profile_dir() -> PathBuf {
         .to_path_buf()
 }
 
+/// `cargo test` builds this crate as an rlib for its tests; the static and
+/// shared libraries the C and C++ programs link are built here, once per
+/// test process, in the same profile.
+fn build_libraries() {
+    static BUILT: std::sync::Once = std::sync::Once::new();
+    BUILT.call_once(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "--quiet", "-p", "kpack-cxx", "--lib"])
+            .current_dir(crate_dir());
+        if profile_dir().file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("run cargo build");
+        assert!(status.success(), "cargo build -p kpack-cxx failed");
+    });
+}
+
 pub fn staticlib() -> PathBuf {
+    build_libraries();
     let p = profile_dir().join("librocm_kpack.a");
     assert!(p.is_file(), "{} missing: build kpack-cxx", p.display());
     p
 }
 
 pub fn sharedlib() -> PathBuf {
+    build_libraries();
     let p = profile_dir().join("librocm_kpack.so");
     assert!(p.is_file(), "{} missing: build kpack-cxx", p.display());
     p
