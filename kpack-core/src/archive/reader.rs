@@ -22,9 +22,10 @@ use super::{
 use crate::error::WithPath;
 use crate::msgpack::{self, Value};
 
-/// The bytes of an archive: a read-only memory map or an owned buffer.
+/// The bytes of an archive: a read-only memory map (with its file) or an
+/// owned buffer.
 enum Storage {
-    Mapped(memmap2::Mmap),
+    Mapped(memmap2::Mmap, File),
     Owned(Box<[u8]>),
 }
 
@@ -32,9 +33,31 @@ impl Deref for Storage {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         match self {
-            Storage::Mapped(m) => m,
+            Storage::Mapped(m, _) => m,
             Storage::Owned(b) => b,
         }
+    }
+}
+
+impl Storage {
+    /// The little-endian `u32` at `pos` (a position inside the data).
+    ///
+    /// A mapped archive's is read from the file (`pread`), not through the
+    /// map: the frame index reads one such prefix per frame, spread over
+    /// the whole blob, and each access through the map would cost a page
+    /// fault and map the 64 KiB around it (the kernel's fault-around) into
+    /// the process: tens of MB of RSS, and about a millisecond, for a large
+    /// archive of which one kernel is wanted.
+    fn u32_at(&self, pos: u64) -> u32 {
+        #[cfg(unix)]
+        if let Storage::Mapped(_, file) = self {
+            use std::os::unix::fs::FileExt;
+            let mut b = [0u8; 4];
+            if file.read_exact_at(&mut b, pos).is_ok() {
+                return u32::from_le_bytes(b);
+            }
+        }
+        read_u32(self, pos)
     }
 }
 
@@ -97,7 +120,7 @@ impl Archive {
             // itself only ever replaces archives by renaming a new file over
             // them, which leaves this mapping intact).
             let map = unsafe { memmap2::Mmap::map(&file) }.with_path(path)?;
-            Storage::Mapped(map)
+            Storage::Mapped(map, file)
         };
         Archive::from_storage(data).with_path(path)
     }
@@ -384,7 +407,7 @@ impl Archive {
                     end,
                 });
             }
-            let len = u64::from(read_u32(&self.data, pos));
+            let len = u64::from(self.data.u32_at(pos));
             let start = pos + 4;
             if end - start < len {
                 return Err(ArchiveError::FrameOutOfRange {
@@ -479,47 +502,76 @@ fn sub(path: &str, key: &str) -> String {
     }
 }
 
-fn wrong_type(field: impl Into<String>, expected: &'static str, v: &Value) -> ArchiveError {
+/// A TOC field path for an error message. Paths of per-kernel fields are
+/// passed as [`Lazy`] closures: formatting them for every entry of a large
+/// TOC, error or not, was a good part of the time `open` took.
+trait FieldPath {
+    fn into_path(self) -> String;
+}
+
+impl FieldPath for &str {
+    fn into_path(self) -> String {
+        self.to_owned()
+    }
+}
+
+impl FieldPath for String {
+    fn into_path(self) -> String {
+        self
+    }
+}
+
+/// A field path built only if an error needs it.
+#[derive(Clone, Copy)]
+struct Lazy<F>(F);
+
+impl<F: FnOnce() -> String> FieldPath for Lazy<F> {
+    fn into_path(self) -> String {
+        (self.0)()
+    }
+}
+
+fn wrong_type(field: impl FieldPath, expected: &'static str, v: &Value) -> ArchiveError {
     ArchiveError::TocFieldType {
-        field: field.into(),
+        field: field.into_path(),
         expected,
         found: v.type_name(),
     }
 }
 
-fn require<'v>(map: &'v Value, path: &str, key: &str) -> Result<&'v Value, ArchiveError> {
+fn require<'v>(map: &'v Value, path: impl FieldPath, key: &str) -> Result<&'v Value, ArchiveError> {
     map.get(key).ok_or_else(|| ArchiveError::TocFieldMissing {
-        field: sub(path, key),
+        field: sub(&path.into_path(), key),
     })
 }
 
-fn as_str(v: &Value, field: impl Into<String>) -> Result<&str, ArchiveError> {
+fn as_str(v: &Value, field: impl FieldPath) -> Result<&str, ArchiveError> {
     v.as_str().ok_or_else(|| wrong_type(field, "str", v))
 }
 
-fn as_u64(v: &Value, field: impl Into<String>) -> Result<u64, ArchiveError> {
+fn as_u64(v: &Value, field: impl FieldPath) -> Result<u64, ArchiveError> {
     match v {
         Value::UInt(u) => Ok(*u),
         Value::Int(i) => Err(ArchiveError::TocFieldValue {
-            field: field.into(),
+            field: field.into_path(),
             reason: format!("{i} is negative"),
         }),
         other => Err(wrong_type(field, "int", other)),
     }
 }
 
-fn as_map(v: &Value, field: impl Into<String>) -> Result<&[(Value, Value)], ArchiveError> {
+fn as_map(v: &Value, field: impl FieldPath) -> Result<&[(Value, Value)], ArchiveError> {
     v.as_map().ok_or_else(|| wrong_type(field, "map", v))
 }
 
-fn as_array(v: &Value, field: impl Into<String>) -> Result<&[Value], ArchiveError> {
+fn as_array(v: &Value, field: impl FieldPath) -> Result<&[Value], ArchiveError> {
     v.as_array().ok_or_else(|| wrong_type(field, "array", v))
 }
 
 /// A map key that must be a str.
-fn key_str<'v>(k: &'v Value, map_field: &str) -> Result<&'v str, ArchiveError> {
+fn key_str(k: &Value, map_field: impl FieldPath) -> Result<&str, ArchiveError> {
     k.as_str()
-        .ok_or_else(|| wrong_type(format!("{map_field} (a key)"), "str", k))
+        .ok_or_else(|| wrong_type(format!("{} (a key)", map_field.into_path()), "str", k))
 }
 
 fn parse_toc(toc: &Value, data: &[u8], toc_offset: u64) -> Result<ParsedToc, ArchiveError> {
@@ -560,10 +612,11 @@ fn parse_toc(toc: &Value, data: &[u8], toc_offset: u64) -> Result<ParsedToc, Arc
             let blobs = as_array(require(toc, "", "blobs")?, "blobs")?;
             let mut ranges = Vec::with_capacity(blobs.len());
             for (i, b) in blobs.iter().enumerate() {
-                let path = format!("blobs[{i}]");
-                as_map(b, path.as_str())?;
-                let offset = as_u64(require(b, &path, "offset")?, sub(&path, "offset"))?;
-                let size = as_u64(require(b, &path, "size")?, sub(&path, "size"))?;
+                let path = move || format!("blobs[{i}]");
+                let at = move |f: &'static str| Lazy(move || sub(&path(), f));
+                as_map(b, Lazy(path))?;
+                let offset = as_u64(require(b, Lazy(path), "offset")?, at("offset"))?;
+                let size = as_u64(require(b, Lazy(path), "size")?, at("size"))?;
                 let inside = offset >= start && offset.checked_add(size).is_some_and(|e| e <= end);
                 if !inside {
                     return Err(ArchiveError::BlobOutOfRange {
@@ -619,12 +672,13 @@ fn parse_toc(toc: &Value, data: &[u8], toc_offset: u64) -> Result<ParsedToc, Arc
     let toc_map = as_map(require(toc, "", "toc")?, "toc")?;
     for (k, targets) in toc_map {
         let key = key_str(k, "toc")?;
-        let key_path = format!("toc[{key:?}]");
+        let key_path = move || format!("toc[{key:?}]");
         let first = entries.len();
-        for (t, e) in as_map(targets, key_path.as_str())? {
-            let target = key_str(t, &key_path)?;
-            let path = format!("{key_path}[{target:?}]");
-            as_map(e, path.as_str())?;
+        for (t, e) in as_map(targets, Lazy(key_path))? {
+            let target = key_str(t, Lazy(key_path))?;
+            let path = move || format!("toc[{key:?}][{target:?}]");
+            let at = move |f: &'static str| Lazy(move || sub(&path(), f));
+            as_map(e, Lazy(path))?;
             if entries[first..].iter().any(|x: &Entry| x.target == target) {
                 return Err(ArchiveError::DuplicateKernel {
                     key: key.to_owned(),
@@ -633,12 +687,11 @@ fn parse_toc(toc: &Value, data: &[u8], toc_offset: u64) -> Result<ParsedToc, Arc
             }
             let kind = match e.get("type") {
                 None => None,
-                Some(v) => Some(as_str(v, sub(&path, "type"))?.to_owned()),
+                Some(v) => Some(as_str(v, at("type"))?.to_owned()),
             };
-            let ordinal_field = sub(&path, "ordinal");
-            let ordinal = as_u64(require(e, &path, "ordinal")?, ordinal_field.as_str())?;
+            let ordinal = as_u64(require(e, Lazy(path), "ordinal")?, at("ordinal"))?;
             let ordinal = u32::try_from(ordinal).map_err(|_| ArchiveError::TocFieldValue {
-                field: ordinal_field,
+                field: at("ordinal").into_path(),
                 reason: format!("{ordinal} does not fit in 32 bits"),
             })?;
             if u64::from(ordinal) >= kernel_count {
@@ -650,16 +703,15 @@ fn parse_toc(toc: &Value, data: &[u8], toc_offset: u64) -> Result<ParsedToc, Arc
                 });
             }
             let original_size = as_u64(
-                require(e, &path, "original_size")?,
-                sub(&path, "original_size"),
+                require(e, Lazy(path), "original_size")?,
+                at("original_size"),
             )?;
             let metadata = match e.get("metadata") {
                 None => None,
                 Some(m) => {
-                    let mpath = sub(&path, "metadata");
-                    let pairs = as_map(m, mpath.as_str())?
+                    let pairs = as_map(m, at("metadata"))?
                         .iter()
-                        .map(|(mk, mv)| Ok((key_str(mk, &mpath)?.to_owned(), mv.clone())))
+                        .map(|(mk, mv)| Ok((key_str(mk, at("metadata"))?.to_owned(), mv.clone())))
                         .collect::<Result<Metadata, ArchiveError>>()?;
                     Some(pairs)
                 }

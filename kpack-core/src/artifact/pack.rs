@@ -309,9 +309,22 @@ impl Packer<'_> {
                 prefixes.sort();
                 prefixes.dedup();
                 let (path, shown) = place(target, &prefixes);
+                // Drop each code object's pages from the process once it is
+                // written: they are memory-mapped, and touched pages of a map
+                // count in the RSS (all of a 1.3 GB input otherwise). Maps by
+                // start address, to find the one a written slice is in.
+                let maps: BTreeMap<usize, &Mapped> = list
+                    .iter()
+                    .map(|(_, co)| (co.map.as_ptr() as usize, &*co.map))
+                    .collect();
                 let mut w = ArchiveWriter::new(group, family(target), vec![target.to_string()])
                     .scheme(self.scheme)
-                    .zstd_level(self.level);
+                    .zstd_level(self.level)
+                    .on_written(move |d| {
+                        if let Some((_, m)) = maps.range(..=d.as_ptr() as usize).next_back() {
+                            m.release_slice(d);
+                        }
+                    });
                 for (b, co) in list {
                     let mut meta = vec![("target".to_string(), Value::from(co.triple.as_str()))];
                     if let Some(p) = &b.source_prefix {
