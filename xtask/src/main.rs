@@ -4,6 +4,10 @@
 //! external commands (clang, cargo, apt-get) are spawned through `xshell`.
 
 mod artifacts;
+mod bench;
+mod bench_libs;
+mod bench_pipeline;
+mod bench_runtime;
 mod demo;
 mod dist;
 mod fixtures;
@@ -53,6 +57,10 @@ enum Task {
     /// Set up a Debian 12 machine (as root: installs missing packages),
     /// build the fixtures, then run all tests, rustfmt and clippy.
     Test,
+    /// Measure speed and memory against the floors and targets of issue 8
+    /// (never in CI; as root, installs missing packages): table on stdout,
+    /// target/bench/bench.json. See docs/performance.md.
+    Bench(bench::BenchArgs),
     /// `kpack split` over a build tree (release build of kpack; same flags,
     /// see `cargo xtask split --help`).
     #[command(disable_help_flag = true)]
@@ -92,6 +100,7 @@ fn main() -> anyhow::Result<()> {
         Task::Demo => demo::run(&sh, &root)?,
         Task::Dist { prefix, shared } => dist::run(&sh, &root, &prefix, shared)?,
         Task::Test => test::run(&sh, &root)?,
+        Task::Bench(args) => bench::run(&root, &args)?,
         Task::Split { args } => artifacts::run(&root, "split", &args)?,
         Task::Verify { args } => artifacts::run(&root, "verify", &args)?,
         Task::Recombine { args } => artifacts::run(&root, "recombine", &args)?,
