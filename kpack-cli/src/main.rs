@@ -118,7 +118,11 @@ fn main() -> ExitCode {
                 src = s.source();
             }
             while let Some(s) = src {
-                msg.push_str(&format!(": {s}"));
+                // Some errors print their source in their own message too.
+                let text = s.to_string();
+                if !msg.contains(&text) {
+                    msg.push_str(&format!(": {text}"));
+                }
                 src = s.source();
             }
             eprintln!("{msg}");

@@ -65,6 +65,14 @@ pub enum BundleError {
         offset: usize,
         entry: usize,
     },
+    #[error("bundle {bundle} at offset {offset:#x}: entry {entry} ({triple}) names target {target:?}, which is not a target ID (ASCII letters, digits, '_', ':', '+', '-')")]
+    BadTarget {
+        bundle: usize,
+        offset: usize,
+        entry: usize,
+        triple: String,
+        target: String,
+    },
     #[error("bundle {bundle} at offset {offset:#x}: target {target} occurs twice")]
     DuplicateTarget {
         bundle: usize,
@@ -344,6 +352,18 @@ fn parse_plain<'a>(
             });
         };
         end = end.max(stop);
+        // Targets name files and directories (archives, artifacts,
+        // extracted code objects): nothing but target-ID characters, so
+        // that no triple can name a path outside where they are written.
+        if !is_host_triple(&triple) && !is_target_name(target_of_triple(&triple)) {
+            return Err(BundleError::BadTarget {
+                bundle: index,
+                offset,
+                entry,
+                target: target_of_triple(&triple).into(),
+                triple,
+            });
+        }
         if !is_host_triple(&triple)
             && entries
                 .iter()
@@ -371,6 +391,15 @@ fn parse_plain<'a>(
         },
         len,
     ))
+}
+
+/// Can `t` be a device entry's target? Non-empty, and only the characters
+/// of target IDs (`gfx90a:xnack+`, `gfx9-4-generic`) and offload
+/// architecture names such as `amdgcnspirv`.
+fn is_target_name(t: &str) -> bool {
+    !t.is_empty()
+        && t.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b':' | b'+' | b'-'))
 }
 
 /// Parse a compressed bundle at the start of `data`: its inner bundles and

@@ -239,6 +239,25 @@ fn write_all(
             what,
         });
     }
+    // Names come from the input (bundle triples, archive targets): each must
+    // be one plain file name, so that nothing lands outside `out_dir`.
+    for (info, _) in &files {
+        let plain = !info.file.is_empty()
+            && !info.file.contains(['/', '\\', '\0'])
+            && info.file != "."
+            && info.file != "..";
+        if !plain {
+            return Err(Error::Request {
+                path: input.into(),
+                what: format!(
+                    "target {:?} would make the output file name {:?}, not a plain file name in {}",
+                    info.target,
+                    info.file,
+                    out_dir.display()
+                ),
+            });
+        }
+    }
     let staged = StagedDir::new(out_dir)?;
     for (info, bytes) in &files {
         let p: PathBuf = staged.path().join(&info.file);

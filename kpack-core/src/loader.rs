@@ -358,6 +358,18 @@ impl Loader {
                         ));
                         continue;
                     };
+                    // Validate before allocating original_size bytes.
+                    if let Err(e) = archive.archive.check(entry) {
+                        self.debug(format_args!(
+                            "{}: reading {key} for {spelling} failed: {e}",
+                            archive.path.display()
+                        ));
+                        read_error.get_or_insert(LoadError::Read {
+                            path: archive.path.clone(),
+                            source: e,
+                        });
+                        continue;
+                    }
                     let size = entry.original_size;
                     let out_of_memory = || LoadError::OutOfMemory {
                         key: key.clone(),

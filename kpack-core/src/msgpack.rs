@@ -343,8 +343,14 @@ impl<'a> Decoder<'a> {
             });
         }
         let mut items = Vec::with_capacity(len as usize);
-        for _ in 0..len {
-            items.push(self.value(depth + 1)?);
+        for i in 0..len {
+            // Truncated: the elements not started need a byte each too, so
+            // that a caller growing its window by `needed` (the C API's
+            // metadata reader) gets there in few steps, not one per element.
+            let v = self
+                .value(depth + 1)
+                .map_err(|e| more_needed(e, len - i - 1))?;
+            items.push(v);
         }
         Ok(Value::Array(items))
     }
@@ -363,9 +369,14 @@ impl<'a> Decoder<'a> {
             return Err(DecodeError::Truncated { offset: at, needed });
         }
         let mut entries = Vec::with_capacity(len as usize);
-        for _ in 0..len {
-            let k = self.value(depth + 1)?;
-            let v = self.value(depth + 1)?;
+        for i in 0..len {
+            // As in `seq`: entries not started need two bytes each, a value
+            // not started one.
+            let rest = (len - i - 1).saturating_mul(2);
+            let k = self
+                .value(depth + 1)
+                .map_err(|e| more_needed(e, rest.saturating_add(1)))?;
+            let v = self.value(depth + 1).map_err(|e| more_needed(e, rest))?;
             entries.push((k, v));
         }
         Ok(Value::Map(entries))
@@ -438,6 +449,17 @@ impl<'a> Decoder<'a> {
             }
             0xe0..=0xff => Value::Int(i64::from(marker as i8)),
         })
+    }
+}
+
+/// A `Truncated` error needing `more` bytes beyond what it already says.
+fn more_needed(e: DecodeError, more: u64) -> DecodeError {
+    match e {
+        DecodeError::Truncated { offset, needed } => DecodeError::Truncated {
+            offset,
+            needed: needed.saturating_add(more),
+        },
+        e => e,
     }
 }
 

@@ -20,7 +20,14 @@ pub enum TargetError {
     BadFeature(String, String),
     #[error("target ID '{0}': feature '{1}' is given twice")]
     DuplicateFeature(String, String),
+    #[error("target ID '{0}': more than {MAX_FEATURES} features")]
+    TooManyFeatures(String),
 }
+
+/// Most features a target ID may set. LLVM knows two (`sramecc`, `xnack`);
+/// the bound keeps [`TargetId::compatible_targets`] (2^n targets) small
+/// whatever text it is given.
+pub const MAX_FEATURES: usize = 8;
 
 /// A parsed target ID.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -60,6 +67,9 @@ impl TargetId {
             }
             if features.iter().any(|(n, _)| n == name) {
                 return Err(TargetError::DuplicateFeature(text.into(), name.into()));
+            }
+            if features.len() == MAX_FEATURES {
+                return Err(TargetError::TooManyFeatures(text.into()));
             }
             features.push((name.to_string(), on));
         }

@@ -366,6 +366,8 @@ pub unsafe extern "C" fn kpack_get_kernel(
             return Err(E::KernelNotFound);
         };
         let entry = a.archive.entry(key, target).ok_or(E::KernelNotFound)?;
+        // Validate before allocating original_size bytes.
+        a.archive.check(entry).map_err(|e| read_error_code(&e))?;
         let len = usize::try_from(entry.original_size).map_err(|_| E::OutOfMemory)?;
         let mut buf = CBuffer::zeroed(len).ok_or(E::OutOfMemory)?;
         a.archive

@@ -439,8 +439,22 @@ fn out_of_memory() {
     let p = dir.path().join("huge.kpack");
     let mut w = ArchiveWriter::new("o", "gfx1100", vec!["gfx1100".into()]);
     w.add("k#0", "gfx1100", vec![1u8; 100], None).unwrap();
-    let b = edit_toc(&w.to_vec().unwrap(), |t| {
-        *at(t, &["toc", "k#0", "gfx1100", "original_size"]) = Value::from(1u64 << 32)
+    // A kernel that really is 4 GiB (a frame of RLE blocks, 128 KiB on
+    // disk): the archive is valid, only the allocation fails. (A TOC that
+    // merely claims 4 GiB is a corrupt archive: DECOMPRESSION_FAILED.)
+    let small = w.to_vec().unwrap();
+    let toc_offset = u64::from_le_bytes(small[8..16].try_into().unwrap()) as usize;
+    let frame = rle_frame(1 << 32);
+    let mut b = small[..64].to_vec();
+    b.extend(1u32.to_le_bytes());
+    b.extend((frame.len() as u32).to_le_bytes());
+    b.extend(&frame);
+    let new_toc_offset = b.len() as u64;
+    b[8..16].copy_from_slice(&new_toc_offset.to_le_bytes());
+    b.extend(&small[toc_offset..]);
+    let b = edit_toc(&b, |t| {
+        *at(t, &["toc", "k#0", "gfx1100", "original_size"]) = Value::from(1u64 << 32);
+        *at(t, &["zstd_size"]) = Value::from(8 + frame.len() as u64);
     });
     std::fs::write(&p, b).unwrap();
     let meta = dir.path().join("m");
@@ -457,6 +471,25 @@ fn out_of_memory() {
             .arg(dir.path().join("k")),
     );
     assert!(stdout(&out).contains("PASS"), "{}", stdout(&out));
+}
+
+/// A zstd frame of `size` zero bytes made of RLE blocks, with its content
+/// size in the header.
+fn rle_frame(size: u64) -> Vec<u8> {
+    // Magic, descriptor (8-byte content size, window descriptor follows),
+    // window 128 KiB, content size.
+    let mut f = vec![0x28, 0xb5, 0x2f, 0xfd, 0xc0, 0x38];
+    f.extend(size.to_le_bytes());
+    const BLOCK: u64 = 128 << 10;
+    let blocks = size.div_ceil(BLOCK);
+    for i in 0..blocks {
+        let n = BLOCK.min(size - i * BLOCK) as u32;
+        // last-block flag, block type 1 (RLE), size; then the byte.
+        let h = u32::from(i + 1 == blocks) | (1 << 1) | (n << 3);
+        f.extend(&h.to_le_bytes()[..3]);
+        f.push(0);
+    }
+    f
 }
 
 /// A small shared library with a data symbol, for discovery.

@@ -297,6 +297,21 @@ impl Archive {
         }
     }
 
+    /// Check, without decompressing, that the kernel of `entry` (an entry of
+    /// this archive) can be read at its `original_size`: the size limit, the
+    /// blob's size (scheme `none`), or the frame's bounds and header
+    /// (`zstd-per-kernel`: the content size the frame records, or else the
+    /// most the frame's bytes can decompress to). A caller that allocates
+    /// `original_size` bytes before [`Archive::read_into`] calls this first,
+    /// so that a corrupt TOC cannot make it allocate what the file cannot
+    /// hold.
+    pub fn check(&self, entry: &Entry) -> Result<(), ArchiveError> {
+        match &self.layout {
+            Layout::Blobs(_) => self.read(entry).map(drop),
+            Layout::Zstd { .. } => self.zstd_frame(entry).map(drop),
+        }
+    }
+
     /// Read the kernel of `entry` (an entry of this archive) into `dst`,
     /// which must be exactly `original_size` bytes long. Same checks as
     /// [`Archive::read`]; a `zstd-per-kernel` kernel is decompressed
@@ -371,6 +386,17 @@ impl Archive {
                 expected: entry.original_size,
                 actual: n,
             }),
+            // No content size recorded: the frame still bounds its output
+            // (every block of at most 128 KiB takes at least 3 bytes).
+            Ok(None) if entry.original_size > (len / 3 + 1) * ZSTD_BLOCK_MAX => {
+                Err(decompress_err(
+                    entry,
+                    format!(
+                        "original_size {} is more than a {len}-byte zstd frame can hold",
+                        entry.original_size
+                    ),
+                ))
+            }
             Ok(_) => Ok(frame),
             Err(_) => Err(decompress_err(entry, "invalid zstd frame header".into())),
         }
@@ -423,6 +449,9 @@ impl Archive {
         Ok(frames)
     }
 }
+
+/// zstd's largest block (`ZSTD_BLOCKSIZE_MAX`).
+const ZSTD_BLOCK_MAX: u64 = 128 << 10;
 
 thread_local! {
     static DECOMPRESSOR: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };

@@ -97,6 +97,15 @@ pub fn pack_tree(
     if !input.is_dir() {
         return Err(ArtifactError::input(input, "not a directory"));
     }
+    // Archives are written to `<output>/.kpack/`: an input `.kpack` that is
+    // a symlink (copied as one) would have them written wherever it points.
+    let kpack_dir = input.join(".kpack");
+    if fs::symlink_metadata(&kpack_dir).is_ok_and(|m| !m.is_dir()) {
+        return Err(ArtifactError::input(
+            kpack_dir,
+            "is a symlink or a file, where pack-tree writes its archives (.kpack/<group>_<target>.kpack)",
+        ));
+    }
     let in_canon = fs::canonicalize(input).map_err(|e| ArtifactError::io(input, e))?;
     let out_abs = std::path::absolute(output).map_err(|e| ArtifactError::io(output, e))?;
     let out_parent = parent_dir(&out_abs).to_path_buf();

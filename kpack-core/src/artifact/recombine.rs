@@ -385,6 +385,29 @@ pub fn recombine(
     Ok(s)
 }
 
+/// Fail if `dir/rel`, or a directory on the way there, is a symlink
+/// (written by another target of the group): what follows would be written
+/// wherever it points.
+fn refuse_symlink_ancestor(dir: &Path, rel: &Path, target: &str) -> Result<()> {
+    let mut p = dir.to_path_buf();
+    for c in rel.components() {
+        p.push(c);
+        match fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(ArtifactError::input(
+                    &p,
+                    format!(
+                        "{target}: has a directory where another target of the group has a symlink: refusing to write through it"
+                    ),
+                ))
+            }
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    Ok(())
+}
+
 /// Copy the prefixes of each target's artifact into `dir` and write the
 /// merged manifest (prefixes sorted). A path that two targets both provide
 /// must have the same bytes.
@@ -401,9 +424,17 @@ fn merge_targets(
             if !root.is_dir() {
                 continue;
             }
+            refuse_symlink_ancestor(dir, Path::new(&p), target)?;
             make_dirs(&dir.join(&p))?;
             for n in scan(&root)? {
                 let (from, to) = (root.join(&n.rel), dir.join(&p).join(&n.rel));
+                // Another target may have put a symlink where this one has a
+                // directory: never write through it.
+                let rel = Path::new(&p).join(&n.rel);
+                refuse_symlink_ancestor(dir, rel.parent().unwrap_or(Path::new("")), target)?;
+                if n.kind == NodeKind::Dir {
+                    refuse_symlink_ancestor(dir, &rel, target)?;
+                }
                 match &n.kind {
                     NodeKind::Dir => make_dirs(&to)?,
                     kind => {

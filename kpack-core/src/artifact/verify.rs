@@ -601,7 +601,13 @@ fn install_links(artifacts: &[&Artifact], root: &Path, problems: &mut Vec<String
     for a in artifacts {
         for p in &a.prefixes {
             let src_root = a.dir.join(p);
+            // Directories that collided with a file or symlink: nothing
+            // below them is installed (it would go through a symlink).
+            let mut blocked: Vec<PathBuf> = Vec::new();
             for n in scan(&src_root)? {
+                if blocked.iter().any(|b| n.rel.starts_with(b)) {
+                    continue;
+                }
                 let dst = root.join(&n.rel);
                 let from = format!("{}/{p}", a.name);
                 match &n.kind {
@@ -620,6 +626,7 @@ fn install_links(artifacts: &[&Artifact], root: &Path, problems: &mut Vec<String
                                     .map(String::as_str)
                                     .unwrap_or("another prefix")
                             ));
+                            blocked.push(n.rel.clone());
                             continue;
                         }
                         make_dirs(&dst)?;

@@ -205,6 +205,7 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
     };
     let copy_unchanged = |summary: &mut OffloadSummary, outcome, note: String| -> Result<()> {
         if !same_file(input, output) {
+            fs::create_dir_all(parent_dir(output)).with_path(parent_dir(output))?;
             write_atomically_with_mode(output, Some(mode), |f| f.write_all(bytes))?;
         }
         summary.outcome = outcome;
@@ -255,8 +256,6 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
             .unwrap_or_default()
     });
     let group = opts.group.clone().unwrap_or_else(|| default_group(output));
-    fs::create_dir_all(&opts.archive_dir).with_path(&opts.archive_dir)?;
-    fs::create_dir_all(parent_dir(output)).with_path(parent_dir(output))?;
     let search_paths = if opts.search_paths.is_empty() {
         let from = absolute(parent_dir(output))?;
         let to = absolute(&opts.archive_dir)?;
@@ -280,6 +279,10 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
     let clock = std::time::Instant::now();
     let t = rewrite(input, bytes, &metadata)?;
     summary.transform_seconds = clock.elapsed().as_secs_f64();
+    // Directories only once the input is known to be good: bad input leaves
+    // nothing behind.
+    fs::create_dir_all(&opts.archive_dir).with_path(&opts.archive_dir)?;
+    fs::create_dir_all(parent_dir(output)).with_path(parent_dir(output))?;
     let clock = std::time::Instant::now();
 
     // Archives first, then the binary that names them.

@@ -68,6 +68,8 @@ pub enum TransformError {
     },
     #[error("{FATBIN_SECTION} is not inside the file-backed part of a PT_LOAD segment")]
     FatbinNotLoaded,
+    #[error("{FATBIN_SECTION} lies in a writable PT_LOAD segment: the HIPK metadata that replaces it must be read-only")]
+    FatbinWritable,
     #[error("segment {index} (type {p_type:#x}) spans the removed range of {FATBIN_SECTION}")]
     SegmentSpansRemoved { index: usize, p_type: u32 },
     #[error("section {name} lies inside the removed range of {FATBIN_SECTION}")]
@@ -234,7 +236,17 @@ fn block_to_move(h: &Headers, old_end: u64, new_end: u64) -> Result<Option<Block
                 why: format!("section {} is not laid out like its neighbours", h.names[i]),
             });
         }
-        align = align.max(s.sh_addralign.next_power_of_two());
+        let a = s
+            .sh_addralign
+            .checked_next_power_of_two()
+            .filter(|&a| a <= 1 << 30)
+            .ok_or_else(|| TransformError::CannotGrowPhdrs {
+                why: format!(
+                    "section {} has an unsupported alignment {:#x}",
+                    h.names[i], s.sh_addralign
+                ),
+            })?;
+        align = align.max(a);
     }
     Ok(Some(Block {
         start_addr: first.sh_addr,
@@ -328,6 +340,10 @@ pub fn precheck(b: &[u8]) -> Result<Precheck, TransformError> {
             Ok(Precheck::Fat)
         }
         Some(_) if all_hipk => Ok(Precheck::AlreadyOffloaded),
+        // A fat binary without wrappers comes out of the transform like this.
+        Some(_) if ws.is_empty() && h.section_index(METADATA_SECTION).is_some() => {
+            Ok(Precheck::AlreadyOffloaded)
+        }
         Some(_) => Err(TransformError::HalfOffloaded),
         None if all_hipk && h.section_index(METADATA_SECTION).is_some() => {
             Ok(Precheck::AlreadyOffloaded)
@@ -411,6 +427,11 @@ pub fn transform(b: &[u8], metadata: &[u8]) -> Result<Transformed, TransformErro
         })
         .ok_or(TransformError::FatbinNotLoaded)?;
     let x = h.phdrs[xi];
+    // The metadata goes where the section was (SPEC 2.2: in a read-only
+    // PT_LOAD); a writable segment (e.g. `ld -N`) cannot hold it.
+    if x.p_flags & elf::PF_W != 0 {
+        return Err(TransformError::FatbinWritable);
+    }
     let unit = h
         .phdrs
         .iter()
