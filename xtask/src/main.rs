@@ -11,6 +11,8 @@ mod bench_runtime;
 mod demo;
 mod dist;
 mod fixtures;
+mod fuzz;
+mod sanitize;
 mod test;
 mod verify;
 
@@ -61,6 +63,39 @@ enum Task {
     /// (never in CI; as root, installs missing packages): table on stdout,
     /// target/bench/bench.json. See docs/performance.md.
     Bench(bench::BenchArgs),
+    /// Run the cargo-fuzz targets of fuzz/ on seeds made from the fixtures
+    /// (nightly with AddressSanitizer when installed, else stable without).
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Stop each target after this many executions.
+        #[arg(long)]
+        runs: Option<u64>,
+        /// Only this target (repeatable; default: all).
+        #[arg(long = "target", value_name = "T")]
+        targets: Vec<String>,
+        /// address, memory, thread, leak or none (default: address on
+        /// nightly, none on stable).
+        #[arg(long)]
+        sanitizer: Option<String>,
+        /// Targets run at the same time.
+        #[arg(long, default_value_t = 1)]
+        parallel: usize,
+        /// Extra libFuzzer flags, after `--`.
+        #[arg(last = true)]
+        extra: Vec<String>,
+    },
+    /// The C API thread-safety stress under valgrind (memcheck, helgrind,
+    /// DRD) and, with nightly + rust-src, ThreadSanitizer/AddressSanitizer.
+    Sanitize {
+        /// Rounds per thread under valgrind.
+        #[arg(long, default_value_t = 6)]
+        iters: u32,
+        /// Only the valgrind runs.
+        #[arg(long)]
+        valgrind_only: bool,
+    },
     /// `kpack split` over a build tree (release build of kpack; same flags,
     /// see `cargo xtask split --help`).
     #[command(disable_help_flag = true)]
@@ -101,6 +136,36 @@ fn main() -> anyhow::Result<()> {
         Task::Dist { prefix, shared } => dist::run(&sh, &root, &prefix, shared)?,
         Task::Test => test::run(&sh, &root)?,
         Task::Bench(args) => bench::run(&root, &args)?,
+        Task::Fuzz {
+            seconds,
+            runs,
+            targets,
+            sanitizer,
+            parallel,
+            extra,
+        } => fuzz::run(
+            &sh,
+            &root,
+            fuzz::Options {
+                seconds,
+                runs,
+                targets,
+                sanitizer,
+                parallel,
+                extra,
+            },
+        )?,
+        Task::Sanitize {
+            iters,
+            valgrind_only,
+        } => sanitize::run(
+            &sh,
+            &root,
+            sanitize::Options {
+                iters,
+                valgrind_only,
+            },
+        )?,
         Task::Split { args } => artifacts::run(&root, "split", &args)?,
         Task::Verify { args } => artifacts::run(&root, "verify", &args)?,
         Task::Recombine { args } => artifacts::run(&root, "recombine", &args)?,

@@ -1,0 +1,129 @@
+//! The ELF offload transform on mutated fixture binaries (the seeds are the
+//! fixtures of `cargo xtask fixtures` that fit in 64 KiB).
+//!
+//! Invariants:
+//! - `precheck`, `classify_binary`, `code_objects`, `transform` and
+//!   `verify_elf` never panic, whatever the bytes;
+//! - when the transform produces a binary from an input whose segments are
+//!   sound (the verifier finds no PT_LOAD/PT_PHDR problem in the input:
+//!   congruent, ordered, not overlapping), the verifier accepts it, or every
+//!   problem it reports is one the input already had (same message once
+//!   numbers are masked: a PT_LOAD index shifts by one when the transform
+//!   splits a segment). The transform validates what it needs of the
+//!   layout, not every rule of SPEC 2.3: from an input whose segments are
+//!   already out of order or overlapping it may produce a binary that is
+//!   just as broken, which the offload driver (verifying every output
+//!   before writing it) refuses. What it must never do is break a sound
+//!   binary. Set `KPACK_FUZZ_STRICT=1` to require that every output
+//!   verifies.
+//! - the output is recognized as offloaded, and transforming it again is
+//!   refused with an error (never a second rewrite).
+#![no_main]
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use kpack_core::hipk::HipkMetadata;
+use kpack_core::offload::verify::VerifyError;
+use kpack_core::offload::{classify_binary, code_objects, transform, verify_elf, BinaryKind};
+use libfuzzer_sys::fuzz_target;
+
+fn metadata() -> &'static [u8] {
+    static META: OnceLock<Vec<u8>> = OnceLock::new();
+    META.get_or_init(|| {
+        HipkMetadata {
+            kernel_name: "lib/libfuzz.so".into(),
+            search_paths: vec!["../.kpack/libfuzz_@GFXARCH@.kpack".into()],
+        }
+        .encode()
+    })
+}
+
+fn strict() -> bool {
+    static S: OnceLock<bool> = OnceLock::new();
+    *S.get_or_init(|| std::env::var_os("KPACK_FUZZ_STRICT").is_some_and(|v| v != "0"))
+}
+
+/// A problem message with every number (decimal or `0x` hex) masked.
+fn kind(problem: &str) -> String {
+    let b = problem.as_bytes();
+    let mut out = String::with_capacity(problem.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i].is_ascii_digit() {
+            i += if b[i] == b'0' && b.get(i + 1) == Some(&b'x') {
+                2
+            } else {
+                0
+            };
+            while i < b.len() && b[i].is_ascii_hexdigit() {
+                i += 1;
+            }
+            out.push('#');
+        } else {
+            let c = problem[i..].chars().next().expect("char");
+            out.push(c);
+            i += c.len_utf8();
+        }
+    }
+    out
+}
+
+fn problems(b: &[u8]) -> Vec<String> {
+    match verify_elf(b, None) {
+        Err(VerifyError::Problems(p)) => p.iter().map(|p| kind(p)).collect(),
+        _ => Vec::new(),
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let _ = transform::precheck(data);
+    let class = classify_binary(data);
+    if let Ok(cos) = code_objects(Path::new("fuzz"), data) {
+        for co in &cos {
+            let _ = (co.bundle, co.target.len(), co.data.len());
+        }
+    }
+    let Ok(t) = transform::transform(data, metadata()) else {
+        return;
+    };
+    assert_eq!(
+        class,
+        BinaryKind::Fat,
+        "transformed an input not classified fat"
+    );
+    match verify_elf(&t.bytes, Some(t.bundles)) {
+        Ok(v) => {
+            assert_eq!(v.metadata_addr, t.metadata_addr);
+            assert_eq!(v.co_indices.len(), t.wrappers.len());
+        }
+        Err(VerifyError::Problems(p)) if !strict() => {
+            let had = problems(data);
+            if had.iter().any(|h| h.starts_with("PT_")) {
+                // Broken segments in, broken segments out: refused by the
+                // driver's verification.
+                return;
+            }
+            for problem in &p {
+                assert!(
+                    had.contains(&kind(problem)),
+                    "the transform introduced a problem: {problem}\n(input had: {had:?})"
+                );
+            }
+            return;
+        }
+        Err(e) => panic!("transform output fails verification: {e}"),
+    }
+    assert!(
+        matches!(
+            transform::precheck(&t.bytes),
+            Ok(transform::Precheck::AlreadyOffloaded)
+        ),
+        "output not recognized as offloaded"
+    );
+    assert_eq!(classify_binary(&t.bytes), BinaryKind::Offloaded);
+    assert!(
+        transform::transform(&t.bytes, metadata()).is_err(),
+        "rewrote an offloaded binary"
+    );
+});

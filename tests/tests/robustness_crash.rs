@@ -1,0 +1,286 @@
+//! Crash-safe outputs: `kpack split` killed with SIGKILL at many points of a
+//! run over the end-to-end fixture tree (one shard of the pipeline
+//! fixtures: three artifacts, fat binaries, database files, symlinks)
+//! never leaves a partial artifact under its final name:
+//! - every output artifact that is visible is byte-identical to the one an
+//!   uninterrupted run writes (artifacts appear by renaming a complete
+//!   staging directory), so `kpack verify` either rejects the output (a
+//!   per-target artifact whose generic artifact is not there yet) or
+//!   accepts only complete artifacts;
+//! - anything else left behind is a hidden `.kpack-staging-*` or
+//!   `.kpack-scratch-*` directory, which verify ignores;
+//! - rerunning the same command (with `--overwrite`, since some artifacts
+//!   may be complete already) gives byte-identical output to the
+//!   uninterrupted run.
+//!
+//! Also: `kpack offload` and `kpack pack-tree` killed part-way leave no
+//! file under a final name.
+
+mod pipeline_support;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kpack_e2e::*;
+use pipeline_support::*;
+
+type Snapshot = BTreeMap<String, (char, Vec<u8>, u32)>;
+
+fn scratch() -> tempfile::TempDir {
+    if Path::new("/dev/shm").is_dir() {
+        tempfile::tempdir_in("/dev/shm").unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    }
+}
+
+fn split_args(input: &Path, out: &Path) -> Vec<std::ffi::OsString> {
+    [
+        "split".as_ref(),
+        "--batch-artifact-parent-dir".as_ref(),
+        input.as_os_str(),
+        "--output-dir".as_ref(),
+        out.as_os_str(),
+        "--split-databases".as_ref(),
+        "rocblas".as_ref(),
+        "hipblaslt".as_ref(),
+        "--jobs".as_ref(),
+        "1".as_ref(),
+        // Slow compression stretches the run, so that the kill points fall
+        // in every phase (packing, archives, manifests, renames).
+        "--compression-level".as_ref(),
+        "22".as_ref(),
+    ]
+    .iter()
+    .map(|s: &&std::ffi::OsStr| s.to_os_string())
+    .collect()
+}
+
+/// Visible entries (not below a hidden top-level directory), and the names
+/// of the hidden top-level entries.
+fn visible(out: &Path) -> (Snapshot, Vec<String>) {
+    let mut hidden = Vec::new();
+    if !out.exists() {
+        return (Snapshot::new(), hidden);
+    }
+    let snap = snapshot(out)
+        .into_iter()
+        .filter(|(k, _)| {
+            let top = k.split('/').next().unwrap();
+            if top.starts_with('.') {
+                if top == k {
+                    hidden.push(k.clone());
+                }
+                false
+            } else {
+                true
+            }
+        })
+        .collect();
+    (snap, hidden)
+}
+
+/// Run `kpack args`, SIGKILL it after `delay` (if still running). Returns
+/// whether it finished on its own.
+fn run_killed(args: &[std::ffi::OsString], delay: Duration) -> bool {
+    let mut child = Command::new(kpack_bin())
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while start.elapsed() < delay {
+        if let Some(st) = child.try_wait().unwrap() {
+            assert!(st.success(), "kpack failed on its own: {st}");
+            return true;
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    // Child::kill sends SIGKILL.
+    child.kill().unwrap();
+    let st = child.wait().unwrap();
+    st.success()
+}
+
+#[test]
+fn split_killed_at_any_point() {
+    let base = scratch();
+    let b = base.path();
+    let (shard, family, targets) = SHARDS[0];
+    make_shard(&b.join("in"), shard, family, targets);
+    let input = b.join("in").join(shard);
+
+    // The uninterrupted run.
+    let reference = b.join("ref");
+    let clock = Instant::now();
+    let o = Command::new(kpack_bin())
+        .args(split_args(&input, &reference))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let total = clock.elapsed();
+    let (want, hidden) = visible(&reference);
+    assert!(hidden.is_empty(), "{hidden:?}");
+    let artifacts: Vec<String> = names(&reference);
+    assert!(artifacts.len() >= 8, "{artifacts:?}");
+
+    let mut killed = 0;
+    let mut partial = 0;
+    let mut rejected = 0;
+    // Kill points spread over the run (and a few right at the start).
+    let mut delays: Vec<Duration> = [1u32, 3, 6]
+        .iter()
+        .map(|ms| Duration::from_millis(u64::from(*ms)))
+        .collect();
+    for pct in [5u32, 10, 20, 30, 40, 50, 60, 70, 80, 90, 95, 99] {
+        delays.push(total * pct / 100);
+    }
+    for (i, delay) in delays.iter().enumerate() {
+        let out = b.join(format!("out-{i}"));
+        let finished = run_killed(&split_args(&input, &out), *delay);
+        killed += usize::from(!finished);
+        let (got, hidden) = visible(&out);
+        for h in &hidden {
+            assert!(
+                h.starts_with(".kpack-staging-") || h.starts_with(".kpack-scratch-"),
+                "kill point {i}: unexpected leftover {h}"
+            );
+        }
+        // Every visible artifact is complete: identical to the reference.
+        let present: Vec<String> = if out.exists() {
+            names(&out)
+                .into_iter()
+                .filter(|n| !n.starts_with('.'))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        for a in &present {
+            assert!(artifacts.contains(a), "kill point {i}: unknown output {a}");
+            for (k, v) in want
+                .iter()
+                .filter(|(k, _)| k.starts_with(&format!("{a}/")) || *k == a)
+            {
+                assert!(
+                    got.get(k) == Some(v),
+                    "kill point {i} ({delay:?}): {k} is missing or differs: a partial artifact is visible"
+                );
+            }
+        }
+        for k in got.keys() {
+            assert!(
+                want.contains_key(k),
+                "kill point {i}: {k} is not in the reference"
+            );
+        }
+        if !present.is_empty() && present.len() < artifacts.len() {
+            partial += 1;
+        }
+        // verify: rejects, or accepts complete artifacts only.
+        if out.exists() {
+            let v = kpack(&[&"verify", &"--artifacts-dir", &out]);
+            if !v.status.success() {
+                rejected += 1;
+                assert_eq!(v.status.code(), Some(1));
+            }
+        }
+        // Rerun: the same bytes as the uninterrupted run.
+        let mut args = split_args(&input, &out);
+        args.push("--overwrite".into());
+        let o = Command::new(kpack_bin()).args(&args).output().unwrap();
+        assert!(
+            o.status.success(),
+            "kill point {i}: rerun failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let (again, _) = visible(&out);
+        assert_eq!(
+            again.keys().collect::<Vec<_>>(),
+            want.keys().collect::<Vec<_>>(),
+            "kill point {i}: rerun"
+        );
+        for (k, v) in &want {
+            assert!(
+                again[k] == *v,
+                "kill point {i}: {k} differs after the rerun"
+            );
+        }
+        kpack_ok(&[&"verify", &"--artifacts-dir", &out]);
+    }
+    eprintln!(
+        "split of {} artifacts in {total:?}: {} kill points, {killed} killed mid-run, {partial} left some artifacts complete, verify rejected {rejected}",
+        artifacts.len(),
+        delays.len()
+    );
+    assert!(
+        killed >= delays.len() / 2,
+        "only {killed} runs were killed mid-run"
+    );
+}
+
+/// offload and pack-tree killed part-way: no output under a final name
+/// that is not complete (each file appears by rename; pack-tree's tree by
+/// renaming its staging directory).
+#[test]
+fn offload_and_pack_tree_killed() {
+    let base = scratch();
+    let b = base.path();
+    let f = fixture("libwide.so");
+    let tree = b.join("tree");
+    fs::create_dir_all(tree.join("lib")).unwrap();
+    for name in ["libwide.so", "libmulti.so", "libvadd.so"] {
+        fs::copy(fixture(name).path, tree.join("lib").join(name)).unwrap();
+    }
+    for i in 0..8u64 {
+        let delay = Duration::from_millis(2 + i * i * 3);
+        let out = b.join(format!("o{i}"));
+        let lib = out.join("lib/libwide.so");
+        let args: Vec<std::ffi::OsString> = vec![
+            "offload".into(),
+            f.path.clone().into(),
+            "-o".into(),
+            lib.clone().into(),
+            "--archive-dir".into(),
+            out.join(".kpack").into(),
+            "--compression-level".into(),
+            "19".into(),
+        ];
+        run_killed(&args, delay);
+        if lib.exists() {
+            kpack_ok(&[&"verify-elf", &lib]);
+        }
+        if out.join(".kpack").exists() {
+            for e in fs::read_dir(out.join(".kpack")).unwrap() {
+                let p = e.unwrap().path();
+                let name = p.file_name().unwrap().to_string_lossy().into_owned();
+                if !name.starts_with(".kpack-tmp-") {
+                    kpack_core::archive::Archive::open(&p)
+                        .unwrap_or_else(|e| panic!("partial archive {name}: {e}"));
+                }
+            }
+        }
+
+        let out = b.join(format!("p{i}"));
+        let args: Vec<std::ffi::OsString> = vec![
+            "pack-tree".into(),
+            "--input".into(),
+            tree.clone().into(),
+            "--output".into(),
+            out.clone().into(),
+            "--group-name".into(),
+            "g".into(),
+            "--compression-level".into(),
+            "19".into(),
+        ];
+        if run_killed(&args, delay) || out.exists() {
+            // Complete: every binary offloaded, every archive readable.
+            for name in ["libwide.so", "libmulti.so", "libvadd.so"] {
+                kpack_ok(&[&"verify-elf", &out.join("lib").join(name)]);
+            }
+        }
+    }
+}

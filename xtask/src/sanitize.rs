@@ -1,0 +1,272 @@
+//! `cargo xtask sanitize`: the C API's thread-safety stress test
+//! (`tests/robustness/capi_stress.c`: 32 threads mixing open, queries,
+//! get_kernel, enumerate and loads on shared and own handles and caches)
+//! under valgrind, and the Rust stress test (`tests/tests/robustness_threads.rs`)
+//! under ThreadSanitizer and AddressSanitizer.
+//!
+//! - native run, then valgrind memcheck (cold start), helgrind and DRD
+//!   (steady state: the library's locks are Rust futexes, which they cannot
+//!   see, so the shared handles are used once before the threads start);
+//! - with a nightly toolchain and its `rust-src` component:
+//!   `-Zsanitizer=thread` and `-Zsanitizer=address` with `-Zbuild-std` (an
+//!   uninstrumented standard library gives TSan false positives); skipped,
+//!   with a note, otherwise.
+//!
+//! Everything goes to `target/sanitize/`; exits non-zero if any run finds
+//! something.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use object::{Object, ObjectSection};
+use xshell::{cmd, Shell};
+
+use crate::cargo;
+use crate::fixtures::{self, FIXTURES_DIR};
+
+pub struct Options {
+    /// Rounds per thread under valgrind.
+    pub iters: u32,
+    /// Skip the nightly sanitizer builds.
+    pub valgrind_only: bool,
+}
+
+const THREADS: &str = "32";
+
+pub fn run(sh: &Shell, root: &Path, opts: Options) -> Result<()> {
+    fixtures::build_all(sh, root, false)?;
+    let out = root.join("target/sanitize");
+    let work = out.join("work");
+    if work.exists() {
+        fs::remove_dir_all(&work)?;
+    }
+    fs::create_dir_all(&work)?;
+    let cargo = cargo();
+
+    // Archives and an offloaded binary to stress.
+    cmd!(
+        sh,
+        "{cargo} build --quiet -p kpack-cli --bin kpack -p kpack-cxx"
+    )
+    .run()?;
+    let kpack = root.join("target/debug/kpack");
+    let fixtures_dir = root.join(FIXTURES_DIR);
+    let multi = work.join("lib/libmulti.so");
+    let (multi_in, vadd_in) = (
+        fixtures_dir.join("libmulti.so"),
+        fixtures_dir.join("libvadd.so"),
+    );
+    let (ar, vadd_out) = (work.join(".kpack"), work.join("lib/libvadd.so"));
+    cmd!(
+        sh,
+        "{kpack} offload {multi_in} -o {multi} --archive-dir {ar} --compression none"
+    )
+    .quiet()
+    .ignore_stdout()
+    .run()?;
+    cmd!(
+        sh,
+        "{kpack} offload {vadd_in} -o {vadd_out} --archive-dir {ar}"
+    )
+    .quiet()
+    .ignore_stdout()
+    .run()?;
+    let meta = work.join("libmulti.hipk");
+    let bytes = fs::read(&multi)?;
+    let file = object::File::parse(&*bytes)?;
+    let section = file
+        .section_by_name(".rocm_kpack_ref")
+        .context("offloaded binary without .rocm_kpack_ref")?;
+    fs::write(&meta, section.data()?)?;
+    let mut archives: Vec<PathBuf> = fs::read_dir(&ar)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::io::Result<_>>()?;
+    archives.sort();
+
+    // The C program, against the static library.
+    let program = out.join("capi_stress");
+    let src = root.join("tests/robustness/capi_stress.c");
+    let include = root.join("kpack-cxx/include");
+    let lib = root.join("target/debug/librocm_kpack.a");
+    cmd!(
+        sh,
+        "cc -std=c11 -O1 -g -Wall -Wextra -Werror -pthread -I {include} {src} {lib} -lgcc_s -lpthread -ldl -lm -o {program}"
+    )
+    .run()?;
+
+    let stress = |mode: &str, iters: u32| -> Vec<String> {
+        let mut v = vec![
+            mode.to_string(),
+            THREADS.to_string(),
+            iters.to_string(),
+            multi.display().to_string(),
+            meta.display().to_string(),
+            "4".into(),
+            "gfx1100,gfx942,gfx1101".into(),
+        ];
+        v.extend(archives.iter().map(|a| a.display().to_string()));
+        v
+    };
+
+    let mut results: Vec<(String, Result<String>)> = Vec::new();
+    // Natively first: the stress itself must pass.
+    results.push((
+        "native, 32 threads x 400 rounds".into(),
+        run_checked(Command::new(&program).args(stress("cold", 400))),
+    ));
+    let valgrind = |tool: &str, extra: &[&str], mode: &str| -> Result<String> {
+        let mut c = Command::new("valgrind");
+        c.arg(format!("--tool={tool}"))
+            .arg("--error-exitcode=99")
+            .args(extra)
+            .arg(&program)
+            .args(stress(mode, opts.iters));
+        run_checked(&mut c)
+    };
+    let have_valgrind = Command::new("valgrind")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if have_valgrind {
+        results.push((
+            format!(
+                "valgrind memcheck, cold, 32 threads x {} rounds",
+                opts.iters
+            ),
+            valgrind(
+                "memcheck",
+                &[
+                    "--leak-check=full",
+                    "--errors-for-leak-kinds=definite,indirect",
+                    "--track-origins=yes",
+                ],
+                "cold",
+            ),
+        ));
+        results.push((
+            format!(
+                "valgrind helgrind, steady, 32 threads x {} rounds",
+                opts.iters
+            ),
+            valgrind("helgrind", &[], "steady"),
+        ));
+        results.push((
+            format!("valgrind drd, steady, 32 threads x {} rounds", opts.iters),
+            valgrind("drd", &[], "steady"),
+        ));
+    } else {
+        results.push((
+            "valgrind".into(),
+            Err(anyhow::anyhow!(
+                "valgrind is not installed (apt-get install valgrind)"
+            )),
+        ));
+    }
+
+    // The Rust stress test under TSan and ASan (nightly, build-std).
+    if opts.valgrind_only {
+        println!("note: --valgrind-only: ThreadSanitizer/AddressSanitizer skipped");
+    } else {
+        match nightly_with_rust_src(sh) {
+            Err(why) => println!("note: ThreadSanitizer/AddressSanitizer skipped: {why}"),
+            Ok(()) => {
+                for (san, name) in [
+                    ("thread", "ThreadSanitizer"),
+                    ("address", "AddressSanitizer"),
+                ] {
+                    let r = sanitizer_test(root, &out, san);
+                    results.push((
+                        format!("{name} (-Zsanitizer={san} -Zbuild-std), robustness_threads"),
+                        r,
+                    ));
+                }
+            }
+        }
+    }
+
+    println!("\n== sanitize results");
+    let mut failed = 0;
+    for (what, r) in &results {
+        match r {
+            Ok(summary) => println!("ok      {what}: {summary}"),
+            Err(e) => {
+                failed += 1;
+                println!("FAILED  {what}: {e:#}");
+            }
+        }
+    }
+    if failed > 0 {
+        bail!("{failed} sanitize run(s) failed");
+    }
+    Ok(())
+}
+
+/// Run a command; Ok with the lines that summarize it, Err with its output
+/// when it fails.
+fn run_checked(c: &mut Command) -> Result<String> {
+    let o = c.output().with_context(|| format!("running {c:?}"))?;
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    let summary: Vec<&str> = stdout
+        .lines()
+        .chain(stderr.lines())
+        .filter(|l| {
+            l.starts_with("threads=")
+                || l.contains("ERROR SUMMARY")
+                || l.contains("definitely lost")
+                || l.contains("test result")
+        })
+        .collect();
+    if !o.status.success() {
+        let tail: Vec<&str> = stderr.lines().rev().take(60).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        bail!(
+            "exit {}\n{}\n{}",
+            o.status,
+            stdout.trim_end(),
+            tail.join("\n")
+        );
+    }
+    Ok(summary.join("; "))
+}
+
+fn nightly_with_rust_src(sh: &Shell) -> Result<(), String> {
+    let list = cmd!(sh, "rustup +nightly component list --installed")
+        .quiet()
+        .ignore_stderr()
+        .read()
+        .map_err(|_| "no nightly toolchain (rustup toolchain install nightly)".to_string())?;
+    if !list.lines().any(|l| l.starts_with("rust-src")) {
+        return Err(
+            "the nightly toolchain lacks rust-src (rustup component add rust-src --toolchain nightly)"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// `cargo +nightly test -Zbuild-std` of robustness_threads with a sanitizer.
+fn sanitizer_test(root: &Path, out: &Path, sanitizer: &str) -> Result<String> {
+    let host = "x86_64-unknown-linux-gnu";
+    let mut c = Command::new("cargo");
+    c.current_dir(root)
+        .args(["+nightly", "test", "-Zbuild-std", "--target", host])
+        .args(["-p", "kpack-e2e", "--test", "robustness_threads"])
+        .env_remove("CARGO")
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .env("CARGO_TARGET_DIR", out.join(format!("rust-{sanitizer}")))
+        .env(
+            "RUSTFLAGS",
+            format!("-Zsanitizer={sanitizer} -Cdebuginfo=1"),
+        )
+        .env("RUSTDOCFLAGS", format!("-Zsanitizer={sanitizer}"))
+        .env("KPACK_STRESS_ITERS", "20")
+        .env("KPACK_FIXTURES_DIR", root.join(FIXTURES_DIR))
+        // Leaks of the test harness's global thread pool are not ours.
+        .env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0")
+        .env("TSAN_OPTIONS", "halt_on_error=1");
+    println!("== {sanitizer} sanitizer: cargo +nightly test -Zbuild-std (this builds the standard library)");
+    run_checked(&mut c)
+}
