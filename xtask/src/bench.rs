@@ -328,37 +328,7 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
 }
 
 fn install_debian_packages(sh: &Shell) -> Result<()> {
-    let format = "-f=${db:Status-Abbrev}";
-    let mut missing = Vec::new();
-    for &package in DEBIAN_PACKAGES {
-        let status = cmd!(sh, "dpkg-query -W {format} {package}")
-            .quiet()
-            .ignore_status()
-            .ignore_stderr()
-            .read()
-            .context("dpkg-query not found: `cargo xtask bench` sets up Debian 12 only")?;
-        if !status.starts_with("ii") {
-            missing.push(package);
-        }
-    }
-    if missing.is_empty() {
-        return Ok(());
-    }
-    let uid = cmd!(sh, "id -u").quiet().read()?;
-    if uid.trim() != "0" {
-        bail!(
-            "missing Debian packages: {}\nrun `cargo xtask bench` as root to install them, or: \
-             sudo apt-get install {}",
-            missing.join(" "),
-            missing.join(" ")
-        );
-    }
-    println!("installing Debian packages: {}", missing.join(" "));
-    cmd!(sh, "apt-get update").run()?;
-    cmd!(sh, "apt-get install -y {missing...}")
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .run()?;
-    Ok(())
+    crate::test::ensure_debian_packages(sh, DEBIAN_PACKAGES, "bench")
 }
 
 /// Run `program args` under `/usr/bin/time`, in `cwd`; fails unless it

@@ -66,18 +66,27 @@ pub fn run(sh: &Shell, root: &Path) -> Result<()> {
 }
 
 fn install_debian_packages(sh: &Shell) -> Result<()> {
+    ensure_debian_packages(sh, DEBIAN_PACKAGES, "test")
+}
+
+/// Install the Debian packages of `packages` that are missing (as root, with
+/// apt-get); as another user, fail naming them. `task` names the xtask for
+/// the messages.
+pub fn ensure_debian_packages(sh: &Shell, packages: &[&str], task: &str) -> Result<()> {
     let format = "-f=${db:Status-Abbrev}";
     let mut missing = Vec::new();
-    for &package in DEBIAN_PACKAGES {
+    for &package in packages {
         let status = cmd!(sh, "dpkg-query -W {format} {package}")
             .quiet()
             .ignore_status()
             .ignore_stderr()
             .read()
-            .context(
-                "dpkg-query not found: `cargo xtask test` sets up Debian 12 machines only; \
-                 elsewhere install the equivalents of the Debian packages by hand",
-            )?;
+            .with_context(|| {
+                format!(
+                    "dpkg-query not found: `cargo xtask {task}` sets up Debian 12 machines only; \
+                     elsewhere install the equivalents of the Debian packages by hand"
+                )
+            })?;
         if !status.starts_with("ii") {
             missing.push(package);
         }
@@ -88,7 +97,7 @@ fn install_debian_packages(sh: &Shell) -> Result<()> {
     let uid = cmd!(sh, "id -u").quiet().read()?;
     if uid.trim() != "0" {
         bail!(
-            "missing Debian packages: {}\nrun `cargo xtask test` as root to install them, or: \
+            "missing Debian packages: {}\nrun `cargo xtask {task}` as root to install them, or: \
              sudo apt-get install {}",
             missing.join(" "),
             missing.join(" ")
