@@ -4,9 +4,7 @@
 use kpack_e2e::*;
 
 fn reference(name: &str) -> std::path::PathBuf {
-    workspace()
-        .join("../shared/fixtures/reference-kpack")
-        .join(name)
+    workspace().join("tests/data/reference-kpack").join(name)
 }
 
 fn bytes(head: &[u8], tail: &[(usize, u8)]) -> Vec<u8> {

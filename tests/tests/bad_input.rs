@@ -6,12 +6,8 @@ use std::path::{Path, PathBuf};
 use kpack_e2e::*;
 
 fn reference(name: &str) -> Vec<u8> {
-    std::fs::read(
-        workspace()
-            .join("../shared/fixtures/reference-kpack")
-            .join(name),
-    )
-    .expect("reference archive")
+    std::fs::read(workspace().join("tests/data/reference-kpack").join(name))
+        .expect("reference archive")
 }
 
 /// A real bundle: the first bundle of libvadd.so's .hip_fatbin.

@@ -255,7 +255,7 @@ fn make_seeds(sh: &Shell, root: &Path) -> Result<PathBuf> {
         Ok(())
     };
     let fixtures_dir = root.join(FIXTURES_DIR);
-    let reference = root.join("../shared/fixtures/reference-kpack");
+    let reference = root.join("tests/data/reference-kpack");
 
     // ELF fixtures: whole binaries for the transform, .hip_fatbin sections
     // for the bundle parser.

@@ -240,7 +240,7 @@ pub(crate) mod test_support {
 
     pub fn fixture(name: &str) -> PathBuf {
         PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../shared/fixtures/reference-kpack")
+            .join("../tests/data/reference-kpack")
             .join(name)
     }
 

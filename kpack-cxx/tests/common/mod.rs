@@ -73,9 +73,9 @@ pub fn include_dir() -> PathBuf {
     crate_dir().join("include")
 }
 
-/// The reference archives (`../shared/fixtures/reference-kpack`).
+/// The reference archives (`tests/data/reference-kpack`).
 pub fn reference_fixtures() -> PathBuf {
-    let p = crate_dir().join("../../shared/fixtures/reference-kpack");
+    let p = crate_dir().join("../tests/data/reference-kpack");
     assert!(
         p.join("test_zstd.kpack").is_file(),
         "{} missing",
