@@ -489,8 +489,8 @@ impl Reporter {
             "#".repeat(filled),
             "-".repeat(width - filled),
             done * 100 / total,
-            human(done),
-            human(total),
+            kpack_core::bytes::format_size(done),
+            kpack_core::bytes::format_size(total),
             (now - st.start).as_secs_f64()
         );
         st.shown = true;
@@ -533,17 +533,3 @@ impl Observer for Reporter {
     }
 }
 
-fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}

@@ -20,6 +20,7 @@
 pub mod archive;
 pub mod artifact;
 pub mod bundle;
+pub mod bytes;
 pub mod elf;
 pub mod error;
 pub mod extract;
