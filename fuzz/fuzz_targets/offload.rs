@@ -2,7 +2,7 @@
 //! fixtures of `cargo xtask fixtures` that fit in 64 KiB).
 //!
 //! Invariants:
-//! - `precheck`, `classify_binary`, `code_objects`, `transform` and
+//! - `binary::classify`, `code_objects`, `transform` and
 //!   `verify_elf` never panic, whatever the bytes;
 //! - when the transform produces a binary from an input whose segments are
 //!   sound (the verifier finds no PT_LOAD/PT_PHDR problem in the input:
@@ -25,7 +25,8 @@ use std::sync::OnceLock;
 
 use kpack_core::hipk::HipkMetadata;
 use kpack_core::offload::verify::VerifyError;
-use kpack_core::offload::{classify_binary, code_objects, transform, verify_elf, BinaryKind};
+use kpack_core::binary::{classify, Class};
+use kpack_core::offload::{code_objects, transform, verify_elf};
 use libfuzzer_sys::fuzz_target;
 
 fn metadata() -> &'static [u8] {
@@ -77,8 +78,7 @@ fn problems(b: &[u8]) -> Vec<String> {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let _ = transform::precheck(data);
-    let class = classify_binary(data);
+    let class = classify(data);
     if let Ok(cos) = code_objects(Path::new("fuzz"), data) {
         for co in &cos {
             let _ = (co.bundle, co.target.len(), co.data.len());
@@ -87,11 +87,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(t) = transform::transform(data, metadata()) else {
         return;
     };
-    assert_eq!(
-        class,
-        BinaryKind::Fat,
-        "transformed an input not classified fat"
-    );
+    assert_eq!(class, Class::Fat, "transformed an input not classified fat");
     match verify_elf(&t.bytes, Some(t.bundles)) {
         Ok(v) => {
             assert_eq!(v.metadata_addr, t.metadata_addr);
@@ -114,14 +110,11 @@ fuzz_target!(|data: &[u8]| {
         }
         Err(e) => panic!("transform output fails verification: {e}"),
     }
-    assert!(
-        matches!(
-            transform::precheck(&t.bytes),
-            Ok(transform::Precheck::AlreadyOffloaded)
-        ),
+    assert_eq!(
+        classify(&t.bytes),
+        Class::Offloaded,
         "output not recognized as offloaded"
     );
-    assert_eq!(classify_binary(&t.bytes), BinaryKind::Offloaded);
     assert!(
         transform::transform(&t.bytes, metadata()).is_err(),
         "rewrote an offloaded binary"

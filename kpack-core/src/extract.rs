@@ -17,9 +17,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use crate::archive::Archive;
+use crate::binary::{classify, Class};
 use crate::error::{Error, Result, WithPath};
 use crate::fatbin::{read_device_code, DeviceCode};
-use crate::input::{classify, map_file, FileKind};
+use crate::input::map_file;
 use crate::output::StagedDir;
 use crate::target::TargetId;
 
@@ -95,7 +96,7 @@ pub fn extract(input: &Path, out_dir: &Path, target: Option<&str>) -> Result<Vec
     let mut files: Vec<(Extracted, Cow<[u8]>)> = Vec::new();
     let mut available: Vec<String> = Vec::new();
     match classify(&mapped) {
-        FileKind::Archive => {
+        Class::Archive => {
             let archive = Archive::open(input)?;
             for (key, tgt) in archive.keys_and_targets() {
                 available.push(tgt.to_string());

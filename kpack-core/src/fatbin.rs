@@ -1,14 +1,15 @@
-//! A fat binary as a whole: the `.hip_fatbin` bundles of an ELF file (or a
-//! raw bundle file), its wrappers, and, for an offloaded binary, its HIPK
-//! metadata. The one place that finds device code in an input file.
+//! The device code of a file as a whole: the bundles of a fat binary (or of
+//! a raw bundle file) with its wrappers, or, for an offloaded binary, its
+//! HIPK metadata. What `ls` and `extract` show; built on
+//! [`crate::binary`]'s classification and wrapper reader.
 
 use std::path::Path;
 
+use crate::binary::{classify, Class, HostBinary};
 use crate::bundle::{parse_fatbin, Bundle};
-use crate::elf::{ElfType, ElfView, Section, FATBIN_SECTION, METADATA_SECTION, WRAPPER_SECTION};
+use crate::elf::{ElfType, FATBIN_SECTION};
 use crate::error::{Error, Result, WithPath};
-use crate::hipk::{HipkMetadata, Wrapper, WRAPPER_SIZE};
-use crate::input::{classify, FileKind};
+use crate::hipk::{HipkMetadata, Wrapper};
 
 /// Where the bundles came from.
 #[derive(Debug, Clone)]
@@ -29,7 +30,8 @@ pub struct FatBinary<'a> {
     /// The bytes the bundles were parsed from (the section, or the file).
     pub data: &'a [u8],
     pub bundles: Vec<Bundle<'a>>,
-    /// The wrappers of `.hipFatBinSegment` (ELF only; may be empty).
+    /// The wrappers, each `binary` pointer at its load-time value (relative
+    /// to the load base).
     pub wrappers: Vec<Wrapper>,
 }
 
@@ -48,58 +50,11 @@ pub enum DeviceCode<'a> {
     Offloaded(Offloaded),
 }
 
-/// Read the wrappers of `.hipFatBinSegment`, each `binary` pointer resolved
-/// through its relocation (the value it has at load time, relative to the
-/// load base).
-pub fn read_wrappers(path: &Path, elf: &ElfView) -> Result<Vec<Wrapper>> {
-    let Some(sec) = elf.section(WRAPPER_SECTION).with_path(path)? else {
-        return Ok(Vec::new());
-    };
-    if sec.is_nobits() {
-        return Ok(Vec::new());
-    }
-    if sec.data.len() % WRAPPER_SIZE != 0 {
-        return Err(Error::Elf {
-            path: path.into(),
-            source: crate::elf::ElfError::BadSection {
-                name: WRAPPER_SECTION.into(),
-                problem: format!(
-                    "size {} is not a multiple of {WRAPPER_SIZE}",
-                    sec.data.len()
-                ),
-            },
-        });
-    }
-    // Show the pointer as it is at load time (relative to the load base):
-    // in a PIE or shared object a relocation supplies it.
-    let bytes = elf.bytes();
-    let headers = crate::elf::Headers::parse(bytes).with_path(path)?;
-    let relas = crate::elf::read_relas(bytes, &headers).with_path(path)?;
-    let relr = crate::elf::read_relr(bytes, &headers).with_path(path)?;
-    Ok(sec
-        .data
-        .chunks_exact(WRAPPER_SIZE)
-        .enumerate()
-        .map(|(k, c)| {
-            let mut w = Wrapper::parse(c.try_into().expect("wrapper size"));
-            let at = (k * WRAPPER_SIZE + 8) as u64;
-            if let Ok(p) = crate::elf::pointer_at(
-                bytes,
-                &headers,
-                &relas,
-                &relr,
-                sec.addr + at,
-                sec.offset + at,
-            ) {
-                w.binary = p.value;
-            }
-            w
-        })
-        .collect())
-}
-
-fn progbits<'a>(s: Option<Section<'a>>) -> Option<Section<'a>> {
-    s.filter(|s| !s.is_nobits())
+fn unsupported<T>(path: &Path, what: impl Into<String>) -> Result<T> {
+    Err(Error::Unsupported {
+        path: path.into(),
+        what: what.into(),
+    })
 }
 
 /// Find the device code of a file's bytes: a raw bundle file, an ELF fat
@@ -107,7 +62,7 @@ fn progbits<'a>(s: Option<Section<'a>>) -> Option<Section<'a>> {
 /// says what the file is.
 pub fn read_device_code<'a>(path: &Path, bytes: &'a [u8]) -> Result<DeviceCode<'a>> {
     match classify(bytes) {
-        FileKind::Bundle => {
+        Class::Bundle => {
             let bundles = parse_fatbin(bytes).with_path(path)?;
             Ok(DeviceCode::Fat(FatBinary {
                 container: Container::Raw,
@@ -116,45 +71,53 @@ pub fn read_device_code<'a>(path: &Path, bytes: &'a [u8]) -> Result<DeviceCode<'
                 wrappers: Vec::new(),
             }))
         }
-        FileKind::Elf => {
-            let elf = ElfView::parse(bytes).with_path(path)?;
-            let wrappers = read_wrappers(path, &elf)?;
-            if let Some(meta) = elf.section(METADATA_SECTION).with_path(path)? {
-                let metadata = HipkMetadata::decode(meta.data).with_path(path)?;
-                if progbits(elf.section(FATBIN_SECTION).with_path(path)?).is_none() {
-                    return Ok(DeviceCode::Offloaded(Offloaded {
-                        elf_type: elf.elf_type(),
-                        metadata,
-                        metadata_addr: meta.addr,
-                        wrappers,
-                    }));
-                }
-            }
-            let Some(sec) = progbits(elf.section(FATBIN_SECTION).with_path(path)?) else {
-                return Err(Error::Unsupported {
-                    path: path.into(),
-                    what: format!("ELF file without device code (no {FATBIN_SECTION} section)"),
-                });
-            };
-            let bundles = parse_fatbin(sec.data).with_path(path)?;
-            Ok(DeviceCode::Fat(FatBinary {
-                container: Container::Elf {
-                    elf_type: elf.elf_type(),
-                    section_offset: sec.offset,
-                    section_addr: sec.addr,
-                },
-                data: sec.data,
-                bundles,
-                wrappers,
-            }))
+        Class::Archive => unsupported(path, "a .kpack archive, not a binary"),
+        Class::StaticArchive => unsupported(path, "a static archive (a link input), not a binary"),
+        Class::Other if !bytes.starts_with(&object::elf::ELFMAG) => unsupported(
+            path,
+            "neither an ELF binary, an offload bundle nor a .kpack archive",
+        ),
+        class => {
+            // ELF: parse errors are reported as they are.
+            let bin = HostBinary::parse(bytes).with_path(path)?;
+            host_device_code(path, &bin, class)
         }
-        FileKind::Archive => Err(Error::Unsupported {
-            path: path.into(),
-            what: "a .kpack archive, not a binary".into(),
-        }),
-        FileKind::Other => Err(Error::Unsupported {
-            path: path.into(),
-            what: "neither an ELF binary, an offload bundle nor a .kpack archive".into(),
-        }),
     }
+}
+
+fn host_device_code<'a>(path: &Path, bin: &HostBinary<'a>, class: Class) -> Result<DeviceCode<'a>> {
+    bin.elf().check_sections().with_path(path)?;
+    let fatbin = bin.fatbin().with_path(path)?.filter(|s| !s.is_nobits());
+    let wrappers = bin.wrappers().with_path(path)?.loaded();
+    if let (None, Some(meta)) = (&fatbin, bin.metadata().with_path(path)?) {
+        // Offloaded, or inconsistent but still worth describing.
+        return Ok(DeviceCode::Offloaded(Offloaded {
+            elf_type: bin.elf_type(),
+            metadata: HipkMetadata::decode(meta.data).with_path(path)?,
+            metadata_addr: meta.addr,
+            wrappers,
+        }));
+    }
+    let Some(sec) = fatbin else {
+        return unsupported(
+            path,
+            match class {
+                Class::DebugOnly => format!(
+                    "a debug-info file (NOBITS {FATBIN_SECTION}, no metadata): no device code"
+                ),
+                Class::Inconsistent(why) => why,
+                _ => format!("ELF file without device code (no {FATBIN_SECTION} section)"),
+            },
+        );
+    };
+    Ok(DeviceCode::Fat(FatBinary {
+        container: Container::Elf {
+            elf_type: bin.elf_type(),
+            section_offset: sec.offset,
+            section_addr: sec.addr,
+        },
+        data: sec.data,
+        bundles: parse_fatbin(sec.data).with_path(path)?,
+        wrappers,
+    }))
 }

@@ -5,7 +5,6 @@ use std::fs::File;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
 
-use crate::bundle::{BUNDLE_MAGIC, CCOB_MAGIC};
 use crate::error::{Result, WithPath};
 
 /// A read-only view of a whole file. Empty files have no mapping.
@@ -88,29 +87,4 @@ pub fn map_file(path: &Path) -> Result<Mapped> {
         path: path.to_path_buf(),
         map,
     })
-}
-
-/// What a file is, from its first bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FileKind {
-    /// A `.kpack` archive (`KPAK`).
-    Archive,
-    /// An ELF file.
-    Elf,
-    /// A raw offload bundle (plain or compressed), e.g. a `.hip_fatbin`
-    /// section cut out of a binary.
-    Bundle,
-    Other,
-}
-
-pub fn classify(bytes: &[u8]) -> FileKind {
-    if bytes.starts_with(crate::archive::MAGIC) {
-        FileKind::Archive
-    } else if bytes.starts_with(b"\x7fELF") {
-        FileKind::Elf
-    } else if bytes.starts_with(BUNDLE_MAGIC) || bytes.starts_with(CCOB_MAGIC) {
-        FileKind::Bundle
-    } else {
-        FileKind::Other
-    }
 }

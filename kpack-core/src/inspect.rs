@@ -6,12 +6,13 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::archive::Archive;
+use crate::binary::{classify, Class};
 use crate::bundle::Method;
 use crate::elf::ElfType;
 use crate::error::Result;
 use crate::fatbin::{read_device_code, Container, DeviceCode};
 use crate::hipk::{Wrapper, HIPF_MAGIC, HIPK_MAGIC};
-use crate::input::{classify, map_file, FileKind};
+use crate::input::map_file;
 
 #[derive(Debug, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -130,7 +131,7 @@ pub fn list(path: &Path) -> Result<Listing> {
     let mapped = map_file(path)?;
     let file = path.display().to_string();
     let file_size = mapped.len() as u64;
-    if classify(&mapped) == FileKind::Archive {
+    if classify(&mapped) == Class::Archive {
         let a = Archive::open(path)?;
         let kernels = a
             .entries_by_ordinal()

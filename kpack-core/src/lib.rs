@@ -19,6 +19,7 @@
 
 pub mod archive;
 pub mod artifact;
+pub mod binary;
 pub mod bundle;
 pub mod bytes;
 pub mod elf;

@@ -488,9 +488,10 @@ mod make {
 #[ignore = "rewrites tests/malformed; run by hand after changing it"]
 fn regenerate_malformed_corpus() {
     use kpack_core::archive::Scheme;
-    use kpack_core::elf::{Headers, SectionHeader, SHDR_SIZE};
+    use kpack_core::elf::{ElfView, SectionHeader, LE, SHDR_SIZE};
     use kpack_core::msgpack::{encode, Value};
     use make::*;
+    use object::read::elf::{FileHeader as _, SectionHeader as _};
 
     let root = corpus();
     let w = |rel: &str, bytes: &[u8]| {
@@ -719,14 +720,14 @@ fn regenerate_malformed_corpus() {
 
     // -- ELF binaries, from the smallest fat fixture (one CCOB bundle).
     let fat = fs::read(fixture("libvadd_compressed.so").path).unwrap();
-    let h = Headers::parse(&fat).unwrap();
-    let shdr_at = |i: usize| h.file.e_shoff as usize + i * SHDR_SIZE;
+    let h = ElfView::parse(&fat).unwrap();
+    let shdr_at = |i: usize| h.header().e_shoff(LE) as usize + i * SHDR_SIZE;
     let patch_section = |name: &str, f: &dyn Fn(&mut SectionHeader)| {
         let i = h.section_index(name).unwrap();
-        let mut s = h.shdrs[i];
+        let mut s = h.shdrs()[i];
         f(&mut s);
         let mut b = fat.clone();
-        b[shdr_at(i)..shdr_at(i) + SHDR_SIZE].copy_from_slice(&s.to_bytes());
+        b[shdr_at(i)..shdr_at(i) + SHDR_SIZE].copy_from_slice(object::pod::bytes_of(&s));
         b
     };
     w("elf/truncated-header.so", &fat[..40]);
@@ -741,29 +742,29 @@ fn regenerate_malformed_corpus() {
     w("elf/phoff-past-end.so", &b);
     w(
         "elf/fatbin-past-end.so",
-        &patch_section(".hip_fatbin", &|s| s.sh_size = 1 << 32),
+        &patch_section(".hip_fatbin", &|s| s.sh_size.set(LE, 1 << 32)),
     );
     w(
         "elf/wrappers-odd-size.so",
-        &patch_section(".hipFatBinSegment", &|s| s.sh_size = 25),
+        &patch_section(".hipFatBinSegment", &|s| s.sh_size.set(LE, 25)),
     );
     // No .hip_fatbin: rename it in .shstrtab.
     let mut b = fat.clone();
     let i = h.section_index(".hip_fatbin").unwrap();
-    let strtab = h.shdrs[h.file.e_shstrndx as usize];
-    let at = strtab.sh_offset as usize + h.shdrs[i].sh_name as usize;
+    let strtab = h.shdrs()[h.header().e_shstrndx(LE) as usize];
+    let at = strtab.sh_offset(LE) as usize + h.shdrs()[i].sh_name(LE) as usize;
     assert_eq!(&b[at..at + 11], b".hip_fatbin");
     b[at + 10] = b'X';
     w("elf/no-fatbin.so", &b);
     // Wrapper magic and pointer.
-    let ws = h.shdrs[h.section_index(".hipFatBinSegment").unwrap()];
+    let ws = h.section(".hipFatBinSegment").unwrap().unwrap();
     let mut b = fat.clone();
-    b[ws.sh_offset as usize..ws.sh_offset as usize + 4].copy_from_slice(b"ABCD");
+    b[ws.offset as usize..ws.offset as usize + 4].copy_from_slice(b"ABCD");
     w("elf/wrapper-bad-magic.so", &b);
     // Corrupt the CCOB inside .hip_fatbin.
-    let fs_ = h.shdrs[i];
+    let fs_ = h.shdrs()[i];
     let mut b = fat.clone();
-    let o = fs_.sh_offset as usize;
+    let o = fs_.sh_offset(LE) as usize;
     b[o + 4..o + 6].copy_from_slice(&9u16.to_le_bytes());
     w("elf/fatbin-bad-ccob.so", &b);
     let mut b = fat.clone();
@@ -772,7 +773,7 @@ fn regenerate_malformed_corpus() {
     // .hip_fatbin NOBITS, wrappers still HIPF.
     w(
         "elf/half-offloaded.so",
-        &patch_section(".hip_fatbin", &|s| s.sh_type = 8), // SHT_NOBITS
+        &patch_section(".hip_fatbin", &|s| s.sh_type.set(LE, 8)), // SHT_NOBITS
     );
     // A relocatable object type with a PT_LOAD layout is still an ELF we do
     // not rewrite: unsupported machine instead.
@@ -792,10 +793,9 @@ fn regenerate_malformed_corpus() {
         &tmp.path().join(".kpack"),
     ]);
     let off = fs::read(&host).unwrap();
-    let oh = Headers::parse(&off).unwrap();
-    let mi = oh.section_index(".rocm_kpack_ref").unwrap();
-    let m = oh.shdrs[mi];
-    let (mo, ml) = (m.sh_offset as usize, m.sh_size as usize);
+    let oh = ElfView::parse(&off).unwrap();
+    let m = oh.section(".rocm_kpack_ref").unwrap().unwrap();
+    let (mo, ml) = (m.offset as usize, m.size as usize);
     let with_meta = |meta: &[u8]| {
         assert!(meta.len() <= ml, "metadata too long for the section");
         let mut b = off.clone();
@@ -840,9 +840,9 @@ fn regenerate_malformed_corpus() {
         ]))),
     );
     // A HIPK wrapper whose pointer misses the metadata.
-    let ows = oh.shdrs[oh.section_index(".hipFatBinSegment").unwrap()];
+    let ows = oh.section(".hipFatBinSegment").unwrap().unwrap();
     let mut b = off.clone();
-    let at = ows.sh_offset as usize;
+    let at = ows.offset as usize;
     b[at..at + 4].copy_from_slice(b"HIPF");
     w("metadata/wrapper-back-to-hipf.so", &b);
 

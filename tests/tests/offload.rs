@@ -625,9 +625,8 @@ fn refuses(bytes: &[u8], needle: &str) {
 }
 
 fn wrapper_offset(bytes: &[u8]) -> usize {
-    let elf = kpack_core::elf::Headers::parse(bytes).unwrap();
-    let i = elf.section_index(".hipFatBinSegment").unwrap();
-    elf.shdrs[i].sh_offset as usize
+    let elf = kpack_core::elf::ElfView::parse(bytes).unwrap();
+    elf.section(".hipFatBinSegment").unwrap().unwrap().offset as usize
 }
 
 #[test]
@@ -652,11 +651,10 @@ fn refuses_pointer_not_at_a_bundle() {
 fn refuses_relocation_into_removed_bytes() {
     // Another RELATIVE relocation made to point into .hip_fatbin.
     let mut b = std::fs::read(fixture("libvadd.so").path).unwrap();
-    let h = kpack_core::elf::Headers::parse(&b).unwrap();
-    let relas = kpack_core::elf::read_relas(&b, &h).unwrap();
-    let fi = h.section_index(".hip_fatbin").unwrap();
-    let fat = h.shdrs[fi].sh_addr;
-    let w = h.shdrs[h.section_index(".hipFatBinSegment").unwrap()].sh_addr;
+    let h = kpack_core::elf::ElfView::parse(&b).unwrap();
+    let relas = h.relas().unwrap();
+    let fat = h.section(".hip_fatbin").unwrap().unwrap().addr;
+    let w = h.section(".hipFatBinSegment").unwrap().unwrap().addr;
     let r = relas
         .iter()
         .find(|r| r.r_type == 8 && r.r_offset != w + 8)

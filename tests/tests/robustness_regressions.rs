@@ -6,12 +6,13 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use kpack_core::archive::{Archive, ArchiveWriter, Scheme};
-use kpack_core::elf::{Headers, PHDR_SIZE, SHDR_SIZE};
+use kpack_core::elf::{ElfView, PhdrExt, LE, PHDR_SIZE, SHDR_SIZE};
 use kpack_core::hipk::HipkMetadata;
 use kpack_core::loader::{decode_metadata_window, Config, Loader};
 use kpack_core::offload::{transform, TransformError};
 use kpack_core::target::TargetId;
 use kpack_e2e::*;
+use object::read::elf::FileHeader as _;
 
 fn meta() -> Vec<u8> {
     HipkMetadata {
@@ -79,15 +80,15 @@ fn transform_fuzz_regressions_never_panic() {
 #[test]
 fn transform_refuses_writable_fatbin_segment() {
     let mut b = fs::read(fixture("libvadd.so").path).unwrap();
-    let h = Headers::parse(&b).unwrap();
-    let f = h.shdrs[h.section_index(".hip_fatbin").unwrap()];
+    let h = ElfView::parse(&b).unwrap();
+    let f = h.section(".hip_fatbin").unwrap().unwrap();
     let (i, _) = h
-        .phdrs
+        .phdrs()
         .iter()
         .enumerate()
-        .find(|(_, p)| p.is_load() && p.file_contains(f.sh_offset, f.sh_size))
+        .find(|(_, p)| p.is_load() && p.file_contains(f.offset, f.size))
         .unwrap();
-    let at = h.file.e_phoff as usize + i * PHDR_SIZE + 4;
+    let at = h.header().e_phoff(LE) as usize + i * PHDR_SIZE + 4;
     b[at] |= 2; // PF_W
     assert_eq!(
         transform::transform(&b, &meta()).unwrap_err(),
@@ -118,9 +119,9 @@ fn transform_refuses_writable_fatbin_segment() {
 fn offloaded_binary_without_wrappers_reruns() {
     // An executable: no relocation points at the bundle either.
     let mut b = fs::read(fixture("vadd_nopie").path).unwrap();
-    let h = Headers::parse(&b).unwrap();
+    let h = ElfView::parse(&b).unwrap();
     let i = h.section_index(".hipFatBinSegment").unwrap();
-    let at = h.file.e_shoff as usize + i * SHDR_SIZE + 32; // sh_size
+    let at = h.header().e_shoff(LE) as usize + i * SHDR_SIZE + 32; // sh_size
     b[at..at + 8].copy_from_slice(&0u64.to_le_bytes());
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("libnowrap.so");

@@ -20,8 +20,8 @@ use std::path::{Component, Path, PathBuf};
 use serde::Serialize;
 
 use crate::archive::{ArchiveWriter, Scheme, DEFAULT_ZSTD_LEVEL};
+use crate::binary::{classify, Class, HostBinary};
 use crate::bundle::parse_fatbin;
-use crate::elf::{ElfType, ElfView, FATBIN_SECTION};
 use crate::error::{Error, Result, WithPath};
 use crate::hipk::HipkMetadata;
 use crate::input::map_file;
@@ -31,7 +31,7 @@ pub use transform::{TransformError, WrapperChange};
 pub use verify::{verify_elf, Verified, VerifyError};
 
 /// The placeholder for a target ID in search paths.
-pub const GFXARCH: &str = "@GFXARCH@";
+pub use crate::loader::GFXARCH;
 
 /// How to offload.
 #[derive(Debug, Clone)]
@@ -79,6 +79,9 @@ pub enum Outcome {
     /// A relocatable object or static archive: a link input, copied
     /// unchanged.
     LinkInput,
+    /// A debug-info file (`objcopy --only-keep-debug`): no device code,
+    /// copied unchanged.
+    DebugOnly,
 }
 
 /// One archive written.
@@ -203,43 +206,48 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
         transform_seconds: 0.0,
         archive_seconds: 0.0,
     };
-    let copy_unchanged = |summary: &mut OffloadSummary, outcome, note: String| -> Result<()> {
+    let copy_unchanged = |summary: &mut OffloadSummary, outcome, note: &str| -> Result<()> {
         if !same_file(input, output) {
             fs::create_dir_all(parent_dir(output)).with_path(parent_dir(output))?;
             write_atomically_with_mode(output, Some(mode), |f| f.write_all(bytes))?;
         }
         summary.outcome = outcome;
-        summary.note = Some(note);
+        summary.note = Some(note.into());
         Ok(())
     };
-    if bytes.starts_with(b"!<arch>\n") {
-        copy_unchanged(
-            &mut summary,
+    let (outcome, note) = match classify(bytes) {
+        Class::Fat => (Outcome::Offloaded, ""),
+        Class::StaticArchive => (
             Outcome::LinkInput,
-            "static archive: a link input, copied unchanged".into(),
-        )?;
-        return Ok(summary);
-    }
-    let elf = ElfView::parse(bytes).with_path(input)?;
-    if elf.elf_type() == ElfType::Relocatable {
-        copy_unchanged(
-            &mut summary,
+            "static archive: a link input, copied unchanged",
+        ),
+        Class::Relocatable { .. } => (
             Outcome::LinkInput,
-            "relocatable object: a link input, copied unchanged".into(),
-        )?;
-        return Ok(summary);
-    }
-    match transform::precheck(bytes) {
-        Ok(transform::Precheck::AlreadyOffloaded) => {
-            copy_unchanged(
-                &mut summary,
-                Outcome::AlreadyOffloaded,
-                "already offloaded: left as it is".into(),
-            )?;
-            return Ok(summary);
+            "relocatable object: a link input, copied unchanged",
+        ),
+        Class::Offloaded => (
+            Outcome::AlreadyOffloaded,
+            "already offloaded: left as it is",
+        ),
+        Class::DebugOnly => (
+            Outcome::DebugOnly,
+            "debug-info file (NOBITS .hip_fatbin, no metadata): no device code, copied unchanged",
+        ),
+        Class::Inconsistent(why) => return Err(request(input, why)),
+        Class::HostOnly => return Err(transform_error(input, TransformError::NotFat)),
+        Class::Bundle | Class::Archive | Class::Other => {
+            return Err(HostBinary::parse(bytes).err().map_or_else(
+                || request(input, "not a host binary"),
+                |e| Error::Elf {
+                    path: input.into(),
+                    source: e,
+                },
+            ))
         }
-        Ok(transform::Precheck::Fat) => {}
-        Err(e) => return Err(transform_error(input, e)),
+    };
+    if outcome != Outcome::Offloaded {
+        copy_unchanged(&mut summary, outcome, note)?;
+        return Ok(summary);
     }
 
     // Code objects, by target.
@@ -328,9 +336,9 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
 /// Every device code object of a fat binary's `.hip_fatbin`, in bundle
 /// order.
 pub fn code_objects<'a>(path: &Path, bytes: &'a [u8]) -> Result<Vec<CodeObject<'a>>> {
-    let elf = ElfView::parse(bytes).with_path(path)?;
-    let section = elf
-        .section(FATBIN_SECTION)
+    let bin = HostBinary::parse(bytes).with_path(path)?;
+    let section = bin
+        .fatbin()
         .with_path(path)?
         .ok_or_else(|| transform_error(path, TransformError::NotFat))?;
     let bundles = parse_fatbin(section.data).with_path(path)?;
@@ -364,24 +372,17 @@ pub fn rewrite(
     Ok(t)
 }
 
-/// Is this file a fat binary kpack can offload (ELF with a PROGBITS
-/// `.hip_fatbin`), one already offloaded, or something else?
+/// Is this file a fat binary kpack can offload, one already offloaded, or
+/// something else? (A view of [`crate::binary::classify`] for the artifact
+/// pipeline.)
 pub fn classify_binary(bytes: &[u8]) -> BinaryKind {
-    if bytes.starts_with(b"!<arch>\n") {
-        return BinaryKind::LinkInput;
-    }
-    let Ok(elf) = ElfView::parse(bytes) else {
-        return BinaryKind::Other;
-    };
-    if elf.elf_type() == ElfType::Relocatable {
-        return BinaryKind::LinkInput;
-    }
-    match transform::precheck(bytes) {
-        Ok(transform::Precheck::Fat) => BinaryKind::Fat,
-        Ok(transform::Precheck::AlreadyOffloaded) => BinaryKind::Offloaded,
-        Err(TransformError::NotFat) => BinaryKind::Other,
+    match classify(bytes) {
         // Device code with something wrong: offloading it reports what.
-        Err(_) => BinaryKind::Fat,
+        Class::Fat | Class::Inconsistent(_) => BinaryKind::Fat,
+        Class::Offloaded => BinaryKind::Offloaded,
+        Class::Relocatable { .. } | Class::StaticArchive => BinaryKind::LinkInput,
+        Class::DebugOnly => BinaryKind::DebugOnly,
+        Class::HostOnly | Class::Bundle | Class::Archive | Class::Other => BinaryKind::Other,
     }
 }
 
@@ -391,6 +392,7 @@ pub enum BinaryKind {
     Fat,
     Offloaded,
     LinkInput,
+    DebugOnly,
     Other,
 }
 
@@ -402,9 +404,13 @@ fn same_file(a: &Path, b: &Path) -> bool {
 }
 
 fn transform_error(path: &Path, e: TransformError) -> Error {
+    request(path, e.to_string())
+}
+
+fn request(path: &Path, what: impl Into<String>) -> Error {
     Error::Request {
         path: path.into(),
-        what: e.to_string(),
+        what: what.into(),
     }
 }
 

@@ -1,0 +1,285 @@
+//! Step 1 of the transform: read the input and check everything the layout
+//! relies on, before anything is planned or written.
+
+use object::elf;
+use object::read::elf::{ProgramHeader as _, SectionHeader as _};
+
+use super::{TransformError, WrapperChange};
+use crate::binary::HostBinary;
+use crate::bundle::parse_fatbin;
+use crate::elf::{
+    file_size, ElfError, ElfView, PhdrExt, ProgramHeader, RelocKinds, Relocations, FATBIN_SECTION,
+    LE,
+};
+use crate::hipk::{HIPF_MAGIC, HIPK_MAGIC};
+
+/// What the transform needs to know about its input.
+pub struct Input<'a> {
+    pub elf: ElfView<'a>,
+    pub kinds: RelocKinds,
+    /// The `.hip_fatbin` section: index, address, file offset, size.
+    pub fatbin: Fatbin,
+    /// Number of bundles in it.
+    pub bundles: usize,
+    /// Index of the read-only `PT_LOAD` holding it (X), and X.
+    pub xi: usize,
+    pub x: ProgramHeader,
+    /// The page unit: the largest `PT_LOAD` alignment, at least 4 KiB.
+    pub unit: u64,
+    pub relocs: Relocations,
+    pub wrappers: Wrappers,
+}
+
+/// Where `.hip_fatbin` is.
+#[derive(Debug, Clone, Copy)]
+pub struct Fatbin {
+    pub index: usize,
+    pub addr: u64,
+    pub offset: u64,
+    pub size: u64,
+}
+
+impl Fatbin {
+    pub fn end(&self) -> u64 {
+        self.addr + self.size
+    }
+
+    pub fn contains(&self, addr: u64) -> bool {
+        (self.addr..self.end()).contains(&addr)
+    }
+}
+
+/// The wrappers and what the transform changes in them.
+#[derive(Debug, Clone, Default)]
+pub struct Wrappers {
+    /// File offset of each wrapper.
+    pub offsets: Vec<u64>,
+    pub changes: Vec<WrapperChange>,
+    /// Indices (in `relocs.relas`) of the relocations that set wrapper
+    /// pointers: they are rewritten to point at the metadata.
+    pub rela_edits: Vec<usize>,
+    /// Addresses of the wrappers' pointer fields.
+    pub pointer_addrs: Vec<u64>,
+}
+
+pub fn analyze(b: &[u8]) -> Result<Input<'_>, TransformError> {
+    let bin = HostBinary::parse(b)?;
+    let elf = *bin.elf();
+    elf.check_sections()?;
+    validate_layout(&elf)?;
+    let machine = elf.machine();
+    let kinds =
+        RelocKinds::for_machine(machine).ok_or(TransformError::UnsupportedMachine(machine))?;
+    if elf.e_type() != elf::ET_EXEC && elf.e_type() != elf::ET_DYN {
+        return Err(TransformError::UnsupportedType(elf.e_type()));
+    }
+    let (fatbin, bundle_starts) = find_fatbin(&elf)?;
+    let (xi, x) = holding_segment(&elf, &fatbin)?;
+    let unit = page_unit(&elf)?;
+    let table = bin.wrappers()?;
+    let wrappers = resolve_wrappers(&table, &fatbin, &bundle_starts)?;
+    let relocs = table.relocs;
+    check_relocations(&elf, &relocs, kinds, &fatbin, &wrappers.pointer_addrs)?;
+    Ok(Input {
+        elf,
+        kinds,
+        fatbin,
+        bundles: bundle_starts.len(),
+        xi,
+        x,
+        unit,
+        relocs,
+        wrappers,
+    })
+}
+
+/// Reject headers whose ranges overflow or leave the file, so that the
+/// layout arithmetic of the later steps cannot.
+fn validate_layout(elf: &ElfView) -> Result<(), TransformError> {
+    let len = elf.bytes().len() as u64;
+    for (i, p) in elf.phdrs().iter().enumerate() {
+        let bad = |what: &str| -> TransformError {
+            ElfError::Malformed(format!("program header {i}: {what}")).into()
+        };
+        let (off, filesz, memsz) = (p.p_offset(LE), p.p_filesz(LE), p.p_memsz(LE));
+        if filesz > 0 && off.checked_add(filesz).is_none_or(|e| e > len) {
+            return Err(bad("its file range runs past the end of the file"));
+        }
+        if p.p_vaddr(LE).checked_add(memsz).is_none() || p.p_paddr(LE).checked_add(memsz).is_none()
+        {
+            return Err(bad("its address range overflows"));
+        }
+        let align = p.p_align(LE);
+        if p.is_load() && filesz > memsz {
+            return Err(bad("file size exceeds memory size"));
+        }
+        if p.is_load() && (align > 1 << 30 || (align > 1 && !align.is_power_of_two())) {
+            return Err(bad("unsupported alignment"));
+        }
+    }
+    for (i, s) in elf.shdrs().iter().enumerate() {
+        let size = s.sh_size(LE);
+        let overflow = s.sh_addr(LE).checked_add(size).is_none()
+            || (file_size(s) > 0 && s.sh_offset(LE).checked_add(size).is_none_or(|e| e > len));
+        if overflow {
+            return Err(ElfError::BadSection {
+                name: elf.section_name(i)?,
+                problem: "its range overflows or leaves the file".into(),
+            }
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// The `.hip_fatbin` section, and the start offset (in the section) and
+/// index of each of its bundles (the inner bundles of a compressed bundle
+/// share its start: a pointer there names the first of them).
+fn find_fatbin(elf: &ElfView) -> Result<(Fatbin, Vec<(usize, usize)>), TransformError> {
+    let index = elf
+        .section_index(FATBIN_SECTION)
+        .ok_or(TransformError::NotFat)?;
+    let sh = &elf.shdrs()[index];
+    if sh.sh_type(LE) == elf::SHT_NOBITS {
+        return Err(TransformError::HalfOffloaded);
+    }
+    let fatbin = Fatbin {
+        index,
+        addr: sh.sh_addr(LE),
+        offset: sh.sh_offset(LE),
+        size: sh.sh_size(LE),
+    };
+    let end = fatbin
+        .offset
+        .checked_add(fatbin.size)
+        .ok_or(TransformError::FatbinNotLoaded)?;
+    let data = elf
+        .bytes()
+        .get(fatbin.offset as usize..end as usize)
+        .ok_or(TransformError::FatbinNotLoaded)?;
+    let starts = parse_fatbin(data)?
+        .iter()
+        .map(|bundle| (bundle.range.start, bundle.index))
+        .collect();
+    Ok((fatbin, starts))
+}
+
+/// The read-only `PT_LOAD` (X) whose file-backed part holds the section at
+/// its address.
+fn holding_segment(elf: &ElfView, f: &Fatbin) -> Result<(usize, ProgramHeader), TransformError> {
+    let xi = elf
+        .phdrs()
+        .iter()
+        .position(|p| {
+            p.is_load()
+                && p.file_contains(f.offset, f.size)
+                && p.p_offset(LE).wrapping_sub(p.p_vaddr(LE)) == f.offset.wrapping_sub(f.addr)
+        })
+        .ok_or(TransformError::FatbinNotLoaded)?;
+    let x = elf.phdrs()[xi];
+    // The metadata goes where the section was (SPEC 2.2: in a read-only
+    // PT_LOAD); a writable segment (e.g. `ld -N`) cannot hold it.
+    if x.p_flags(LE) & elf::PF_W != 0 {
+        return Err(TransformError::FatbinWritable);
+    }
+    Ok((xi, x))
+}
+
+fn page_unit(elf: &ElfView) -> Result<u64, TransformError> {
+    let unit = elf
+        .phdrs()
+        .iter()
+        .filter(|p| p.is_load())
+        .map(|p| p.p_align(LE))
+        .max()
+        .unwrap_or(4096)
+        .max(4096);
+    if !unit.is_power_of_two() {
+        return Err(ElfError::Malformed(format!(
+            "PT_LOAD alignment {unit:#x} is not a power of two"
+        ))
+        .into());
+    }
+    Ok(unit)
+}
+
+/// Every wrapper must be HIPF and point at the start of a bundle; its
+/// `co_index` is that bundle's index.
+fn resolve_wrappers(
+    table: &crate::binary::WrapperTable,
+    f: &Fatbin,
+    bundle_starts: &[(usize, usize)],
+) -> Result<Wrappers, TransformError> {
+    let mut out = Wrappers::default();
+    for slot in &table.slots {
+        let index = slot.index;
+        match slot.wrapper.magic {
+            HIPF_MAGIC => {}
+            HIPK_MAGIC => return Err(TransformError::MixedWrappers),
+            magic => return Err(TransformError::UnknownMagic { index, magic }),
+        }
+        let p = slot.pointer.clone()?;
+        let co_index = p
+            .value
+            .checked_sub(f.addr)
+            .and_then(|rel| bundle_starts.iter().find(|&&(s, _)| s as u64 == rel))
+            .map(|&(_, bundle)| bundle)
+            .ok_or(TransformError::PointerNotAtBundle {
+                index,
+                pointer: p.value,
+                start: f.addr,
+                end: f.end(),
+            })? as u32;
+        out.offsets.push(slot.offset);
+        out.changes.push(WrapperChange {
+            index,
+            co_index,
+            pointer: p.kind,
+        });
+        out.rela_edits.extend(p.rela);
+        out.pointer_addrs.push(slot.addr + 8);
+    }
+    Ok(out)
+}
+
+/// No relocation other than the wrappers' may apply to, or point into, the
+/// section's bytes: they leave the file.
+fn check_relocations(
+    elf: &ElfView,
+    relocs: &Relocations,
+    kinds: RelocKinds,
+    f: &Fatbin,
+    wrapper_ptrs: &[u64],
+) -> Result<(), TransformError> {
+    let hit = |r_offset: u64, what: &'static str| TransformError::RelocationIntoRemoved {
+        r_offset,
+        what,
+        start: f.addr,
+        end: f.end(),
+    };
+    for r in &relocs.relas {
+        if f.contains(r.r_offset) {
+            return Err(hit(r.r_offset, "applies to bytes"));
+        }
+        if r.r_type == kinds.relative
+            && f.contains(r.r_addend as u64)
+            && !wrapper_ptrs.contains(&r.r_offset)
+        {
+            return Err(hit(r.r_offset, "points"));
+        }
+    }
+    for &a in &relocs.relr {
+        if f.contains(a) {
+            return Err(hit(a, "applies to bytes"));
+        }
+        if !wrapper_ptrs.contains(&a) {
+            let value = elf
+                .addr_to_offset(a, 8)
+                .and_then(|o| crate::bytes::u64_at(elf.bytes(), o));
+            if value.is_some_and(|v| f.contains(v)) {
+                return Err(hit(a, "points"));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,454 @@
+//! Step 2 of the transform: decide the output layout — which file range of
+//! `.hip_fatbin` leaves the file, whether the program header table grows and
+//! which block of sections moves out of its way, and the new program and
+//! section headers. Nothing is written here.
+
+use object::elf;
+use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _};
+
+use super::analyze::Input;
+use super::TransformError;
+use crate::elf::{file_size, ElfView, PhdrExt, ProgramHeader, SectionHeader, LE, PHDR_SIZE};
+
+/// The file range of the input that leaves the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cut {
+    pub start: u64,
+    pub end: u64,
+    pub removed: u64,
+}
+
+/// A block of sections moved out of the grown program header table's way,
+/// into the kept page(s) of `.hip_fatbin` after the metadata.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockMove {
+    pub start_addr: u64,
+    pub end_addr: u64,
+    pub start_off: u64,
+    /// Alignment the block needs (the largest of its sections').
+    pub align: u64,
+    /// How its addresses and file offsets move (wrapping).
+    pub addr_delta: u64,
+    pub off_delta: u64,
+}
+
+impl BlockMove {
+    pub fn len(&self) -> u64 {
+        self.end_addr - self.start_addr
+    }
+}
+
+/// The output layout.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub metadata_addr: u64,
+    pub metadata_off: u64,
+    pub meta_len: u64,
+    pub cut: Cut,
+    /// Whether X is split in two (pages removed from its middle).
+    pub split: bool,
+    /// Bytes of `.hip_fatbin` kept at its start (whole pages when split).
+    pub keep: u64,
+    /// End address of the removed pages.
+    pub cut_addr_end: u64,
+    /// End of the input's program header table in the file.
+    pub old_table_end: u64,
+    pub block: Option<BlockMove>,
+    /// The new program header table.
+    pub phdrs: Vec<ProgramHeader>,
+}
+
+impl Plan {
+    /// Where an input file offset lands in the output (`None` inside the
+    /// removed range).
+    pub fn map_off(&self, o: u64) -> Option<u64> {
+        let c = self.cut;
+        if o < c.start || c.removed == 0 {
+            Some(o)
+        } else if o >= c.end {
+            Some(o - c.removed)
+        } else {
+            None
+        }
+    }
+
+    /// Is this input address inside the moved block?
+    pub fn in_block(&self, addr: u64) -> bool {
+        self.block
+            .is_some_and(|bl| (bl.start_addr..bl.end_addr).contains(&addr))
+    }
+
+    fn in_block_off(&self, off: u64) -> bool {
+        self.block
+            .is_some_and(|bl| (bl.start_off..bl.start_off + bl.len()).contains(&off))
+    }
+
+    /// The end of the kept part of `.hip_fatbin` (symbols into it name the
+    /// metadata afterwards).
+    pub fn kept_end(&self) -> u64 {
+        if self.split {
+            self.metadata_addr + self.keep
+        } else {
+            self.metadata_addr + self.meta_len
+        }
+    }
+}
+
+pub fn align_up(x: u64, a: u64) -> u64 {
+    x.div_ceil(a) * a
+}
+
+/// Plan the output for `meta_len` bytes of metadata.
+pub fn plan(input: &Input, meta_len: u64) -> Result<Plan, TransformError> {
+    let (f, x, unit) = (input.fatbin, input.x, input.unit);
+    let elf = &input.elf;
+    // Removing pages from the middle of X splits it in two: one more
+    // program header, which needs room after the table.
+    let cut_addr_end = (f.end() / unit) * unit;
+    let cut_end_if_split = f.offset + cut_addr_end.saturating_sub(f.addr);
+    let x_file_end = x.p_offset(LE) + x.p_filesz(LE);
+    let grow = usize::from(x_file_end > cut_end_if_split);
+    let phoff = elf.header().e_phoff(LE);
+    let phnum = elf.phdrs().len();
+    let old_table_end = phoff + (phnum * PHDR_SIZE) as u64;
+    let new_table_end = phoff + ((phnum + grow) * PHDR_SIZE) as u64;
+    let block = if grow > 0 {
+        block_to_move(elf, old_table_end, new_table_end)?
+    } else {
+        None
+    };
+    let (block, kept_len) = match block {
+        Some(bl) => {
+            let a = align_up(f.addr + meta_len, bl.align) + bl.start_addr % bl.align;
+            (
+                Some(place_block(bl, a, f.addr, f.offset)),
+                a + bl.len() - f.addr,
+            )
+        }
+        None => (None, meta_len),
+    };
+    let keep = align_up(kept_len, unit);
+    let split = f.addr % unit == 0 && cut_addr_end > f.addr + keep;
+    let cut = if split {
+        let start = f.offset + keep;
+        Cut {
+            start,
+            end: cut_end_if_split,
+            removed: cut_end_if_split - start,
+        }
+    } else {
+        if meta_len > f.size {
+            return Err(TransformError::NoRoom {
+                size: f.size,
+                need: meta_len,
+            });
+        }
+        let end = f.offset + f.size;
+        Cut {
+            start: end,
+            end,
+            removed: 0,
+        }
+    };
+    let mut plan = Plan {
+        metadata_addr: f.addr,
+        metadata_off: f.offset,
+        meta_len,
+        cut,
+        split,
+        keep,
+        cut_addr_end,
+        old_table_end,
+        block: if split { block } else { None },
+        phdrs: Vec::new(),
+    };
+    check_block_relocations(input, &plan)?;
+    plan.phdrs = segments(input, &plan, grow)?;
+    Ok(plan)
+}
+
+/// `bl` moved to address `new_addr` in the kept pages of the section at
+/// `f_addr` (file offset `f_off`).
+fn place_block(mut bl: BlockMove, new_addr: u64, f_addr: u64, f_off: u64) -> BlockMove {
+    bl.addr_delta = new_addr.wrapping_sub(bl.start_addr);
+    bl.off_delta = (new_addr - f_addr + f_off).wrapping_sub(bl.start_off);
+    bl
+}
+
+/// Section types that hold nothing code refers to by address, so that they
+/// can move when the dynamic section, program headers and symbols follow.
+fn movable(elf: &ElfView, i: usize) -> bool {
+    let t = elf.shdrs()[i].sh_type(LE);
+    matches!(
+        t,
+        elf::SHT_NOTE
+            | elf::SHT_DYNSYM
+            | elf::SHT_STRTAB
+            | elf::SHT_HASH
+            | elf::SHT_GNU_HASH
+            | elf::SHT_GNU_VERSYM
+            | elf::SHT_GNU_VERNEED
+            | elf::SHT_GNU_VERDEF
+            | elf::SHT_RELA
+            | elf::SHT_REL
+            | elf::SHT_RELR
+    ) || (t == elf::SHT_PROGBITS && elf.section_name(i).is_ok_and(|n| n == ".interp"))
+}
+
+/// Sections with bytes in the file (index 0 excluded) that overlap the
+/// file range `[start, end)`.
+fn sections_overlapping(elf: &ElfView, start: u64, end: u64) -> Vec<usize> {
+    (1..elf.shdrs().len())
+        .filter(|&i| {
+            let s = &elf.shdrs()[i];
+            file_size(s) > 0 && s.sh_offset(LE) < end && s.sh_offset(LE) + s.sh_size(LE) > start
+        })
+        .collect()
+}
+
+/// The sections a program header table growing from `old_end` to `new_end`
+/// would overwrite, as one contiguous block (from the first to the last of
+/// them, and whole segments such as `PT_NOTE` that start inside it).
+fn block_to_move(
+    elf: &ElfView,
+    old_end: u64,
+    new_end: u64,
+) -> Result<Option<BlockMove>, TransformError> {
+    let mut hit = sections_overlapping(elf, old_end, new_end);
+    if hit.is_empty() {
+        return Ok(None);
+    }
+    hit.sort_by_key(|&i| elf.shdrs()[i].sh_offset(LE));
+    let first = elf.shdrs()[hit[0]];
+    let start = first.sh_offset(LE);
+    let end = hit
+        .iter()
+        .map(|&i| elf.shdrs()[i].sh_offset(LE) + elf.shdrs()[i].sh_size(LE))
+        .max()
+        .unwrap_or(0);
+    let end = close_block(elf, start, end);
+    let mut align = 8;
+    for i in sections_overlapping(elf, start, end) {
+        align = align.max(check_movable(elf, i, &first, end)?);
+    }
+    Ok(Some(BlockMove {
+        start_addr: first.sh_addr(LE),
+        end_addr: first.sh_addr(LE) + (end - start),
+        start_off: start,
+        align,
+        addr_delta: 0,
+        off_delta: 0,
+    }))
+}
+
+/// Extend the block `[start, end)` until it holds whole segments that
+/// start inside it and every section that starts inside it.
+fn close_block(elf: &ElfView, start: u64, mut end: u64) -> u64 {
+    loop {
+        let seg_end = elf
+            .phdrs()
+            .iter()
+            .filter(|p| {
+                !p.is_load() && p.p_filesz(LE) > 0 && (start..end).contains(&p.p_offset(LE))
+            })
+            .map(|p| p.p_offset(LE) + p.p_filesz(LE))
+            .max()
+            .unwrap_or(0);
+        let limit = end.max(seg_end);
+        let sec_end = elf.shdrs()[1..]
+            .iter()
+            .filter(|s| file_size(s) > 0 && s.sh_offset(LE) < limit && s.sh_offset(LE) >= start)
+            .map(|s| s.sh_offset(LE) + s.sh_size(LE))
+            .max()
+            .unwrap_or(0);
+        let next = limit.max(sec_end);
+        if next == end {
+            return end;
+        }
+        end = next;
+    }
+}
+
+/// Can section `i`, inside the block that starts with `first` and ends at
+/// file offset `end`, move with it? Returns the alignment it needs.
+fn check_movable(
+    elf: &ElfView,
+    i: usize,
+    first: &SectionHeader,
+    end: u64,
+) -> Result<u64, TransformError> {
+    let s = &elf.shdrs()[i];
+    let name = elf.section_name(i)?;
+    let refuse = |why: String| Err(TransformError::CannotGrowPhdrs { why });
+    let (off, size) = (s.sh_offset(LE), s.sh_size(LE));
+    if s.sh_flags(LE) & u64::from(elf::SHF_ALLOC) == 0 || !movable(elf, i) {
+        return refuse(format!(
+            "section {name} follows the program header table and cannot move"
+        ));
+    }
+    if off < first.sh_offset(LE) || off + size > end {
+        return refuse(format!("section {name} overlaps the block"));
+    }
+    if s.sh_addr(LE).wrapping_sub(first.sh_addr(LE)) != off - first.sh_offset(LE) {
+        return refuse(format!(
+            "section {name} is not laid out like its neighbours"
+        ));
+    }
+    match s
+        .sh_addralign(LE)
+        .checked_next_power_of_two()
+        .filter(|&a| a <= 1 << 30)
+    {
+        Some(a) => Ok(a),
+        None => refuse(format!(
+            "section {name} has an unsupported alignment {:#x}",
+            s.sh_addralign(LE)
+        )),
+    }
+}
+
+/// No relocation may apply to, or point into, the moved block: code would
+/// still find the old addresses.
+fn check_block_relocations(input: &Input, plan: &Plan) -> Result<(), TransformError> {
+    if plan.block.is_none() {
+        return Ok(());
+    }
+    for r in &input.relocs.relas {
+        let points_in = r.r_type == input.kinds.relative && plan.in_block(r.r_addend as u64);
+        if plan.in_block(r.r_offset) || points_in {
+            return Err(TransformError::CannotGrowPhdrs {
+                why: format!(
+                    "relocation at {:#x} refers to a section that must move",
+                    r.r_offset
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The new program header table: X split in two (or shortened), `PT_PHDR`
+/// resized, segments in the moved block moved, later offsets shifted.
+fn segments(input: &Input, plan: &Plan, grow: usize) -> Result<Vec<ProgramHeader>, TransformError> {
+    let phdrs = input.elf.phdrs();
+    let mut out = Vec::with_capacity(phdrs.len() + 1);
+    for (i, p) in phdrs.iter().enumerate() {
+        if i == input.xi && plan.split {
+            out.extend(split_x(input, plan, grow));
+            continue;
+        }
+        let mut q = *p;
+        let (off, filesz) = (p.p_offset(LE), p.p_filesz(LE));
+        let removed = plan.cut.removed;
+        if p.p_type(LE) == elf::PT_PHDR {
+            let table = ((phdrs.len() + if plan.split { grow } else { 0 }) * PHDR_SIZE) as u64;
+            q.p_filesz.set(LE, table);
+            q.p_memsz.set(LE, table);
+        } else if !p.is_load() && filesz > 0 && plan.in_block_off(off) {
+            // PT_INTERP, PT_NOTE: follow the moved sections.
+            let bl = plan.block.expect("in the block");
+            q.p_offset.set(LE, off.wrapping_add(bl.off_delta));
+            q.p_vaddr.set(LE, p.p_vaddr(LE).wrapping_add(bl.addr_delta));
+            q.p_paddr.set(LE, p.p_paddr(LE).wrapping_add(bl.addr_delta));
+        } else if removed > 0 && filesz > 0 {
+            if off >= plan.cut.end {
+                q.p_offset.set(LE, off - removed);
+            } else if off + filesz > plan.cut.start {
+                return Err(TransformError::SegmentSpansRemoved {
+                    index: i,
+                    p_type: p.p_type(LE),
+                });
+            }
+        } else if removed > 0 && off >= plan.cut.end {
+            q.p_offset.set(LE, off - removed);
+        }
+        out.push(q);
+    }
+    Ok(out)
+}
+
+/// X1 (up to the end of the kept pages in the file, in memory up to the
+/// end of the removed pages) and, when X goes on after the removed pages,
+/// X2.
+fn split_x(input: &Input, plan: &Plan, grow: usize) -> Vec<ProgramHeader> {
+    let x = input.x;
+    let (x_off, x_vaddr) = (x.p_offset(LE), x.p_vaddr(LE));
+    let mut x1 = x;
+    x1.p_filesz.set(LE, plan.cut.start - x_off);
+    if grow == 0 {
+        return vec![x1];
+    }
+    let cut_addr_end = plan.cut_addr_end;
+    x1.p_memsz.set(LE, cut_addr_end - x_vaddr);
+    let mut x2 = x;
+    x2.p_offset.set(LE, plan.cut.end - plan.cut.removed);
+    x2.p_vaddr.set(LE, cut_addr_end);
+    x2.p_paddr
+        .set(LE, x.p_paddr(LE).wrapping_add(cut_addr_end - x_vaddr));
+    x2.p_filesz.set(LE, x_off + x.p_filesz(LE) - plan.cut.end);
+    x2.p_memsz.set(LE, x_vaddr + x.p_memsz(LE) - cut_addr_end);
+    vec![x1, x2]
+}
+
+/// The new section headers (without the metadata's, appended later):
+/// `.hip_fatbin` NOBITS over what remains of it, moved sections at their
+/// new places, later offsets shifted. Also returns the moved sections.
+pub fn sections(
+    input: &Input,
+    plan: &Plan,
+) -> Result<(Vec<SectionHeader>, Vec<usize>), TransformError> {
+    let elf = &input.elf;
+    let mut out = Vec::with_capacity(elf.shdrs().len() + 1);
+    let mut moved = Vec::new();
+    for (i, s) in elf.shdrs().iter().enumerate() {
+        let mut t = *s;
+        let fsz = file_size(s);
+        let (off, removed) = (s.sh_offset(LE), plan.cut.removed);
+        if i == input.fatbin.index {
+            out.push(nobits_fatbin(input, plan, t));
+            continue;
+        }
+        let alloc = s.sh_flags(LE) & u64::from(elf::SHF_ALLOC) != 0;
+        if let Some(bl) = plan.block.filter(|_| i > 0 && alloc && fsz > 0) {
+            if plan.in_block(s.sh_addr(LE)) {
+                t.sh_addr.set(LE, s.sh_addr(LE).wrapping_add(bl.addr_delta));
+                t.sh_offset.set(LE, off.wrapping_add(bl.off_delta));
+                moved.push(i);
+                out.push(t);
+                continue;
+            }
+        }
+        if i > 0 && removed > 0 {
+            if off >= plan.cut.end {
+                t.sh_offset.set(LE, off - removed);
+            } else if fsz > 0 && off + fsz > plan.cut.start {
+                return Err(TransformError::SectionInRemoved {
+                    name: elf.section_name(i)?,
+                });
+            }
+        }
+        out.push(t);
+    }
+    Ok((out, moved))
+}
+
+/// `.hip_fatbin` as NOBITS: from the end of the kept pages to the end of
+/// the removed ones (the zeroed tail after them lies in X2), or, when
+/// nothing is cut, after the metadata written over its start.
+fn nobits_fatbin(input: &Input, plan: &Plan, mut t: SectionHeader) -> SectionHeader {
+    let f = input.fatbin;
+    t.sh_type.set(LE, elf::SHT_NOBITS);
+    if plan.split {
+        let addr = f.addr + plan.keep;
+        t.sh_addr.set(LE, addr);
+        t.sh_offset.set(LE, plan.cut.end - plan.cut.removed);
+        t.sh_size.set(LE, plan.cut_addr_end - addr);
+    } else {
+        let start = align_up(plan.meta_len, 16).min(f.size);
+        t.sh_addr.set(LE, f.addr + start);
+        t.sh_offset.set(LE, f.offset + start);
+        t.sh_size.set(LE, f.size - start);
+        t.sh_addralign.set(LE, t.sh_addralign(LE).min(16));
+    }
+    t
+}

@@ -1,0 +1,127 @@
+//! The ELF offload transform (SPEC §2.3): turn a fat binary into a host-only
+//! one whose wrappers point (magic HIPK) at HIPK metadata.
+//!
+//! Layout. `.hip_fatbin` is page-aligned and lies in a read-only `PT_LOAD`
+//! (X). Its first page(s) stay in the file and receive the HIPK metadata
+//! (`.rocm_kpack_ref`); the section's remaining whole pages leave the file.
+//! X becomes X1 (up to the end of the kept pages in the file, zero-filled
+//! in memory up to the end of the removed pages) and X2 (the rest of X,
+//! from the first page after the removed ones), so the program header table
+//! needs one more entry. It stays where it is (right after the ELF header,
+//! where binutils and libelf expect it, and where Linux kernels before 5.18
+//! compute `AT_PHDR`) and grows in place; the sections it grows over
+//! (notes, dynamic symbol and hash tables, version tables, dynamic
+//! relocations, `.interp`) move, as one block, into the kept page(s) after
+//! the metadata, with the dynamic entries, `PT_NOTE`/`PT_INTERP` and symbols
+//! that refer to them. Every other address is unchanged; file offsets after
+//! the cut move down by the removed size, a whole number of `p_align`
+//! units, so every segment stays congruent.
+//!
+//! When the section has no whole page to spare beyond what the metadata
+//! (and a moved block) need, nothing is cut: the program header table stays
+//! as it is, the metadata is written over the start of the section, and the
+//! rest of the section is zeroed. Either way `.hip_fatbin` becomes
+//! `SHT_NOBITS` over what remains, no bundle byte stays in the file, and the
+//! new `.rocm_kpack_ref` section header is appended at the end of the
+//! section table (so no section index changes), its name added to a new copy
+//! of `.shstrtab` written at the end of the file.
+//!
+//! The steps: [`analyze`] reads and checks the input, [`layout::plan`]
+//! decides what moves where, [`write::output`] produces the bytes.
+
+mod analyze;
+mod layout;
+mod write;
+
+#[cfg(test)]
+mod tests;
+
+use crate::bundle::BundleError;
+pub use crate::elf::PointerKind;
+use crate::elf::{ElfError, FATBIN_SECTION};
+use crate::hipk::HIPF_MAGIC;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransformError {
+    #[error(transparent)]
+    Elf(#[from] ElfError),
+    #[error("{FATBIN_SECTION}: {0}")]
+    Bundle(#[from] BundleError),
+    #[error("no {FATBIN_SECTION} section: not a fat binary")]
+    NotFat,
+    #[error("{FATBIN_SECTION} is already NOBITS but the wrappers are not all HIPK")]
+    HalfOffloaded,
+    #[error("unsupported machine {0} (kpack rewrites x86-64 and AArch64 binaries)")]
+    UnsupportedMachine(u16),
+    #[error("unsupported ELF type {0} (kpack rewrites executables and shared objects)")]
+    UnsupportedType(u16),
+    #[error("wrapper {index}: unknown magic {magic:#010x} (expected HIPF {HIPF_MAGIC:#010x})")]
+    UnknownMagic { index: usize, magic: u32 },
+    #[error("wrappers mix HIPF and HIPK magics: a partly offloaded binary")]
+    MixedWrappers,
+    #[error("wrapper {index}: binary pointer {pointer:#x} does not point at the start of a bundle in {FATBIN_SECTION} [{start:#x}, {end:#x})")]
+    PointerNotAtBundle {
+        index: usize,
+        pointer: u64,
+        start: u64,
+        end: u64,
+    },
+    #[error("relocation at {r_offset:#x} {what} inside {FATBIN_SECTION} [{start:#x}, {end:#x}), whose bytes are removed")]
+    RelocationIntoRemoved {
+        r_offset: u64,
+        what: &'static str,
+        start: u64,
+        end: u64,
+    },
+    #[error("{FATBIN_SECTION} is not inside the file-backed part of a PT_LOAD segment")]
+    FatbinNotLoaded,
+    #[error("{FATBIN_SECTION} lies in a writable PT_LOAD segment: the HIPK metadata that replaces it must be read-only")]
+    FatbinWritable,
+    #[error("segment {index} (type {p_type:#x}) spans the removed range of {FATBIN_SECTION}")]
+    SegmentSpansRemoved { index: usize, p_type: u32 },
+    #[error("section {name} lies inside the removed range of {FATBIN_SECTION}")]
+    SectionInRemoved { name: String },
+    #[error("{FATBIN_SECTION} ({size} bytes) is too small for the {need} bytes of metadata")]
+    NoRoom { size: u64, need: u64 },
+    #[error("cannot make room for one more program header: {why}")]
+    CannotGrowPhdrs { why: String },
+}
+
+/// What the transform did to one wrapper.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct WrapperChange {
+    pub index: usize,
+    /// The bundle index the wrapper pointed at: its `reserved1` now.
+    pub co_index: u32,
+    /// How the pointer is applied at load time.
+    pub pointer: PointerKind,
+}
+
+/// The result of [`transform`].
+#[derive(Debug, Clone)]
+pub struct Transformed {
+    pub bytes: Vec<u8>,
+    pub wrappers: Vec<WrapperChange>,
+    pub metadata_addr: u64,
+    /// Number of bundles in the original `.hip_fatbin`.
+    pub bundles: usize,
+    /// Bytes removed from the file (whole pages).
+    pub removed: u64,
+    /// Whether the program header table moved.
+    pub moved_phdrs: bool,
+}
+
+/// Transform a fat binary. `metadata` is the encoded HIPK metadata.
+pub fn transform(b: &[u8], metadata: &[u8]) -> Result<Transformed, TransformError> {
+    let input = analyze::analyze(b)?;
+    let plan = layout::plan(&input, metadata.len() as u64)?;
+    let bytes = write::output(&input, &plan, metadata)?;
+    Ok(Transformed {
+        bytes,
+        wrappers: input.wrappers.changes.clone(),
+        metadata_addr: plan.metadata_addr,
+        bundles: input.bundles,
+        removed: plan.cut.removed,
+        moved_phdrs: false,
+    })
+}

@@ -1,0 +1,620 @@
+//! Unit tests of each step of the transform on small ELF shared objects
+//! built here, byte by byte, so that every layout case is set up exactly
+//! (the end-to-end tests run the same code on compiled fixtures).
+
+use object::elf;
+use object::read::elf::{ProgramHeader as _, SectionHeader as _, Sym as _};
+use object::{I64, U16, U32, U64};
+
+use super::analyze::analyze;
+use super::layout::plan;
+use super::*;
+use crate::binary::{classify, Class};
+use crate::bundle::write_bundle;
+use crate::elf::{
+    ElfView, FileHeader, PhdrExt, ProgramHeader, Rela, SectionHeader, Sym, EHDR_SIZE, LE,
+    PHDR_SIZE, SHDR_SIZE,
+};
+use crate::hipk::{Wrapper, HIPF_MAGIC, HIPK_MAGIC};
+use crate::offload::verify::verify_elf;
+
+const PAGE: u64 = 0x1000;
+/// The read-write segment's address is its file offset plus this.
+const RW_BIAS: u64 = 0x1000;
+
+/// What the synthetic binary looks like.
+#[derive(Clone)]
+struct Spec {
+    /// Size of each bundle's device entry (one bundle per entry).
+    bundles: Vec<usize>,
+    /// For each wrapper, the bundle its pointer names (`None`: a pointer
+    /// 16 bytes past the first bundle's start).
+    wrappers: Vec<Option<usize>>,
+    /// Page-align the end of `.hip_fatbin` (X then ends there).
+    fatbin_ends_on_page: bool,
+    /// Make the segment holding `.hip_fatbin` writable.
+    writable: bool,
+    /// Add a RELATIVE relocation of a data word pointing into the section.
+    stray_reloc: bool,
+}
+
+impl Default for Spec {
+    fn default() -> Self {
+        Spec {
+            // With the entry page-aligned in its bundle: 3 pages + 100 bytes.
+            bundles: vec![2 * PAGE as usize + 100],
+            wrappers: vec![Some(0)],
+            fatbin_ends_on_page: false,
+            writable: false,
+            stray_reloc: false,
+        }
+    }
+}
+
+fn u16_(v: u16) -> U16<object::LittleEndian> {
+    U16::new(LE, v)
+}
+fn u32_(v: u32) -> U32<object::LittleEndian> {
+    U32::new(LE, v)
+}
+fn u64_(v: u64) -> U64<object::LittleEndian> {
+    U64::new(LE, v)
+}
+
+fn put<T: object::Pod>(out: &mut Vec<u8>, at: u64, v: &T) {
+    let b = object::pod::bytes_of(v);
+    let at = at as usize;
+    if out.len() < at + b.len() {
+        out.resize(at + b.len(), 0);
+    }
+    out[at..at + b.len()].copy_from_slice(b);
+}
+
+fn phdr(p_type: u32, flags: u32, off: u64, addr: u64, filesz: u64, memsz: u64) -> ProgramHeader {
+    ProgramHeader {
+        p_type: u32_(p_type),
+        p_flags: u32_(flags),
+        p_offset: u64_(off),
+        p_vaddr: u64_(addr),
+        p_paddr: u64_(addr),
+        p_filesz: u64_(filesz),
+        p_memsz: u64_(memsz),
+        p_align: u64_(PAGE),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn shdr(
+    name: u32,
+    t: u32,
+    flags: u32,
+    addr: u64,
+    off: u64,
+    size: u64,
+    link: u32,
+    align: u64,
+    entsize: u64,
+) -> SectionHeader {
+    SectionHeader {
+        sh_name: u32_(name),
+        sh_type: u32_(t),
+        sh_flags: u64_(u64::from(flags)),
+        sh_addr: u64_(addr),
+        sh_offset: u64_(off),
+        sh_size: u64_(size),
+        sh_link: u32_(link),
+        sh_info: u32_(if t == elf::SHT_DYNSYM { 1 } else { 0 }),
+        sh_addralign: u64_(align),
+        sh_entsize: u64_(entsize),
+    }
+}
+
+/// Section indices of the synthetic binary.
+const DYNSYM: usize = 1;
+const FATBIN: usize = 4;
+const SHSTRTAB: usize = 7;
+
+/// Build the binary: ELF header, four program headers (PT_PHDR, R
+/// PT_LOAD from 0 to the end of `.hip_fatbin`, RW PT_LOAD, PT_DYNAMIC),
+/// `.dynsym`/`.dynstr`/`.rela.dyn` right after the table, `.hip_fatbin` at
+/// the next page, then `.hipFatBinSegment` and `.dynamic` in the RW
+/// segment, `.shstrtab` and the section headers.
+fn build(spec: &Spec) -> Vec<u8> {
+    let mut bundles = Vec::new();
+    let mut starts = Vec::new();
+    for (i, &size) in spec.bundles.iter().enumerate() {
+        starts.push(bundles.len() as u64);
+        let code = vec![0xc0 + i as u8; size];
+        let triple = format!("hipv4-amdgcn-amd-amdhsa--gfx{}", 1100 + i);
+        let host: &[u8] = &[];
+        bundles.extend(write_bundle(
+            &[("host-x86_64-unknown-linux-gnu-", host), (&triple, &code)],
+            4096,
+        ));
+    }
+    if spec.fatbin_ends_on_page {
+        bundles.resize(bundles.len().div_ceil(PAGE as usize) * PAGE as usize, 0);
+    }
+    let phoff = EHDR_SIZE as u64;
+    let dynsym_off = phoff + 4 * PHDR_SIZE as u64;
+    let dynstr_off = dynsym_off + 2 * 24;
+    let dynstr = b"\0__hip_fatbin\0";
+    let nrel = spec.wrappers.len() + usize::from(spec.stray_reloc);
+    let rela_off = (dynstr_off + dynstr.len() as u64).div_ceil(8) * 8;
+    let fat_off = PAGE;
+    let fat_end = fat_off + bundles.len() as u64;
+    let rw_off = fat_end.div_ceil(PAGE) * PAGE;
+    let wrap_off = rw_off;
+    let data_off = wrap_off + 24 * spec.wrappers.len() as u64;
+    let dyn_off = data_off + 8;
+    let dyn_len = 6 * 16;
+    let str_off = dyn_off + dyn_len;
+    let names =
+        b"\0.dynsym\0.dynstr\0.rela.dyn\0.hip_fatbin\0.hipFatBinSegment\0.dynamic\0.shstrtab\0";
+    let sh_off = (str_off + names.len() as u64).div_ceil(8) * 8;
+    let rw = |off: u64| off + RW_BIAS;
+
+    let mut out = Vec::new();
+    // Sections.
+    put(&mut out, dynsym_off, &Sym::default_null());
+    let sym = Sym {
+        st_name: u32_(1),
+        st_info: 0x11, // GLOBAL OBJECT
+        st_other: 0,
+        st_shndx: u16_(FATBIN as u16),
+        st_value: u64_(fat_off),
+        st_size: u64_(bundles.len() as u64),
+    };
+    put(&mut out, dynsym_off + 24, &sym);
+    out.resize(dynstr_off as usize, 0);
+    out.extend_from_slice(dynstr);
+    for (k, w) in spec.wrappers.iter().enumerate() {
+        let target = match w {
+            Some(b) => fat_off + starts[*b],
+            None => fat_off + 16,
+        };
+        put(
+            &mut out,
+            rela_off + 24 * k as u64,
+            &rela(rw(wrap_off + 24 * k as u64 + 8), target),
+        );
+    }
+    if spec.stray_reloc {
+        put(
+            &mut out,
+            rela_off + 24 * spec.wrappers.len() as u64,
+            &rela(rw(data_off), fat_off + 64),
+        );
+    }
+    out.resize(fat_off as usize, 0);
+    out.extend_from_slice(&bundles);
+    out.resize(rw_off as usize, 0);
+    for k in 0..spec.wrappers.len() {
+        let w = Wrapper {
+            magic: HIPF_MAGIC,
+            version: 1,
+            binary: 0,
+            reserved1: 0,
+        };
+        put(&mut out, wrap_off + 24 * k as u64, &w.to_bytes());
+    }
+    put(&mut out, data_off, &[0u8; 8]);
+    let dynamic: [(u32, u64); 6] = [
+        (elf::DT_SYMTAB, dynsym_off),
+        (elf::DT_STRTAB, dynstr_off),
+        (elf::DT_RELA, rela_off),
+        (elf::DT_RELASZ, 24 * nrel as u64),
+        (elf::DT_RELAENT, 24),
+        (elf::DT_NULL, 0),
+    ];
+    for (k, (tag, val)) in dynamic.iter().enumerate() {
+        put(&mut out, dyn_off + 16 * k as u64, &u64_(u64::from(*tag)));
+        put(&mut out, dyn_off + 16 * k as u64 + 8, &u64_(*val));
+    }
+    out.resize(str_off as usize, 0);
+    out.extend_from_slice(names);
+    out.resize(sh_off as usize, 0);
+    let a = elf::SHF_ALLOC;
+    let sections = [
+        shdr(0, 0, 0, 0, 0, 0, 0, 0, 0),
+        shdr(1, elf::SHT_DYNSYM, a, dynsym_off, dynsym_off, 48, 2, 8, 24),
+        shdr(
+            9,
+            elf::SHT_STRTAB,
+            a,
+            dynstr_off,
+            dynstr_off,
+            dynstr.len() as u64,
+            0,
+            1,
+            0,
+        ),
+        shdr(
+            17,
+            elf::SHT_RELA,
+            a,
+            rela_off,
+            rela_off,
+            24 * nrel as u64,
+            1,
+            8,
+            24,
+        ),
+        shdr(
+            27,
+            elf::SHT_PROGBITS,
+            a,
+            fat_off,
+            fat_off,
+            bundles.len() as u64,
+            0,
+            PAGE,
+            0,
+        ),
+        shdr(
+            39,
+            elf::SHT_PROGBITS,
+            a | elf::SHF_WRITE,
+            rw(wrap_off),
+            wrap_off,
+            24 * spec.wrappers.len() as u64,
+            0,
+            8,
+            0,
+        ),
+        shdr(
+            57,
+            elf::SHT_DYNAMIC,
+            a | elf::SHF_WRITE,
+            rw(dyn_off),
+            dyn_off,
+            dyn_len,
+            2,
+            8,
+            16,
+        ),
+        shdr(
+            66,
+            elf::SHT_STRTAB,
+            0,
+            0,
+            str_off,
+            names.len() as u64,
+            0,
+            1,
+            0,
+        ),
+    ];
+    for (i, s) in sections.iter().enumerate() {
+        put(&mut out, sh_off + (i * SHDR_SIZE) as u64, s);
+    }
+    let x_flags = elf::PF_R | if spec.writable { elf::PF_W } else { 0 };
+    let rw_len = str_off - rw_off;
+    let phdrs = [
+        phdr(
+            elf::PT_PHDR,
+            elf::PF_R,
+            phoff,
+            phoff,
+            4 * PHDR_SIZE as u64,
+            4 * PHDR_SIZE as u64,
+        ),
+        phdr(elf::PT_LOAD, x_flags, 0, 0, fat_end, fat_end),
+        phdr(
+            elf::PT_LOAD,
+            elf::PF_R | elf::PF_W,
+            rw_off,
+            rw(rw_off),
+            rw_len,
+            rw_len,
+        ),
+        phdr(
+            elf::PT_DYNAMIC,
+            elf::PF_R | elf::PF_W,
+            dyn_off,
+            rw(dyn_off),
+            dyn_len,
+            dyn_len,
+        ),
+    ];
+    for (i, p) in phdrs.iter().enumerate() {
+        put(&mut out, phoff + (i * PHDR_SIZE) as u64, p);
+    }
+    put(
+        &mut out,
+        0,
+        &file_header(phoff, sh_off, sections.len() as u16),
+    );
+    out
+}
+
+trait NullSym {
+    fn default_null() -> Self;
+}
+
+impl NullSym for Sym {
+    fn default_null() -> Self {
+        Sym {
+            st_name: u32_(0),
+            st_info: 0,
+            st_other: 0,
+            st_shndx: u16_(0),
+            st_value: u64_(0),
+            st_size: u64_(0),
+        }
+    }
+}
+
+fn rela(at: u64, target: u64) -> Rela {
+    let mut r = Rela {
+        r_offset: u64_(at),
+        r_info: u64_(0),
+        r_addend: I64::new(LE, target as i64),
+    };
+    r.set_r_info(LE, false, 0, elf::R_X86_64_RELATIVE);
+    r
+}
+
+fn file_header(phoff: u64, shoff: u64, shnum: u16) -> FileHeader {
+    FileHeader {
+        e_ident: elf::Ident {
+            magic: elf::ELFMAG,
+            class: elf::ELFCLASS64,
+            data: elf::ELFDATA2LSB,
+            version: elf::EV_CURRENT,
+            os_abi: 0,
+            abi_version: 0,
+            padding: [0; 7],
+        },
+        e_type: u16_(elf::ET_DYN),
+        e_machine: u16_(elf::EM_X86_64),
+        e_version: u32_(u32::from(elf::EV_CURRENT)),
+        e_entry: u64_(0),
+        e_phoff: u64_(phoff),
+        e_shoff: u64_(shoff),
+        e_flags: u32_(0),
+        e_ehsize: u16_(EHDR_SIZE as u16),
+        e_phentsize: u16_(PHDR_SIZE as u16),
+        e_phnum: u16_(4),
+        e_shentsize: u16_(SHDR_SIZE as u16),
+        e_shnum: u16_(shnum),
+        e_shstrndx: u16_(SHSTRTAB as u16),
+    }
+}
+
+const META: &[u8] = b"\x82\xb2kpack_search_paths\x91\xa5x.kpk\xabkernel_name\xa3lib";
+
+#[test]
+fn synthetic_binary_is_a_fat_binary() {
+    let b = build(&Spec::default());
+    assert_eq!(classify(&b), Class::Fat);
+    let input = analyze(&b).unwrap();
+    assert_eq!(input.fatbin.index, FATBIN);
+    assert_eq!(input.fatbin.addr, PAGE);
+    assert_eq!(input.xi, 1);
+    assert_eq!(input.unit, PAGE);
+    assert_eq!(input.bundles, 1);
+    assert_eq!(input.wrappers.changes[0].co_index, 0);
+    assert_eq!(input.wrappers.changes[0].pointer, PointerKind::RelaRelative);
+    assert_eq!(input.wrappers.rela_edits, vec![0]);
+}
+
+#[test]
+fn analyze_derives_co_index_from_the_pointer() {
+    // Two bundles; three wrappers, two of them at the first bundle (a
+    // -fgpu-rdc link), as listed.
+    let spec = Spec {
+        bundles: vec![PAGE as usize, 2 * PAGE as usize],
+        wrappers: vec![Some(1), Some(0), Some(0)],
+        ..Spec::default()
+    };
+    let b = build(&spec);
+    let input = analyze(&b).unwrap();
+    let cos: Vec<u32> = input.wrappers.changes.iter().map(|c| c.co_index).collect();
+    assert_eq!(cos, vec![1, 0, 0]);
+    assert_eq!(input.bundles, 2);
+}
+
+#[test]
+fn analyze_refuses_what_cannot_be_rewritten() {
+    let err = |spec: Spec| analyze(&build(&spec)).err().unwrap();
+    assert_eq!(
+        err(Spec {
+            writable: true,
+            ..Spec::default()
+        }),
+        TransformError::FatbinWritable
+    );
+    assert!(matches!(
+        err(Spec {
+            wrappers: vec![None],
+            ..Spec::default()
+        }),
+        TransformError::PointerNotAtBundle { index: 0, .. }
+    ));
+    assert!(matches!(
+        err(Spec {
+            stray_reloc: true,
+            ..Spec::default()
+        }),
+        TransformError::RelocationIntoRemoved { what: "points", .. }
+    ));
+    // A wrapper that is already HIPK beside PROGBITS device code.
+    let mut b = build(&Spec::default());
+    let at = ElfView::parse(&b)
+        .unwrap()
+        .section(".hipFatBinSegment")
+        .unwrap()
+        .unwrap()
+        .offset;
+    crate::bytes::put_u32(&mut b, at as usize, HIPK_MAGIC);
+    assert_eq!(analyze(&b).err().unwrap(), TransformError::MixedWrappers);
+}
+
+#[test]
+fn plan_cuts_whole_pages_and_moves_the_block_after_the_table() {
+    let b = build(&Spec::default());
+    let input = analyze(&b).unwrap();
+    let p = plan(&input, META.len() as u64).unwrap();
+    // .hip_fatbin: 0x1000..0x4000 + tail. The first page is kept (metadata
+    // and the moved block), pages 0x2000..0x4000 leave the file.
+    assert!(p.split);
+    assert_eq!(p.keep, PAGE);
+    assert_eq!(p.cut.start, 2 * PAGE);
+    assert_eq!(p.cut.end, 4 * PAGE);
+    assert_eq!(p.cut.removed, 2 * PAGE);
+    assert_eq!(p.cut_addr_end, 4 * PAGE);
+    // X splits in two: the table grows by one entry over .dynsym, which
+    // moves (with .dynstr and .rela.dyn) to after the metadata.
+    assert_eq!(p.phdrs.len(), 5);
+    let bl = p.block.expect("a block moves");
+    assert_eq!(bl.start_off, EHDR_SIZE as u64 + 4 * PHDR_SIZE as u64);
+    assert!(bl.start_addr.wrapping_add(bl.addr_delta) >= PAGE + META.len() as u64);
+    let (x1, x2) = (p.phdrs[1], p.phdrs[2]);
+    assert_eq!(x1.p_filesz(LE), 2 * PAGE);
+    assert_eq!(x1.p_memsz(LE), 4 * PAGE);
+    assert_eq!(x2.p_vaddr(LE), 4 * PAGE);
+    assert_eq!(x2.p_offset(LE), 2 * PAGE);
+    assert_eq!(p.phdrs[0].p_filesz(LE), 5 * PHDR_SIZE as u64);
+    // File offsets after the cut move down by the removed size.
+    assert_eq!(p.map_off(5 * PAGE), Some(3 * PAGE));
+    assert_eq!(p.map_off(3 * PAGE), None);
+    assert_eq!(p.map_off(PAGE), Some(PAGE));
+}
+
+#[test]
+fn plan_without_a_tail_needs_no_new_segment() {
+    let b = build(&Spec {
+        fatbin_ends_on_page: true,
+        ..Spec::default()
+    });
+    let input = analyze(&b).unwrap();
+    let p = plan(&input, META.len() as u64).unwrap();
+    assert!(p.split);
+    assert!(p.block.is_none());
+    assert_eq!(p.phdrs.len(), 4);
+    assert_eq!(p.cut.removed, 3 * PAGE);
+}
+
+#[test]
+fn plan_for_a_small_section_cuts_nothing() {
+    let b = build(&Spec {
+        bundles: vec![600],
+        ..Spec::default()
+    });
+    let input = analyze(&b).unwrap();
+    let p = plan(&input, META.len() as u64).unwrap();
+    assert!(!p.split);
+    assert_eq!(p.cut.removed, 0);
+    assert!(p.block.is_none());
+    assert_eq!(p.phdrs.len(), 4);
+    // Metadata larger than the section: no room.
+    assert!(matches!(
+        plan(&input, 1 << 20),
+        Err(TransformError::NoRoom { .. })
+    ));
+}
+
+/// The whole transform, checked by the verifier and field by field.
+fn transformed(spec: &Spec) -> (Vec<u8>, Transformed) {
+    let b = build(spec);
+    let t = transform(&b, META).unwrap();
+    let v = verify_elf(&t.bytes, Some(t.bundles)).unwrap();
+    assert_eq!(v.metadata_addr, PAGE);
+    assert_eq!(v.co_indices.len(), spec.wrappers.len());
+    assert_eq!(classify(&t.bytes), Class::Offloaded);
+    (b, t)
+}
+
+#[test]
+fn write_removes_the_pages_and_points_wrappers_at_the_metadata() {
+    let (b, t) = transformed(&Spec::default());
+    assert_eq!(t.removed, 2 * PAGE);
+    let out = ElfView::parse(&t.bytes).unwrap();
+    let fat = out.section(".hip_fatbin").unwrap().unwrap();
+    assert!(fat.is_nobits());
+    let meta = out.section(".rocm_kpack_ref").unwrap().unwrap();
+    assert_eq!((meta.addr, meta.offset, meta.data), (PAGE, PAGE, META));
+    // Wrapper: HIPK, co_index 0; its relocation now names the metadata.
+    let w = out.section(".hipFatBinSegment").unwrap().unwrap();
+    let wrapper = Wrapper::parse(w.data.try_into().unwrap());
+    assert_eq!((wrapper.magic, wrapper.reserved1), (HIPK_MAGIC, 0));
+    assert_eq!(out.relas().unwrap()[0].r_addend, PAGE as i64);
+    // The moved .dynsym: DT_SYMTAB and its section header follow, and the
+    // fatbin symbol now names the metadata section.
+    let dynsym = &out.shdrs()[DYNSYM];
+    assert!(dynsym.sh_addr(LE) > PAGE);
+    let syms: &[Sym] = dynsym.data_as_array(LE, &t.bytes[..]).unwrap();
+    assert_eq!(syms[1].st_value(LE), PAGE);
+    assert_eq!(usize::from(syms[1].st_shndx(LE)), out.shdrs().len() - 1);
+    let dynamic = out.section(".dynamic").unwrap().unwrap();
+    let symtab = crate::bytes::u64_at(dynamic.data, 8).unwrap();
+    assert_eq!(symtab, dynsym.sh_addr(LE));
+    // The RW segment moved down by the removed pages, its bytes unchanged
+    // but for the wrapper and the three dynamic entries of moved sections.
+    let rw = |e: &ElfView| {
+        let p = e
+            .phdrs()
+            .iter()
+            .find(|p| p.is_load() && p.p_flags(LE) & elf::PF_W != 0);
+        let p = p.unwrap();
+        (p.p_offset(LE) as usize, p.p_filesz(LE) as usize)
+    };
+    let (in_off, len) = rw(&ElfView::parse(&b).unwrap());
+    let (out_off, out_len) = rw(&out);
+    assert_eq!((in_off - out_off, len), (2 * PAGE as usize, out_len));
+    let differ: Vec<usize> = (0..len)
+        .filter(|&k| b[in_off + k] != t.bytes[out_off + k])
+        .collect();
+    let dyn_rel = (dynamic.offset as usize) - out_off;
+    let allowed = |k: usize| {
+        k < 24
+            || [8, 24, 40]
+                .iter()
+                .any(|d| (dyn_rel + d..dyn_rel + d + 8).contains(&k))
+    };
+    assert!(differ.iter().all(|&k| allowed(k)), "{differ:?}");
+    assert!(!differ.is_empty());
+    let x1 = out.phdrs()[1];
+    assert!(x1.is_load() && x1.p_memsz(LE) == 4 * PAGE);
+}
+
+#[test]
+fn write_small_section_in_place() {
+    let (b, t) = transformed(&Spec {
+        bundles: vec![600],
+        ..Spec::default()
+    });
+    assert_eq!(t.removed, 0);
+    // Nothing of the bundle stays: the section's old bytes are zero after
+    // the metadata.
+    let out = ElfView::parse(&t.bytes).unwrap();
+    let fat_in = ElfView::parse(&b)
+        .unwrap()
+        .section(".hip_fatbin")
+        .unwrap()
+        .unwrap();
+    let start = (fat_in.offset as usize) + META.len();
+    let end = (fat_in.offset + fat_in.size) as usize;
+    assert!(t.bytes[start..end].iter().all(|&c| c == 0));
+    assert!(out.section(".hip_fatbin").unwrap().unwrap().is_nobits());
+    assert_eq!(out.phdrs().len(), 4);
+}
+
+#[test]
+fn write_several_bundles_and_page_aligned_end() {
+    let (_, t) = transformed(&Spec {
+        bundles: vec![PAGE as usize, 2 * PAGE as usize],
+        wrappers: vec![Some(0), Some(1)],
+        fatbin_ends_on_page: true,
+        ..Spec::default()
+    });
+    let cos: Vec<u32> = t.wrappers.iter().map(|w| w.co_index).collect();
+    assert_eq!(cos, vec![0, 1]);
+    assert!(t.removed >= 4 * PAGE);
+    // Transforming the output again is refused: it is offloaded.
+    assert_eq!(
+        analyze(&t.bytes).err().unwrap(),
+        TransformError::HalfOffloaded
+    );
+}
