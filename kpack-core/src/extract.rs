@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use crate::archive::Archive;
 use crate::binary::{classify, Class};
 use crate::error::{Error, Result, WithPath};
-use crate::fatbin::{read_device_code, DeviceCode};
+use crate::fatbin::{read_device_code, DeviceCode, FatBinary, Offloaded};
 use crate::input::map_file;
 use crate::output::StagedDir;
 use crate::target::TargetId;
@@ -89,99 +89,113 @@ fn target_matches(have: &str, want: &str) -> bool {
         || matches!((TargetId::parse(have), TargetId::parse(want)), (Ok(a), Ok(b)) if a == b)
 }
 
+/// What extraction found: the files to write, and every target seen (for
+/// the error when none matches).
+#[derive(Default)]
+struct Found<'a> {
+    files: Vec<(Extracted, Cow<'a, [u8]>)>,
+    available: Vec<String>,
+}
+
 /// Extract every code object of `input` (a fat binary, raw bundle file or
-/// `.kpack` archive), or only those for `target`, into `out_dir`.
+/// `.kpack` archive), or only those for `target`, into `out_dir`. On an
+/// offloaded binary, its wrappers are resolved through its metadata and
+/// archives.
 pub fn extract(input: &Path, out_dir: &Path, target: Option<&str>) -> Result<Vec<Extracted>> {
     let mapped = map_file(input)?;
-    let mut files: Vec<(Extracted, Cow<[u8]>)> = Vec::new();
-    let mut available: Vec<String> = Vec::new();
-    match classify(&mapped) {
-        Class::Archive => {
-            let archive = Archive::open(input)?;
-            for (key, tgt) in archive.keys_and_targets() {
-                available.push(tgt.to_string());
-                if target.is_some_and(|t| !target_matches(tgt, t)) {
+    let write = |found: Found| write_all(input, out_dir, target, found.files, found.available);
+    if classify(&mapped) == Class::Archive {
+        return write(from_archive(&Archive::open(input)?, input, target)?);
+    }
+    match read_device_code(input, &mapped)? {
+        DeviceCode::Fat(fat) => write(from_fat(&fat, target)),
+        DeviceCode::Offloaded(o) => write(from_offloaded(&o, input, target)?),
+    }
+}
+
+fn wanted(target: Option<&str>, have: &str) -> bool {
+    target.is_none_or(|t| target_matches(have, t))
+}
+
+fn from_archive<'a>(archive: &Archive, path: &Path, target: Option<&str>) -> Result<Found<'a>> {
+    let mut found = Found::default();
+    for (key, tgt) in archive.keys_and_targets() {
+        found.available.push(tgt.to_string());
+        if !wanted(target, tgt) {
+            continue;
+        }
+        let bytes = archive.kernel(key, tgt).with_path(path)?;
+        let info = Extracted {
+            file: archive_file_name(key, tgt),
+            target: tgt.to_string(),
+            key: Some(key.to_string()),
+            bundle: None,
+            size: bytes.len() as u64,
+        };
+        found.files.push((info, Cow::Owned(bytes)));
+    }
+    Ok(found)
+}
+
+fn from_fat<'a>(fat: &'a FatBinary, target: Option<&str>) -> Found<'a> {
+    let mut found = Found::default();
+    let several = fat.bundles.len() > 1;
+    for b in &fat.bundles {
+        for e in b.device_entries() {
+            found.available.push(e.target().to_string());
+            if !wanted(target, e.target()) {
+                continue;
+            }
+            let info = Extracted {
+                file: fatbin_file_name(e.target(), several.then_some(b.index)),
+                target: e.target().to_string(),
+                key: None,
+                bundle: Some(b.index),
+                size: e.data.len() as u64,
+            };
+            found.files.push((info, Cow::Borrowed(&e.data[..])));
+        }
+    }
+    found
+}
+
+/// Resolve each wrapper through the metadata and the archives its search
+/// paths name: what a GPU would load.
+fn from_offloaded<'a>(o: &Offloaded, input: &Path, target: Option<&str>) -> Result<Found<'a>> {
+    let mut found = Found::default();
+    let mut cos: Vec<u64> = o.wrappers.iter().map(|w| w.reserved1).collect();
+    cos.sort_unstable();
+    cos.dedup();
+    let several = cos.len() > 1 || cos.iter().any(|&c| c > 0);
+    let base = crate::output::parent_dir(input);
+    let mut seen = std::collections::BTreeSet::new();
+    for pattern in &o.metadata.search_paths {
+        for path in expand_search_path(base, pattern) {
+            let archive = Archive::open(&path)?;
+            for tgt in archive.gfx_arches() {
+                found.available.push(tgt.clone());
+                if !wanted(target, tgt) {
                     continue;
                 }
-                let bytes = archive.kernel(key, tgt).with_path(input)?;
-                files.push((
-                    Extracted {
-                        file: archive_file_name(key, tgt),
-                        target: tgt.to_string(),
-                        key: Some(key.to_string()),
-                        bundle: None,
+                for &co in &cos {
+                    let key = crate::offload::archive_key(&o.metadata.kernel_name, co as usize);
+                    if archive.entry(&key, tgt).is_none() || !seen.insert((tgt.clone(), co)) {
+                        continue;
+                    }
+                    let bytes = archive.kernel(&key, tgt).with_path(&path)?;
+                    let info = Extracted {
+                        file: fatbin_file_name(tgt, several.then_some(co as usize)),
+                        target: tgt.clone(),
+                        key: Some(key),
+                        bundle: Some(co as usize),
                         size: bytes.len() as u64,
-                    },
-                    Cow::Owned(bytes),
-                ));
+                    };
+                    found.files.push((info, Cow::Owned(bytes)));
+                }
             }
         }
-        _ => match read_device_code(input, &mapped)? {
-            DeviceCode::Fat(fat) => {
-                let several = fat.bundles.len() > 1;
-                for b in &fat.bundles {
-                    for e in b.device_entries() {
-                        available.push(e.target().to_string());
-                        if target.is_some_and(|t| !target_matches(e.target(), t)) {
-                            continue;
-                        }
-                        files.push((
-                            Extracted {
-                                file: fatbin_file_name(e.target(), several.then_some(b.index)),
-                                target: e.target().to_string(),
-                                key: None,
-                                bundle: Some(b.index),
-                                size: e.data.len() as u64,
-                            },
-                            Cow::Borrowed(&e.data[..]),
-                        ));
-                    }
-                }
-                return write_all(input, out_dir, target, files, available);
-            }
-            DeviceCode::Offloaded(o) => {
-                // Resolve each wrapper through the metadata and the archives
-                // its search paths name: what a GPU would load.
-                let mut cos: Vec<u64> = o.wrappers.iter().map(|w| w.reserved1).collect();
-                cos.sort_unstable();
-                cos.dedup();
-                let several = cos.len() > 1 || cos.iter().any(|&c| c > 0);
-                let base = crate::output::parent_dir(input);
-                let mut seen = std::collections::BTreeSet::new();
-                for pattern in &o.metadata.search_paths {
-                    for path in expand_search_path(base, pattern) {
-                        let archive = Archive::open(&path)?;
-                        for tgt in archive.gfx_arches() {
-                            available.push(tgt.clone());
-                            if target.is_some_and(|t| !target_matches(tgt, t)) {
-                                continue;
-                            }
-                            for &co in &cos {
-                                let key = format!("{}#{co}", o.metadata.kernel_name);
-                                if archive.entry(&key, tgt).is_none()
-                                    || !seen.insert((tgt.clone(), co))
-                                {
-                                    continue;
-                                }
-                                let bytes = archive.kernel(&key, tgt).with_path(&path)?;
-                                files.push((
-                                    Extracted {
-                                        file: fatbin_file_name(tgt, several.then_some(co as usize)),
-                                        target: tgt.clone(),
-                                        key: Some(key),
-                                        bundle: Some(co as usize),
-                                        size: bytes.len() as u64,
-                                    },
-                                    Cow::Owned(bytes),
-                                ));
-                            }
-                        }
-                    }
-                }
-            }
-        },
     }
-    write_all(input, out_dir, target, files, available)
+    Ok(found)
 }
 
 /// The archive files a search path names, relative to `base` unless

@@ -37,7 +37,11 @@ fn offloaded_binary_with_unaligned_section_headers() {
     assert_eq!(shoff % 8, 3);
     fs::write(&lib, &odd).unwrap();
     // readelf agrees the file is fine.
-    let re = Command::new("readelf").arg("-SW").arg(&lib).output().unwrap();
+    let re = Command::new("readelf")
+        .arg("-SW")
+        .arg(&lib)
+        .output()
+        .unwrap();
     assert!(re.status.success());
     assert!(String::from_utf8_lossy(&re.stderr).trim().is_empty());
     assert!(String::from_utf8_lossy(&re.stdout).contains(".rocm_kpack_ref"));

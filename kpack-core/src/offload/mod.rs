@@ -206,17 +206,45 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
         transform_seconds: 0.0,
         archive_seconds: 0.0,
     };
-    let copy_unchanged = |summary: &mut OffloadSummary, outcome, note: &str| -> Result<()> {
+    if let Some((outcome, note)) = pass_through(input, bytes)? {
         if !same_file(input, output) {
             fs::create_dir_all(parent_dir(output)).with_path(parent_dir(output))?;
             write_atomically_with_mode(output, Some(mode), |f| f.write_all(bytes))?;
         }
         summary.outcome = outcome;
         summary.note = Some(note.into());
-        Ok(())
-    };
-    let (outcome, note) = match classify(bytes) {
-        Class::Fat => (Outcome::Offloaded, ""),
+        return Ok(summary);
+    }
+    let code = code_objects_by_target(input, bytes)?;
+    let metadata = metadata_for(output, opts)?;
+    // The host binary, checked before anything is written.
+    let clock = std::time::Instant::now();
+    let t = rewrite(input, bytes, &metadata)?;
+    summary.transform_seconds = clock.elapsed().as_secs_f64();
+    // Directories only once the input is known to be good: bad input leaves
+    // nothing behind.
+    fs::create_dir_all(&opts.archive_dir).with_path(&opts.archive_dir)?;
+    fs::create_dir_all(parent_dir(output)).with_path(parent_dir(output))?;
+    // Archives first, then the binary that names them.
+    let clock = std::time::Instant::now();
+    let group = opts.group.clone().unwrap_or_else(|| default_group(output));
+    summary.archives = write_archives(&mapped, code, &group, &metadata.kernel_name, opts)?;
+    summary.archive_seconds = clock.elapsed().as_secs_f64();
+    mapped.release(0..bytes.len());
+    write_atomically_with_mode(output, Some(mode), |f| f.write_all(&t.bytes))?;
+    summary.kernel_name = Some(metadata.kernel_name);
+    summary.search_paths = metadata.search_paths;
+    summary.bundles = t.bundles;
+    summary.wrappers = t.wrappers;
+    summary.output_size = t.bytes.len() as u64;
+    Ok(summary)
+}
+
+/// What to do with an input that is not a fat binary: copy it unchanged
+/// (with this outcome and note), or refuse it. `None` for a fat binary.
+fn pass_through(input: &Path, bytes: &[u8]) -> Result<Option<(Outcome, &'static str)>> {
+    Ok(Some(match classify(bytes) {
+        Class::Fat => return Ok(None),
         Class::StaticArchive => (
             Outcome::LinkInput,
             "static archive: a link input, copied unchanged",
@@ -244,27 +272,21 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
                 },
             ))
         }
-    };
-    if outcome != Outcome::Offloaded {
-        copy_unchanged(&mut summary, outcome, note)?;
-        return Ok(summary);
-    }
+    }))
+}
 
-    // Code objects, by target.
-    let mut by_target: BTreeMap<String, Vec<CodeObject>> = BTreeMap::new();
-    for co in code_objects(input, bytes)? {
-        by_target.entry(co.target.clone()).or_default().push(co);
-    }
-
-    // Metadata.
+/// The HIPK metadata for `output`: the kernel name (default: the output's
+/// file name) and search paths (default: the archive directory relative to
+/// the output's, `<group>_@GFXARCH@.kpack`), then the extra ones.
+fn metadata_for(output: &Path, opts: &OffloadOptions) -> Result<HipkMetadata> {
     let kernel_name = opts.kernel_name.clone().unwrap_or_else(|| {
         output
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default()
     });
-    let group = opts.group.clone().unwrap_or_else(|| default_group(output));
-    let search_paths = if opts.search_paths.is_empty() {
+    let mut search_paths = if opts.search_paths.is_empty() {
+        let group = opts.group.clone().unwrap_or_else(|| default_group(output));
         let from = absolute(parent_dir(output))?;
         let to = absolute(&opts.archive_dir)?;
         let rel = relative_path(&from, &to);
@@ -272,38 +294,47 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
     } else {
         opts.search_paths.clone()
     };
-    let mut search_paths = search_paths;
     for p in &opts.extra_search_paths {
         if !search_paths.contains(p) {
             search_paths.push(p.clone());
         }
     }
-    let metadata = HipkMetadata {
-        kernel_name: kernel_name.clone(),
-        search_paths: search_paths.clone(),
-    };
+    Ok(HipkMetadata {
+        kernel_name,
+        search_paths,
+    })
+}
 
-    // The host binary, checked before anything is written.
-    let clock = std::time::Instant::now();
-    let t = rewrite(input, bytes, &metadata)?;
-    summary.transform_seconds = clock.elapsed().as_secs_f64();
-    // Directories only once the input is known to be good: bad input leaves
-    // nothing behind.
-    fs::create_dir_all(&opts.archive_dir).with_path(&opts.archive_dir)?;
-    fs::create_dir_all(parent_dir(output)).with_path(parent_dir(output))?;
-    let clock = std::time::Instant::now();
+type ByTarget<'a> = BTreeMap<String, Vec<CodeObject<'a>>>;
 
-    // Archives first, then the binary that names them.
+fn code_objects_by_target<'a>(input: &Path, bytes: &'a [u8]) -> Result<ByTarget<'a>> {
+    let mut by_target = ByTarget::new();
+    for co in code_objects(input, bytes)? {
+        by_target.entry(co.target.clone()).or_default().push(co);
+    }
+    Ok(by_target)
+}
+
+/// One archive per target, `<group>_<target>.kpack`, with the code objects
+/// of `mapped` (whose pages are released as they are written).
+fn write_archives(
+    mapped: &crate::input::Mapped,
+    by_target: ByTarget,
+    group: &str,
+    kernel_name: &str,
+    opts: &OffloadOptions,
+) -> Result<Vec<ArchiveWritten>> {
+    let mut written = Vec::with_capacity(by_target.len());
     for (target, cos) in &by_target {
-        let path = opts.archive_dir.join(archive_file_name(&group, target));
-        let mut w = ArchiveWriter::new(group.clone(), target.clone(), vec![target.clone()])
+        let path = opts.archive_dir.join(archive_file_name(group, target));
+        let mut w = ArchiveWriter::new(group.to_string(), target.clone(), vec![target.clone()])
             .scheme(opts.scheme)
             .zstd_level(opts.level)
             .on_written(|data| mapped.release_slice(data));
         for co in cos {
             let meta = vec![("target".to_string(), co.triple.as_str().into())];
             w.add(
-                archive_key(&kernel_name, co.bundle),
+                archive_key(kernel_name, co.bundle),
                 target.clone(),
                 &co.data[..],
                 Some(meta),
@@ -314,7 +345,7 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
             })?;
         }
         let s = w.write(&path)?;
-        summary.archives.push(ArchiveWritten {
+        written.push(ArchiveWritten {
             path,
             target: target.clone(),
             kernels: s.kernels,
@@ -322,15 +353,7 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
             bytes_out: s.bytes_out,
         });
     }
-    summary.archive_seconds = clock.elapsed().as_secs_f64();
-    mapped.release(0..bytes.len());
-    write_atomically_with_mode(output, Some(mode), |f| f.write_all(&t.bytes))?;
-    summary.kernel_name = Some(kernel_name);
-    summary.search_paths = search_paths;
-    summary.bundles = t.bundles;
-    summary.wrappers = t.wrappers;
-    summary.output_size = t.bytes.len() as u64;
-    Ok(summary)
+    Ok(written)
 }
 
 /// Every device code object of a fat binary's `.hip_fatbin`, in bundle
