@@ -1,6 +1,8 @@
 //! `kpack`: the command-line face of kpack-core. Flags become calls, results
 //! become text or JSON; all the work happens in kpack-core.
 
+#![forbid(unsafe_code)]
+
 mod artifacts;
 
 use std::path::PathBuf;

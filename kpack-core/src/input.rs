@@ -1,5 +1,5 @@
-//! Opening input files: memory-mapped, read-only, and classified by their
-//! first bytes.
+//! Opening input files: memory-mapped, read-only. This module holds
+//! kpack-core's only `unsafe` code (the map and a page-release hint).
 
 use std::fs::File;
 use std::ops::Deref;
@@ -35,6 +35,7 @@ impl Mapped {
                 // drops resident pages; touching them again refaults the
                 // same bytes from the file. No writable private copy exists
                 // whose contents could be lost.
+                #[allow(unsafe_code)]
                 let _ = unsafe {
                     map.unchecked_advise_range(
                         memmap2::UncheckedAdvice::DontNeed,
@@ -81,7 +82,9 @@ pub fn map_file(path: &Path) -> Result<Mapped> {
         // only if another process rewrites the file in place, which kpack's
         // documented contract (replace by rename) excludes. Every parser
         // treats the bytes as untrusted input and bounds-checks them.
-        Some(unsafe { memmap2::Mmap::map(&file) }.with_path(path)?)
+        #[allow(unsafe_code)]
+        let map = unsafe { memmap2::Mmap::map(&file) }.with_path(path)?;
+        Some(map)
     };
     Ok(Mapped {
         path: path.to_path_buf(),

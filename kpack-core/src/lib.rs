@@ -1,38 +1,60 @@
 //! kpack-core: the formats and algorithms of kpack.
 //!
-//! One module per format, each parsing borrowed bytes (`&[u8]`, usually a
-//! memory map) and returning borrowed views:
-//! - [`bundle`]: clang offload bundles, plain and compressed (CCOB), as found
-//!   in a `.hip_fatbin` section;
-//! - [`target`]: AMDGPU target IDs (`gfx942:sramecc+:xnack-`) and matching;
-//! - [`msgpack`]: the small MessagePack subset used by archive TOCs and HIPK
-//!   metadata;
-//! - [`archive`]: `.kpack` archives, reading and writing;
-//! - [`hipk`]: the HIPK metadata blob of an offloaded binary;
-//! - [`elf`]: ELF section access for fat and offloaded host binaries;
-//! - [`input`]: opening and classifying input files;
-//! - [`artifact`]: split, verify, recombine and pack-tree over build
-//!   artifacts and install trees (SPEC §5).
+//! The data flow, in the order of the modules below:
 //!
-//! Nothing here prints or exits; every failure is an [`Error`] that names the
-//! file and what was wrong.
+//! 1. A file is opened ([`input`]: a read-only memory map) and classified
+//!    ([`binary::classify`]: fat binary, offloaded binary, host-only,
+//!    debug-only, link input, bundle, archive). A host binary is ELF
+//!    ([`elf`], through `object`'s header types); [`binary::HostBinary`]
+//!    gives its device-code sections and its wrapper table (`HIPF`/`HIPK`
+//!    records, [`hipk::Wrapper`]) with each pointer resolved.
+//! 2. The device code of a fat binary is a list of clang offload bundles
+//!    ([`bundle`]: plain and compressed), one code object per target ID
+//!    ([`target`]); [`fatbin`] puts bundles and wrappers together for `ls`
+//!    and `extract` ([`inspect`], [`extract`]).
+//! 3. Offloading ([`offload`]) writes the code objects into per-target
+//!    `.kpack` archives ([`archive`]: MessagePack TOC through `rmp`, zstd
+//!    per kernel) and rewrites the binary into a host-only one whose
+//!    wrappers point at HIPK metadata ([`hipk`]); [`offload::verify_elf`]
+//!    checks the result. Every file is written atomically and durably
+//!    ([`output`]).
+//! 4. At run time the loader ([`loader`]) reads the HIPK metadata, finds
+//!    the archives along its search paths and returns the code object for
+//!    the device's target (the C API of `kpack-cxx` is a thin face of it).
+//! 5. On top: [`artifact`] splits, verifies and recombines TheRock build
+//!    artifacts and packs install trees, file by file through the same
+//!    classification, offload and archive writer.
+//!
+//! Every module parses borrowed bytes and returns borrowed views where it
+//! can; [`bytes`] is the one little-endian reader. Nothing here prints or
+//! exits; every failure is an [`Error`] that names the file and what was
+//! wrong.
 
-pub mod archive;
-pub mod artifact;
+#![deny(unsafe_code)]
+
+pub mod input;
+
 pub mod binary;
-pub mod bundle;
 pub mod bytes;
 pub mod elf;
-pub mod error;
-pub mod extract;
-pub mod fatbin;
 pub mod hipk;
-pub mod input;
+
+pub mod bundle;
+pub mod fatbin;
+pub mod target;
+
+pub mod extract;
 pub mod inspect;
-pub mod loader;
+
+pub mod archive;
 pub mod msgpack;
 pub mod offload;
 pub mod output;
-pub mod target;
+
+pub mod loader;
+
+pub mod artifact;
+
+pub mod error;
 
 pub use error::{Error, Result};

@@ -119,6 +119,7 @@ impl Archive {
             // being truncated or rewritten in place while it is open (kpack
             // itself only ever replaces archives by renaming a new file over
             // them, which leaves this mapping intact).
+            #[allow(unsafe_code)] // until the reader uses input::map_file
             let map = unsafe { memmap2::Mmap::map(&file) }.with_path(path)?;
             Storage::Mapped(map, file)
         };
