@@ -11,21 +11,15 @@ fn check(binary: &Path) -> usize {
     let scratch = tempfile::tempdir().unwrap();
     let fatbin = objcopy_section(binary, ".hip_fatbin", scratch.path());
     assert!(!fatbin.is_empty(), "{}: no .hip_fatbin", binary.display());
-    let bundles = split_bundles(&fatbin);
+    let several = split_bundles(&fatbin).len() > 1;
     let mut expected = BTreeMap::new();
-    for (i, b) in bundles.iter().enumerate() {
-        let file = scratch.path().join(format!("bundle{i}.bin"));
-        std::fs::write(&file, b).unwrap();
-        let sub = scratch.path().join(format!("b{i}"));
-        std::fs::create_dir(&sub).unwrap();
-        for (target, bytes) in bundler_unbundle(&file, &sub) {
-            let name = if bundles.len() > 1 {
-                format!("{target}#{i}.hsaco")
-            } else {
-                format!("{target}.hsaco")
-            };
-            assert!(expected.insert(name, bytes).is_none());
-        }
+    for ((i, target), bytes) in code_objects(binary) {
+        let name = if several {
+            format!("{target}#{i}.hsaco")
+        } else {
+            format!("{target}.hsaco")
+        };
+        assert!(expected.insert(name, bytes).is_none());
     }
     assert!(
         !expected.is_empty(),
@@ -93,7 +87,7 @@ fn every_fixture_is_checked() {
         "libvadd_relr.so",
     ];
     for f in fixtures() {
-        if f.device_code {
+        if f.device_code() {
             assert!(
                 covered.contains(&f.name.as_str()),
                 "fixture {} has no ground-truth test",

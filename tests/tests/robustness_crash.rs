@@ -16,26 +16,12 @@
 //! Also: `kpack offload` and `kpack pack-tree` killed part-way leave no
 //! file under a final name.
 
-mod pipeline_support;
-
-use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kpack_e2e::*;
-use pipeline_support::*;
-
-type Snapshot = BTreeMap<String, (char, Vec<u8>, u32)>;
-
-fn scratch() -> tempfile::TempDir {
-    if Path::new("/dev/shm").is_dir() {
-        tempfile::tempdir_in("/dev/shm").unwrap()
-    } else {
-        tempfile::tempdir().unwrap()
-    }
-}
 
 fn split_args(input: &Path, out: &Path) -> Vec<std::ffi::OsString> {
     [

@@ -6,25 +6,11 @@
 //! (its JSON report) and offload. (`pipeline.rs` checks split with
 //! `--jobs 1`/`2` on one shard; this extends it to every command.)
 
-mod pipeline_support;
-
-use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use kpack_e2e::*;
-use pipeline_support::*;
-
-type Snapshot = BTreeMap<String, (char, Vec<u8>, u32)>;
-
-fn scratch() -> tempfile::TempDir {
-    if Path::new("/dev/shm").is_dir() {
-        tempfile::tempdir_in("/dev/shm").unwrap()
-    } else {
-        tempfile::tempdir().unwrap()
-    }
-}
 
 /// Recreate the tree `src` at `dst`, creating entries in reverse order.
 fn reversed_copy(src: &Path, dst: &Path) {
