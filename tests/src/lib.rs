@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
+pub use kpack_testkit::cprog::Program;
 pub use kpack_testkit::manifest::{self, Entry, Manifest};
 pub use kpack_testkit::shards::{
     database_files, BASE_PREFIX, FAT_BINARIES, FFT_MISSING_PREFIX, FFT_PREFIX, HIPBLASLT_PREFIX,
@@ -145,6 +146,11 @@ pub fn run_ok(cmd: &mut Command) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Panic with the compiler's output if building a C program failed.
+pub fn built<E: std::fmt::Display>(result: Result<(), E>) {
+    result.unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 // The independent oracle (kpack_testkit::oracle), panicking on failure.

@@ -148,7 +148,9 @@ void __hipRegisterTexture(void) {}
         )
         .unwrap();
         let so = dir.join("libhipshim.so");
-        run_ok(Command::new("cc").args(["-shared", "-fPIC", "-o"]).arg(&so).arg(&src));
+        let mut p = Program::c("c11");
+        p.cc().flag("-shared");
+        built(p.input(&src).link(&so));
         so
     })
     .clone()
@@ -361,7 +363,7 @@ fn librocrand_shrinks_loads_and_keeps_its_code_objects() {
     )
     .unwrap();
     let exe = dir.path().join("v");
-    run_ok(Command::new("cc").arg("-o").arg(&exe).arg(&src).arg("-ldl"));
+    built(Program::c("c11").input(&src).input("-ldl").link(&exe));
     let v0 = run_ok(Command::new(&exe).arg(input));
     let v1 = run_ok(Command::new(&exe).arg(&o.out));
     assert_eq!(v0, v1);
@@ -659,23 +661,16 @@ fn c_runtime_loads_offloaded_fixtures() {
     let lib = target.join("debug/librocm_kpack.a");
     let dir = tempfile::tempdir().unwrap();
     let checker = dir.path().join("check");
-    run_ok(
-        Command::new("cc")
-            .args([
-                "-std=c11",
-                "-Wall",
-                "-Werror",
-                "-rdynamic",
-                "-DROCM_KPACK_STATIC",
-                "-o",
-            ])
-            .arg(&checker)
-            .arg("-I")
-            .arg(root.join("kpack-cxx/include"))
-            .arg(root.join("integration/cmake-consumer/check.c"))
-            .arg(&lib)
-            .args(["-ldl", "-lpthread", "-lm", "-lgcc_s", "-lrt", "-lutil"]),
-    );
+    let mut p = Program::c("c11");
+    p.cc()
+        .warnings(true)
+        .warnings_into_errors(true)
+        .flag("-rdynamic")
+        .define("ROCM_KPACK_STATIC", None)
+        .include(root.join("kpack-cxx/include"));
+    p.input(root.join("integration/cmake-consumer/check.c"))
+        .static_runtime(&lib);
+    built(p.link(&checker));
     for f in fixtures()
         .into_iter()
         .filter(|f| f.device_code() && f.name.ends_with(".so"))
