@@ -3,6 +3,7 @@
 //! independent bundle oracle, the shard tree) in the tests' panicking form.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
@@ -228,6 +229,49 @@ pub fn find(dir: &Path, pred: &dyn Fn(&str) -> bool) -> Vec<PathBuf> {
         .filter(|k| pred(Path::new(k).file_name().unwrap().to_str().unwrap()))
         .map(|k| dir.join(k))
         .collect()
+}
+
+/// Recreate the tree `src` at `dst`, creating entries in reverse order (on
+/// tmpfs, which lists newest first, the copy lists in the opposite order).
+pub fn reversed_copy(src: &Path, dst: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dst).unwrap();
+    let snap = snapshot(src);
+    for (rel, entry) in snap.iter().rev() {
+        let one = Snapshot::from([(rel.clone(), entry.clone())]);
+        tree::restore(&one, dst).unwrap_or_else(|e| panic!("{e:#}"));
+    }
+    // Directory modes last (a read-only directory would block the writes).
+    for (rel, (kind, _, mode)) in snap {
+        if kind == 'd' {
+            std::fs::set_permissions(dst.join(rel), std::fs::Permissions::from_mode(mode)).unwrap();
+        }
+    }
+}
+
+/// The arguments of `kpack split` over one shard of the shard tree (every
+/// artifact of `shard` into `out`, its databases split), as the tutorial
+/// splits it.
+pub fn split_shard_args(shard: &Path, out: &Path, jobs: &str) -> Vec<OsString> {
+    let mut args: Vec<OsString> = vec![
+        "split".into(),
+        "--batch-artifact-parent-dir".into(),
+        shard.into(),
+        "--output-dir".into(),
+        out.into(),
+        "--split-databases".into(),
+    ];
+    args.extend(SPLIT_DATABASES.iter().map(OsString::from));
+    args.extend(["--jobs".into(), jobs.into()]);
+    args
+}
+
+/// Run `kpack split` over one shard (see [`split_shard_args`]), assert
+/// success.
+pub fn split_shard(shard: &Path, out: &Path, jobs: &str) {
+    let args = split_shard_args(shard, out, jobs);
+    let args: Vec<&dyn AsRef<OsStr>> = args.iter().map(|a| a as &dyn AsRef<OsStr>).collect();
+    kpack_ok(&args);
 }
 
 /// A scratch directory on tmpfs when there is one (fast, and it lists

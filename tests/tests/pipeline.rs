@@ -413,34 +413,11 @@ fn split_is_deterministic() {
     make_shard(&a, shard, family, targets);
     // b: the same entries created in the opposite order.
     let b = base.path().join("b");
-    let snap = snapshot(&a.join(shard));
-    for (rel, (kind, bytes, mode)) in snap.iter().rev() {
-        let p = b.join(shard).join(rel);
-        fs::create_dir_all(p.parent().unwrap()).unwrap();
-        match kind {
-            'd' => fs::create_dir_all(&p).unwrap(),
-            'l' => std::os::unix::fs::symlink(std::str::from_utf8(bytes).unwrap(), &p).unwrap(),
-            _ => {
-                fs::write(&p, bytes).unwrap();
-                fs::set_permissions(&p, fs::Permissions::from_mode(*mode)).unwrap();
-            }
-        }
-    }
+    reversed_copy(&a.join(shard), &b.join(shard));
     let mut outs = Vec::new();
     for (input, jobs) in [(&a, "1"), (&b, "2")] {
         let out = base.path().join(format!("out-{jobs}"));
-        kpack_ok(&[
-            &"split",
-            &"--batch-artifact-parent-dir",
-            &input.join(shard),
-            &"--output-dir",
-            &out,
-            &"--split-databases",
-            &"rocblas",
-            &"hipblaslt",
-            &"--jobs",
-            &jobs,
-        ]);
+        split_shard(&input.join(shard), &out, jobs);
         outs.push(snapshot(&out));
     }
     assert!(outs[0].len() > 20);

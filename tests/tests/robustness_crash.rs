@@ -24,25 +24,11 @@ use std::time::{Duration, Instant};
 use kpack_e2e::*;
 
 fn split_args(input: &Path, out: &Path) -> Vec<std::ffi::OsString> {
-    [
-        "split".as_ref(),
-        "--batch-artifact-parent-dir".as_ref(),
-        input.as_os_str(),
-        "--output-dir".as_ref(),
-        out.as_os_str(),
-        "--split-databases".as_ref(),
-        "rocblas".as_ref(),
-        "hipblaslt".as_ref(),
-        "--jobs".as_ref(),
-        "1".as_ref(),
-        // Slow compression stretches the run, so that the kill points fall
-        // in every phase (packing, archives, manifests, renames).
-        "--compression-level".as_ref(),
-        "22".as_ref(),
-    ]
-    .iter()
-    .map(|s: &&std::ffi::OsStr| s.to_os_string())
-    .collect()
+    let mut args = split_shard_args(input, out, "1");
+    // Slow compression stretches the run, so that the kill points fall in
+    // every phase (packing, archives, manifests, renames).
+    args.extend(["--compression-level".into(), "22".into()]);
+    args
 }
 
 /// Visible entries (not below a hidden top-level directory), and the names
