@@ -19,7 +19,6 @@ fn program() -> &'static Path {
     PROGRAM.get_or_init(|| {
         let out = build_dir("c_api").join("api_test");
         build_program(
-            "cc",
             "c11",
             &crate_dir().join("tests/c/api_test.c"),
             &staticlib(),
@@ -497,12 +496,9 @@ fn datum_library(dir: &Path) -> PathBuf {
     let src = dir.join("datum.c");
     std::fs::write(&src, "int kpack_test_datum[1024] = {1};\n").unwrap();
     let lib = dir.join("libdatum.so");
-    run_ok(
-        Command::new("cc")
-            .args(["-shared", "-fPIC", "-o"])
-            .arg(&lib)
-            .arg(&src),
-    );
+    let mut p = Program::c("c11");
+    p.cc().flag("-shared");
+    built(p.input(&src).link(&lib));
     lib
 }
 

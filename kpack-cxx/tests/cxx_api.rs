@@ -33,7 +33,6 @@ fn cxx_api() {
 
     let program = build_dir("cxx_api").join("api_test");
     build_program(
-        "c++",
         "c++17",
         &crate_dir().join("tests/cxx/api_test.cpp"),
         &staticlib(),

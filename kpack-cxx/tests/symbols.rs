@@ -57,25 +57,23 @@ fn prelinked() -> PathBuf {
         .clone()
 }
 
+/// The link flag that finds the shared library `lib` where it is.
+fn rpath(lib: &Path) -> String {
+    format!("-Wl,-rpath,{}", lib.parent().unwrap().display())
+}
+
 /// libprobe.so from tests/c/probe.c and `archive`.
 fn probe_library(archive: &Path, name: &str) -> PathBuf {
     let lib = build_dir("symbols").join(name);
-    run_ok(
-        Command::new("cc")
-            .args([
-                "-shared",
-                "-fPIC",
-                "-fvisibility=hidden",
-                "-Wl,--no-undefined",
-            ])
-            .arg("-I")
-            .arg(include_dir())
-            .arg(crate_dir().join("tests/c/probe.c"))
-            .arg(archive)
-            .args(NATIVE_LIBS)
-            .arg("-o")
-            .arg(&lib),
-    );
+    let mut p = Program::c("gnu17");
+    p.cc()
+        .flag("-shared")
+        .flag("-fvisibility=hidden")
+        .flag("-Wl,--no-undefined")
+        .include(include_dir());
+    p.input(crate_dir().join("tests/c/probe.c"))
+        .static_runtime(archive);
+    built(p.link(&lib));
     lib
 }
 
@@ -120,14 +118,11 @@ fn prelinked_archive_exports_only_the_api() {
     // And it works: a kernel of the reference zstd archive, decompressed
     // by the copy of zstd inside.
     let main = build_dir("symbols").join("probe_main");
-    run_ok(
-        Command::new("cc")
-            .arg(crate_dir().join("tests/c/probe_main.c"))
-            .arg(&lib)
-            .arg(format!("-Wl,-rpath,{}", lib.parent().unwrap().display()))
-            .arg("-o")
-            .arg(&main),
-    );
+    let mut p = Program::c("gnu17");
+    p.input(crate_dir().join("tests/c/probe_main.c"))
+        .input(&lib)
+        .input(rpath(&lib));
+    built(p.link(&main));
     let out = run_ok(Command::new(&main).arg(reference_fixtures().join("test_zstd.kpack")));
     assert_eq!(stdout(&out).trim(), "size=1019");
 }
@@ -169,16 +164,12 @@ fn c_test_program_against_prelinked_and_shared_libraries() {
     ];
     for (name, lib) in progs {
         let exe = build_dir("symbols").join(name);
-        let mut cmd = Command::new("cc");
-        cmd.args(["-std=c11", "-O1", "-I"])
-            .arg(include_dir())
-            .arg(crate_dir().join("tests/c/api_test.c"))
-            .arg(&lib)
-            .args(NATIVE_LIBS)
-            .arg(format!("-Wl,-rpath,{}", lib.parent().unwrap().display()))
-            .arg("-o")
-            .arg(&exe);
-        run_ok(&mut cmd);
+        let mut p = Program::c("c11");
+        p.cc().include(include_dir());
+        p.input(crate_dir().join("tests/c/api_test.c"))
+            .static_runtime(&lib)
+            .input(rpath(&lib));
+        built(p.link(&exe));
         // A load through either library.
         let meta = dir.path().join("m");
         write_metadata(

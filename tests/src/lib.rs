@@ -1,11 +1,21 @@
 //! Helpers for kpack's end-to-end tests: where the fixtures are, running the
-//! `kpack` binary and LLVM's tools, and an independent splitter of
-//! `.hip_fatbin` sections (deliberately not kpack's, so that the ground-truth
-//! test does not check kpack against itself).
+//! `kpack` binary, and the parts of `kpack-testkit` the tests use (the
+//! independent bundle oracle, the shard tree) in the tests' panicking form.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
+
+pub use kpack_testkit::cprog::Program;
+pub use kpack_testkit::manifest::{self, Entry, Manifest};
+pub use kpack_testkit::shards::{
+    database_files, BASE_PREFIX, FAT_BINARIES, FFT_MISSING_PREFIX, FFT_PREFIX, HIPBLASLT_PREFIX,
+    PACKAGING_CONFIG, ROCBLAS_PREFIX, SHARDS, SPLIT_DATABASES,
+};
+pub use kpack_testkit::tree::Snapshot;
+use kpack_testkit::{oracle, shards, tree};
 
 /// The workspace root.
 pub fn workspace() -> PathBuf {
@@ -22,58 +32,45 @@ pub fn fixtures_dir() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace().join("target/fixtures"));
     assert!(
-        dir.join("fixtures.json").is_file(),
+        dir.join(manifest::FILE_NAME).is_file(),
         "fixtures missing in {}: run `cargo xtask fixtures` (or `cargo xtask test`)",
         dir.display()
     );
     dir
 }
 
-/// One compiled fixture, as listed in `fixtures.json`.
+/// One compiled fixture: its `fixtures.json` entry (what it holds) and
+/// where it is.
 #[derive(Debug, Clone)]
 pub struct Fixture {
-    pub name: String,
+    pub entry: Entry,
     pub path: PathBuf,
-    pub targets: Vec<String>,
-    pub bundles: usize,
-    pub wrappers: usize,
-    pub compressed: bool,
-    pub device_code: bool,
+}
+
+impl std::ops::Deref for Fixture {
+    type Target = Entry;
+    fn deref(&self) -> &Entry {
+        &self.entry
+    }
 }
 
 /// Debian's librocrand, a real ROCm library nobody here wrote.
 pub const LIBROCRAND: &str = "/usr/lib/x86_64-linux-gnu/librocrand.so.1.1";
 
-/// The fixtures of `fixtures.json`.
+/// `fixtures.json`.
+pub fn manifest() -> Manifest {
+    Manifest::read(&fixtures_dir()).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// The fixtures of `fixtures.json` (not the shard tree's binaries).
 pub fn fixtures() -> Vec<Fixture> {
     let dir = fixtures_dir();
-    let text = std::fs::read_to_string(dir.join("fixtures.json")).expect("fixtures.json");
-    let v: serde_json::Value = serde_json::from_str(&text).expect("fixtures.json is JSON");
-    let list = v
-        .get("fixtures")
-        .and_then(|x| x.as_array())
-        .or_else(|| v.as_array())
-        .expect("fixture list");
-    list.iter()
-        .map(|f| {
-            let name = f["name"].as_str().expect("name").to_string();
-            let targets: Vec<String> = f["targets"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .map(|t| t.as_str().expect("target").to_string())
-                        .collect()
-                })
-                .unwrap_or_default();
-            Fixture {
-                path: dir.join(f.get("file").and_then(|x| x.as_str()).unwrap_or(&name)),
-                device_code: !targets.is_empty(),
-                targets,
-                bundles: f["bundles"].as_u64().unwrap_or(0) as usize,
-                wrappers: f["wrappers"].as_u64().unwrap_or(0) as usize,
-                compressed: f["compressed"].as_bool().unwrap_or(false),
-                name,
-            }
+    manifest()
+        .fixtures
+        .into_iter()
+        .map(|entry| Fixture {
+            path: dir.join(&entry.name),
+            entry,
         })
         .collect()
 }
@@ -141,13 +138,6 @@ pub fn kpack_fails(args: &[&dyn AsRef<std::ffi::OsStr>]) -> String {
     stderr
 }
 
-/// LLVM 19's tools directory.
-pub fn llvm_bin() -> PathBuf {
-    std::env::var_os("KPACK_LLVM_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/usr/lib/llvm-19/bin"))
-}
-
 /// Run a program, assert success, return stdout.
 pub fn run_ok(cmd: &mut Command) -> String {
     let out = cmd.output().unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
@@ -159,90 +149,139 @@ pub fn run_ok(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Panic with the compiler's output if building a C program failed.
+pub fn built<E: std::fmt::Display>(result: Result<(), E>) {
+    result.unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+// The independent oracle (kpack_testkit::oracle), panicking on failure.
+
 /// The raw bytes of a section, cut out with `objcopy`.
 pub fn objcopy_section(binary: &Path, section: &str, scratch: &Path) -> Vec<u8> {
-    let out = scratch.join(format!("section{}.bin", section.replace('.', "_")));
-    run_ok(
-        Command::new("objcopy")
-            .args(["-O", "binary", "--only-section", section])
-            .arg(binary)
-            .arg(&out),
-    );
-    std::fs::read(&out).expect("objcopy output")
+    oracle::objcopy_section(binary, section, scratch).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
-}
-
-/// Split `.hip_fatbin` bytes into bundles, the test's own way: skip zero
-/// padding; a plain bundle ends at the furthest of its entry table and its
-/// entries' data; a CCOB v2/v3 bundle carries its total size.
+/// Split `.hip_fatbin` bytes into bundles, the tests' own way (not
+/// kpack's).
 pub fn split_bundles(data: &[u8]) -> Vec<Vec<u8>> {
-    let mut out = Vec::new();
-    let mut pos = 0;
-    while pos < data.len() {
-        if data[pos] == 0 {
-            pos += 1;
-            continue;
-        }
-        let b = &data[pos..];
-        let len = if b.starts_with(b"__CLANG_OFFLOAD_BUNDLE__") {
-            let n = u64_at(b, 24) as usize;
-            let mut at = 32;
-            let mut end = 0u64;
-            for _ in 0..n {
-                let (off, size, tl) = (u64_at(b, at), u64_at(b, at + 8), u64_at(b, at + 16));
-                end = end.max(off + size);
-                at += 24 + tl as usize;
-            }
-            end.max(at as u64) as usize
-        } else if b.starts_with(b"CCOB") {
-            match u16::from_le_bytes([b[4], b[5]]) {
-                2 => u32::from_le_bytes(b[8..12].try_into().unwrap()) as usize,
-                3 => u64_at(b, 8) as usize,
-                v => panic!("test splitter: CCOB version {v} has no size"),
-            }
-        } else {
-            panic!("test splitter: unknown bytes at {pos:#x}");
-        };
-        out.push(b[..len].to_vec());
-        pos += len;
-    }
-    out
+    oracle::split_bundles(data)
+        .unwrap_or_else(|e| panic!("test splitter: {e:#}"))
+        .into_iter()
+        .map(<[u8]>::to_vec)
+        .collect()
 }
 
 /// What `clang-offload-bundler` extracts from one bundle file: (target ID,
 /// bytes) for every device entry.
 pub fn bundler_unbundle(bundle: &Path, scratch: &Path) -> Vec<(String, Vec<u8>)> {
-    let tool = llvm_bin().join("clang-offload-bundler");
-    let list = run_ok(
-        Command::new(&tool)
-            .args(["--list", "--type=o"])
-            .arg(format!("--input={}", bundle.display())),
-    );
-    let mut out = Vec::new();
-    for triple in list
-        .lines()
-        .map(str::trim)
-        .filter(|t| !t.is_empty() && !t.starts_with("host-"))
-    {
-        let target = triple
-            .rsplit_once("--")
-            .map(|x| x.1)
-            .unwrap_or("")
-            .to_string();
-        let dest = scratch.join(format!("bundler-{}.co", target.replace(':', "_")));
-        run_ok(
-            Command::new(&tool)
-                .args(["--unbundle", "--type=o"])
-                .arg(format!("--input={}", bundle.display()))
-                .arg(format!("--targets={triple}"))
-                .arg(format!("--output={}", dest.display())),
-        );
-        out.push((target, std::fs::read(&dest).expect("bundler output")));
+    oracle::bundler_unbundle(bundle, scratch).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// clang-offload-bundler's code objects of a fat binary, by (bundle index,
+/// target ID).
+pub fn code_objects(binary: &Path) -> BTreeMap<(usize, String), Vec<u8>> {
+    oracle::code_objects(binary).unwrap_or_else(|e| panic!("{}: {e:#}", binary.display()))
+}
+
+// The shard tree (kpack_testkit::shards) from the compiled fixtures.
+
+/// Lay the whole shard tree out under `root` (`root/<shard>/<artifact>`).
+pub fn make_shards(root: &Path) {
+    shards::make_shards(&fixtures_dir(), root).unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+/// One shard of the tree.
+pub fn make_shard(root: &Path, shard: &str, family: &str, targets: &[&str]) {
+    shards::make_shard(&fixtures_dir(), root, shard, family, targets)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+/// Install artifacts the way a package does (every prefix of each copied
+/// into `root`); a file that two prefixes both provide fails the test.
+pub fn install(artifacts: &[PathBuf], root: &Path) {
+    shards::install(artifacts, root).unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+/// Every entry below `dir`, for comparing trees.
+pub fn snapshot(dir: &Path) -> Snapshot {
+    tree::snapshot(dir).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// Every path below `dir` (relative), for "nothing was written" checks.
+pub fn listing(dir: &Path) -> BTreeSet<String> {
+    snapshot(dir).into_keys().collect()
+}
+
+/// Names of the entries of a directory, sorted.
+pub fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Files below `dir` (recursively) whose name satisfies `pred`.
+pub fn find(dir: &Path, pred: &dyn Fn(&str) -> bool) -> Vec<PathBuf> {
+    snapshot(dir)
+        .keys()
+        .filter(|k| pred(Path::new(k).file_name().unwrap().to_str().unwrap()))
+        .map(|k| dir.join(k))
+        .collect()
+}
+
+/// Recreate the tree `src` at `dst`, creating entries in reverse order (on
+/// tmpfs, which lists newest first, the copy lists in the opposite order).
+pub fn reversed_copy(src: &Path, dst: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dst).unwrap();
+    let snap = snapshot(src);
+    for (rel, entry) in snap.iter().rev() {
+        let one = Snapshot::from([(rel.clone(), entry.clone())]);
+        tree::restore(&one, dst).unwrap_or_else(|e| panic!("{e:#}"));
     }
-    out
+    // Directory modes last (a read-only directory would block the writes).
+    for (rel, (kind, _, mode)) in snap {
+        if kind == 'd' {
+            std::fs::set_permissions(dst.join(rel), std::fs::Permissions::from_mode(mode)).unwrap();
+        }
+    }
+}
+
+/// The arguments of `kpack split` over one shard of the shard tree (every
+/// artifact of `shard` into `out`, its databases split), as the tutorial
+/// splits it.
+pub fn split_shard_args(shard: &Path, out: &Path, jobs: &str) -> Vec<OsString> {
+    let mut args: Vec<OsString> = vec![
+        "split".into(),
+        "--batch-artifact-parent-dir".into(),
+        shard.into(),
+        "--output-dir".into(),
+        out.into(),
+        "--split-databases".into(),
+    ];
+    args.extend(SPLIT_DATABASES.iter().map(OsString::from));
+    args.extend(["--jobs".into(), jobs.into()]);
+    args
+}
+
+/// Run `kpack split` over one shard (see [`split_shard_args`]), assert
+/// success.
+pub fn split_shard(shard: &Path, out: &Path, jobs: &str) {
+    let args = split_shard_args(shard, out, jobs);
+    let args: Vec<&dyn AsRef<OsStr>> = args.iter().map(|a| a as &dyn AsRef<OsStr>).collect();
+    kpack_ok(&args);
+}
+
+/// A scratch directory on tmpfs when there is one (fast, and it lists
+/// entries newest first, which the determinism tests rely on).
+pub fn scratch() -> tempfile::TempDir {
+    if Path::new("/dev/shm").is_dir() {
+        tempfile::tempdir_in("/dev/shm").unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    }
 }
 
 /// Files in a directory, sorted by name.

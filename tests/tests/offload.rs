@@ -3,7 +3,7 @@
 //! (through the HIPK metadata and the archives) to exactly the code objects
 //! clang-offload-bundler extracts from the original.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -85,28 +85,13 @@ fn assert_tools_accept(original: &Path, rewritten: &Path) {
     kpack_ok(&[&"verify-elf", &rewritten]);
 }
 
-/// clang-offload-bundler's code objects of the original, by (bundle, target).
-fn ground_truth(binary: &Path) -> BTreeMap<(usize, String), Vec<u8>> {
-    let scratch = tempfile::tempdir().unwrap();
-    let fatbin = objcopy_section(binary, ".hip_fatbin", scratch.path());
-    let mut out = BTreeMap::new();
-    for (i, b) in split_bundles(&fatbin).iter().enumerate() {
-        let file = scratch.path().join(format!("b{i}"));
-        std::fs::write(&file, b).unwrap();
-        for (t, bytes) in bundler_unbundle(&file, scratch.path()) {
-            out.insert((i, t), bytes);
-        }
-    }
-    out
-}
-
 /// Runs the host code of a fixture (through dlcheck for a library), with
 /// the environment given.
 fn run_host(f: &Fixture, binary: &Path, env: &[(&str, &Path)]) -> String {
-    let mut cmd = match fixture_host_check(f) {
-        Some((symbol, _)) => {
-            let mut c = Command::new(fixtures_dir().join("dlcheck"));
-            c.arg(binary).arg(symbol);
+    let mut cmd = match &f.host_check {
+        Some(check) => {
+            let mut c = Command::new(fixtures_dir().join(manifest().dlcheck));
+            c.arg(binary).arg(&*check.symbol);
             c
         }
         None => Command::new(binary),
@@ -122,24 +107,6 @@ fn run_host(f: &Fixture, binary: &Path, env: &[(&str, &Path)]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-fn fixture_host_check(f: &Fixture) -> Option<(String, i64)> {
-    let text = std::fs::read_to_string(fixtures_dir().join("fixtures.json")).unwrap();
-    let v: Value = serde_json::from_str(&text).unwrap();
-    let e = v["fixtures"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|x| x["name"] == f.name.as_str())
-        .unwrap();
-    let hc = &e["host_check"];
-    hc.as_object().map(|o| {
-        (
-            o["symbol"].as_str().unwrap().to_string(),
-            o["value"].as_i64().unwrap(),
-        )
-    })
 }
 
 /// A stand-in for the HIP runtime's registration entry points, preloaded
@@ -181,7 +148,9 @@ void __hipRegisterTexture(void) {}
         )
         .unwrap();
         let so = dir.join("libhipshim.so");
-        run_ok(Command::new("cc").args(["-shared", "-fPIC", "-o"]).arg(&so).arg(&src));
+        let mut p = Program::c("c11");
+        p.cc().flag("-shared");
+        built(p.input(&src).link(&so));
         so
     })
     .clone()
@@ -203,8 +172,8 @@ fn registered(f: &Fixture, binary: &Path) -> Vec<Registered> {
         binary,
         &[("LD_PRELOAD", &shim), ("KPACK_SHIM_LOG", &log)],
     );
-    if let Some((_, value)) = fixture_host_check(f) {
-        assert_eq!(out, value.to_string(), "{}: host code result", f.name);
+    if let Some(check) = &f.host_check {
+        assert_eq!(out, check.value.to_string(), "{}: host code result", f.name);
     }
     std::fs::read_to_string(&log)
         .unwrap_or_default()
@@ -239,7 +208,7 @@ fn check_fixture(name: &str) {
     // share one handle); otherwise every wrapper is registered.
     let registrations = if name == "librdc.so" { 1 } else { f.wrappers };
     assert_eq!(regs.len(), registrations, "{name}: wrappers registered");
-    let truth = ground_truth(&f.path);
+    let truth = code_objects(&f.path);
     let kernel_name = o.out.file_name().unwrap().to_string_lossy().into_owned();
     for (i, r) in regs.iter().enumerate() {
         assert_eq!(r.magic, HIPK_MAGIC, "{name}: wrapper {i} magic");
@@ -394,7 +363,7 @@ fn librocrand_shrinks_loads_and_keeps_its_code_objects() {
     )
     .unwrap();
     let exe = dir.path().join("v");
-    run_ok(Command::new("cc").arg("-o").arg(&exe).arg(&src).arg("-ldl"));
+    built(Program::c("c11").input(&src).input("-ldl").link(&exe));
     let v0 = run_ok(Command::new(&exe).arg(input));
     let v1 = run_ok(Command::new(&exe).arg(&o.out));
     assert_eq!(v0, v1);
@@ -404,7 +373,7 @@ fn librocrand_shrinks_loads_and_keeps_its_code_objects() {
     run_ok(Command::new("strip").arg(&copy));
     assert_eq!(run_ok(Command::new(&exe).arg(&copy)), v0);
     // Every code object, through the archives.
-    let truth = ground_truth(input);
+    let truth = code_objects(input);
     let mut n = 0;
     for ((bundle, target), bytes) in &truth {
         let a = Archive::open(o.archives.join(format!("librocrand_{target}.kpack"))).unwrap();
@@ -489,7 +458,7 @@ fn fatbin_ending_on_a_page_boundary() {
     let o = offload(&lib);
     assert_tools_accept(&lib, &o.out);
     let a = Archive::open(o.archives.join("libpage_gfx1100.kpack")).unwrap();
-    let truth = ground_truth(&lib);
+    let truth = code_objects(&lib);
     assert!(a.kernel("libpage.so#0", "gfx1100").unwrap() == truth[&(0, "gfx1100".to_string())]);
 }
 
@@ -690,31 +659,24 @@ fn c_runtime_loads_offloaded_fixtures() {
     let lib = target.join("debug/librocm_kpack.a");
     let dir = tempfile::tempdir().unwrap();
     let checker = dir.path().join("check");
-    run_ok(
-        Command::new("cc")
-            .args([
-                "-std=c11",
-                "-Wall",
-                "-Werror",
-                "-rdynamic",
-                "-DROCM_KPACK_STATIC",
-                "-o",
-            ])
-            .arg(&checker)
-            .arg("-I")
-            .arg(root.join("kpack-cxx/include"))
-            .arg(root.join("integration/cmake-consumer/check.c"))
-            .arg(&lib)
-            .args(["-ldl", "-lpthread", "-lm", "-lgcc_s", "-lrt", "-lutil"]),
-    );
+    let mut p = Program::c("c11");
+    p.cc()
+        .warnings(true)
+        .warnings_into_errors(true)
+        .flag("-rdynamic")
+        .define("ROCM_KPACK_STATIC", None)
+        .include(root.join("kpack-cxx/include"));
+    p.input(root.join("integration/cmake-consumer/check.c"))
+        .static_runtime(&lib);
+    built(p.link(&checker));
     for f in fixtures()
         .into_iter()
-        .filter(|f| f.device_code && f.name.ends_with(".so"))
+        .filter(|f| f.device_code() && f.name.ends_with(".so"))
     {
         let o = offload(&f.path);
         let expected = dir.path().join(format!("expected-{}", f.name));
         std::fs::create_dir(&expected).unwrap();
-        for ((bundle, t), bytes) in ground_truth(&f.path) {
+        for ((bundle, t), bytes) in code_objects(&f.path) {
             let name = if f.bundles > 1 {
                 format!("{t}#{bundle}.co")
             } else {

@@ -29,7 +29,7 @@ fn mutated_fixtures_never_panic() {
     .encode();
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut produced = 0;
-    for f in fixtures().into_iter().filter(|f| f.device_code) {
+    for f in fixtures().into_iter().filter(|f| f.device_code()) {
         let original = std::fs::read(&f.path).unwrap();
         // Headers, tables and the first page of .hip_fatbin hold what the
         // transform reads; mutate mostly there.

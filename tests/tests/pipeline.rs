@@ -8,8 +8,6 @@
 //! binary. Also: determinism across `--jobs` and directory order, and
 //! pack-tree.
 
-mod pipeline_support;
-
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -19,7 +17,6 @@ use std::process::Command;
 use kpack_core::loader::{Config, Loader};
 use kpack_core::offload::verify_file;
 use kpack_e2e::*;
-use pipeline_support::*;
 
 /// A fenced block of the tutorial to run, and the output it must print.
 struct Block {
@@ -363,7 +360,7 @@ fn tutorial_end_to_end() {
                         .join(rel);
                     let gt = truth
                         .entry(original.clone())
-                        .or_insert_with(|| ground_truth(&original));
+                        .or_insert_with(|| code_objects(&original));
                     for &co in &v.co_indices {
                         let got = loader
                             .load_code_object(&metadata, &binary, co as u32, &[t])
@@ -410,44 +407,17 @@ fn tutorial_end_to_end() {
 /// (which lists newest first), split with --jobs 1 and --jobs 2.
 #[test]
 fn split_is_deterministic() {
-    let base = if Path::new("/dev/shm").is_dir() {
-        tempfile::tempdir_in("/dev/shm").unwrap()
-    } else {
-        tempfile::tempdir().unwrap()
-    };
+    let base = scratch();
     let (shard, family, targets) = SHARDS[2];
     let a = base.path().join("a");
     make_shard(&a, shard, family, targets);
     // b: the same entries created in the opposite order.
     let b = base.path().join("b");
-    let snap = snapshot(&a.join(shard));
-    for (rel, (kind, bytes, mode)) in snap.iter().rev() {
-        let p = b.join(shard).join(rel);
-        fs::create_dir_all(p.parent().unwrap()).unwrap();
-        match kind {
-            'd' => fs::create_dir_all(&p).unwrap(),
-            'l' => std::os::unix::fs::symlink(std::str::from_utf8(bytes).unwrap(), &p).unwrap(),
-            _ => {
-                fs::write(&p, bytes).unwrap();
-                fs::set_permissions(&p, fs::Permissions::from_mode(*mode)).unwrap();
-            }
-        }
-    }
+    reversed_copy(&a.join(shard), &b.join(shard));
     let mut outs = Vec::new();
     for (input, jobs) in [(&a, "1"), (&b, "2")] {
         let out = base.path().join(format!("out-{jobs}"));
-        kpack_ok(&[
-            &"split",
-            &"--batch-artifact-parent-dir",
-            &input.join(shard),
-            &"--output-dir",
-            &out,
-            &"--split-databases",
-            &"rocblas",
-            &"hipblaslt",
-            &"--jobs",
-            &jobs,
-        ]);
+        split_shard(&input.join(shard), &out, jobs);
         outs.push(snapshot(&out));
     }
     assert!(outs[0].len() > 20);
@@ -508,7 +478,7 @@ fn pack_tree_install_tree() {
     for (_, _, rel) in FAT_BINARIES {
         let v = verify_file(&out.join(rel)).unwrap();
         assert_eq!(v.metadata.kernel_name, *rel);
-        let gt = ground_truth(&tree.join(rel));
+        let gt = code_objects(&tree.join(rel));
         for t in targets {
             for &co in &v.co_indices {
                 let got = loader

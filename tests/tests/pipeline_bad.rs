@@ -4,13 +4,10 @@
 //! enforces its three validation options; split's --overwrite and
 //! --keep-going.
 
-mod pipeline_support;
-
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use kpack_e2e::*;
-use pipeline_support::{names, snapshot};
 
 /// Write an artifact: its manifest and files (`rel`, bytes).
 fn artifact(dir: &Path, manifest: &str, files: &[(&str, &[u8])]) {

@@ -16,47 +16,19 @@
 //! Also: `kpack offload` and `kpack pack-tree` killed part-way leave no
 //! file under a final name.
 
-mod pipeline_support;
-
-use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kpack_e2e::*;
-use pipeline_support::*;
-
-type Snapshot = BTreeMap<String, (char, Vec<u8>, u32)>;
-
-fn scratch() -> tempfile::TempDir {
-    if Path::new("/dev/shm").is_dir() {
-        tempfile::tempdir_in("/dev/shm").unwrap()
-    } else {
-        tempfile::tempdir().unwrap()
-    }
-}
 
 fn split_args(input: &Path, out: &Path) -> Vec<std::ffi::OsString> {
-    [
-        "split".as_ref(),
-        "--batch-artifact-parent-dir".as_ref(),
-        input.as_os_str(),
-        "--output-dir".as_ref(),
-        out.as_os_str(),
-        "--split-databases".as_ref(),
-        "rocblas".as_ref(),
-        "hipblaslt".as_ref(),
-        "--jobs".as_ref(),
-        "1".as_ref(),
-        // Slow compression stretches the run, so that the kill points fall
-        // in every phase (packing, archives, manifests, renames).
-        "--compression-level".as_ref(),
-        "22".as_ref(),
-    ]
-    .iter()
-    .map(|s: &&std::ffi::OsStr| s.to_os_string())
-    .collect()
+    let mut args = split_shard_args(input, out, "1");
+    // Slow compression stretches the run, so that the kill points fall in
+    // every phase (packing, archives, manifests, renames).
+    args.extend(["--compression-level".into(), "22".into()]);
+    args
 }
 
 /// Visible entries (not below a hidden top-level directory), and the names
@@ -222,65 +194,124 @@ fn split_killed_at_any_point() {
     );
 }
 
+/// Kill points over a run that takes `total` uninterrupted: a few right at
+/// the start, then spread over the run, and a last one long after its end
+/// (the run finishes: its complete output is checked like the others).
+fn kill_points(total: Duration) -> Vec<Duration> {
+    let mut delays: Vec<Duration> = [1u64, 3].map(Duration::from_millis).to_vec();
+    for pct in [10u32, 20, 30, 40, 50, 60, 70, 80, 90, 95, 99] {
+        delays.push(total * pct / 100);
+    }
+    delays.push(Duration::from_secs(60));
+    delays
+}
+
+/// What the kill points of one command did: how many runs the kill
+/// interrupted, and how many checks of what they left were made (each
+/// check asserts).
+#[derive(Default, Debug)]
+struct Tally {
+    interrupted: usize,
+    checks: usize,
+}
+
+/// How long `kpack args` takes, uninterrupted.
+fn timed_run(args: &[std::ffi::OsString]) -> Duration {
+    let clock = Instant::now();
+    let o = Command::new(kpack_bin()).args(args).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    clock.elapsed()
+}
+
+fn offload_args(input: &Path, out: &Path) -> Vec<std::ffi::OsString> {
+    vec![
+        "offload".into(),
+        input.into(),
+        "-o".into(),
+        out.join("lib/libwide.so").into(),
+        "--archive-dir".into(),
+        out.join(".kpack").into(),
+        "--compression-level".into(),
+        "19".into(),
+    ]
+}
+
+fn pack_tree_args(tree: &Path, out: &Path) -> Vec<std::ffi::OsString> {
+    vec![
+        "pack-tree".into(),
+        "--input".into(),
+        tree.into(),
+        "--output".into(),
+        out.into(),
+        "--group-name".into(),
+        "g".into(),
+        "--compression-level".into(),
+        "19".into(),
+    ]
+}
+
+/// What a killed offload left in `out`: the binary, if there, is complete;
+/// every archive under its final name opens. The number of checks.
+fn check_offload_output(out: &Path) -> usize {
+    let mut checks = 0;
+    let lib = out.join("lib/libwide.so");
+    if lib.exists() {
+        kpack_ok(&[&"verify-elf", &lib]);
+        checks += 1;
+    }
+    if out.join(".kpack").exists() {
+        for name in names(&out.join(".kpack")) {
+            if !name.starts_with(".kpack-tmp-") {
+                kpack_core::archive::Archive::open(out.join(".kpack").join(&name))
+                    .unwrap_or_else(|e| panic!("partial archive {name}: {e}"));
+                checks += 1;
+            }
+        }
+    }
+    checks
+}
+
 /// offload and pack-tree killed part-way: no output under a final name
 /// that is not complete (each file appears by rename; pack-tree's tree by
-/// renaming its staging directory).
+/// renaming its staging directory). Some kill points must really interrupt
+/// a run, and some must leave output to check.
 #[test]
 fn offload_and_pack_tree_killed() {
     let base = scratch();
     let b = base.path();
     let f = fixture("libwide.so");
     let tree = b.join("tree");
+    let libs = ["libwide.so", "libmulti.so", "libvadd.so"];
     fs::create_dir_all(tree.join("lib")).unwrap();
-    for name in ["libwide.so", "libmulti.so", "libvadd.so"] {
+    for name in libs {
         fs::copy(fixture(name).path, tree.join("lib").join(name)).unwrap();
     }
-    for i in 0..8u64 {
-        let delay = Duration::from_millis(2 + i * i * 3);
-        let out = b.join(format!("o{i}"));
-        let lib = out.join("lib/libwide.so");
-        let args: Vec<std::ffi::OsString> = vec![
-            "offload".into(),
-            f.path.clone().into(),
-            "-o".into(),
-            lib.clone().into(),
-            "--archive-dir".into(),
-            out.join(".kpack").into(),
-            "--compression-level".into(),
-            "19".into(),
-        ];
-        run_killed(&args, delay);
-        if lib.exists() {
-            kpack_ok(&[&"verify-elf", &lib]);
-        }
-        if out.join(".kpack").exists() {
-            for e in fs::read_dir(out.join(".kpack")).unwrap() {
-                let p = e.unwrap().path();
-                let name = p.file_name().unwrap().to_string_lossy().into_owned();
-                if !name.starts_with(".kpack-tmp-") {
-                    kpack_core::archive::Archive::open(&p)
-                        .unwrap_or_else(|e| panic!("partial archive {name}: {e}"));
-                }
-            }
-        }
 
+    let mut offload = Tally::default();
+    let total = timed_run(&offload_args(&f.path, &b.join("o-ref")));
+    for (i, delay) in kill_points(total).into_iter().enumerate() {
+        let out = b.join(format!("o{i}"));
+        offload.interrupted += usize::from(!run_killed(&offload_args(&f.path, &out), delay));
+        offload.checks += check_offload_output(&out);
+    }
+
+    let mut pack = Tally::default();
+    let total = timed_run(&pack_tree_args(&tree, &b.join("p-ref")));
+    for (i, delay) in kill_points(total).into_iter().enumerate() {
         let out = b.join(format!("p{i}"));
-        let args: Vec<std::ffi::OsString> = vec![
-            "pack-tree".into(),
-            "--input".into(),
-            tree.clone().into(),
-            "--output".into(),
-            out.clone().into(),
-            "--group-name".into(),
-            "g".into(),
-            "--compression-level".into(),
-            "19".into(),
-        ];
-        if run_killed(&args, delay) || out.exists() {
+        let finished = run_killed(&pack_tree_args(&tree, &out), delay);
+        pack.interrupted += usize::from(!finished);
+        if finished || out.exists() {
             // Complete: every binary offloaded, every archive readable.
-            for name in ["libwide.so", "libmulti.so", "libvadd.so"] {
+            for name in libs {
                 kpack_ok(&[&"verify-elf", &out.join("lib").join(name)]);
+                pack.checks += 1;
             }
         }
+    }
+    eprintln!("offload: {offload:?}; pack-tree: {pack:?}");
+    for (what, t) in [("offload", &offload), ("pack-tree", &pack)] {
+        assert!(t.interrupted > 0, "{what}: no kill point interrupted a run");
+        assert!(t.checks > 0, "{what}: no kill point left output to check");
     }
 }

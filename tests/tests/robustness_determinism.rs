@@ -6,48 +6,10 @@
 //! (its JSON report) and offload. (`pipeline.rs` checks split with
 //! `--jobs 1`/`2` on one shard; this extends it to every command.)
 
-mod pipeline_support;
-
-use std::collections::BTreeMap;
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use kpack_e2e::*;
-use pipeline_support::*;
-
-type Snapshot = BTreeMap<String, (char, Vec<u8>, u32)>;
-
-fn scratch() -> tempfile::TempDir {
-    if Path::new("/dev/shm").is_dir() {
-        tempfile::tempdir_in("/dev/shm").unwrap()
-    } else {
-        tempfile::tempdir().unwrap()
-    }
-}
-
-/// Recreate the tree `src` at `dst`, creating entries in reverse order.
-fn reversed_copy(src: &Path, dst: &Path) {
-    fs::create_dir_all(dst).unwrap();
-    for (rel, (kind, bytes, mode)) in snapshot(src).iter().rev() {
-        let p = dst.join(rel);
-        fs::create_dir_all(p.parent().unwrap()).unwrap();
-        match kind {
-            'd' => fs::create_dir_all(&p).unwrap(),
-            'l' => std::os::unix::fs::symlink(std::str::from_utf8(bytes).unwrap(), &p).unwrap(),
-            _ => {
-                fs::write(&p, bytes).unwrap();
-                fs::set_permissions(&p, fs::Permissions::from_mode(*mode)).unwrap();
-            }
-        }
-    }
-    // Directory modes last (a read-only directory would block the writes).
-    for (rel, (kind, _, mode)) in snapshot(src) {
-        if kind == 'd' {
-            fs::set_permissions(dst.join(rel), fs::Permissions::from_mode(mode)).unwrap();
-        }
-    }
-}
 
 /// Does the listing order really differ? (tmpfs lists newest first.)
 fn listing_order(dir: &Path) -> Vec<String> {
@@ -77,29 +39,9 @@ fn assert_same(what: &str, runs: &[(String, Snapshot)]) {
 
 fn split_all(shards: &Path, out: &Path, jobs: &str) {
     for (shard, _, _) in SHARDS {
-        kpack_ok(&[
-            &"split",
-            &"--batch-artifact-parent-dir",
-            &shards.join(shard),
-            &"--output-dir",
-            &out.join(shard),
-            &"--split-databases",
-            &"rocblas",
-            &"hipblaslt",
-            &"--jobs",
-            &jobs,
-        ]);
+        split_shard(&shards.join(shard), &out.join(shard), jobs);
     }
 }
-
-const CONFIG: &str = r#"{
-  "primary_shard": "gfx110X-build",
-  "architecture_groups": {
-    "gfx110X": {"architectures": ["gfx1100", "gfx1101", "gfx1102"]},
-    "gfx115X": {"architectures": ["gfx1151"]},
-    "gfx120X": {"architectures": ["gfx1200", "gfx1201"]}
-  }
-}"#;
 
 #[test]
 fn every_command_is_deterministic() {
@@ -153,7 +95,7 @@ fn every_command_is_deterministic() {
 
     // recombine: the split outputs, and the same laid out in reverse order.
     let config = b.join("config.json");
-    fs::write(&config, CONFIG).unwrap();
+    fs::write(&config, PACKAGING_CONFIG).unwrap();
     let split_rev = b.join("split-rev");
     reversed_copy(&b.join("split-j1-a"), &split_rev);
     let mut snaps = Vec::new();

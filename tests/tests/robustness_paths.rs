@@ -17,23 +17,6 @@ use kpack_core::bundle::write_bundle;
 use kpack_core::extract::parse_archive_file_name;
 use kpack_e2e::*;
 
-/// Every path below `dir`, relative.
-fn listing(dir: &Path) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    fn walk(root: &Path, dir: &Path, out: &mut BTreeSet<String>) {
-        for e in fs::read_dir(dir).unwrap() {
-            let p = e.unwrap().path();
-            out.insert(p.strip_prefix(root).unwrap().display().to_string());
-            let m = fs::symlink_metadata(&p).unwrap();
-            if m.is_dir() {
-                walk(root, &p, out);
-            }
-        }
-    }
-    walk(dir, dir, &mut out);
-    out
-}
-
 struct Scene {
     tmp: tempfile::TempDir,
 }

@@ -1,47 +1,25 @@
 //! pack-tree and recombine: over the end-to-end fixture tree (the
-//! tutorial's three shards, laid out from the HIP binaries that
-//! `tests/tests/pipeline.rs` compiles into `target/pipeline-fixtures/`),
-//! and over real-size inputs (a tree holding librocrand; the split of
-//! librocsparse as one shard).
+//! tutorial's three shards of `kpack_testkit::shards`, the tree the
+//! pipeline tests use, laid out from the fixtures), and over real-size
+//! inputs (a tree holding librocrand; the split of librocsparse as one
+//! shard).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
+use kpack_testkit::shards::{self, PACKAGING_CONFIG, SHARDS, SPLIT_DATABASES};
+use kpack_testkit::tree::{self, symlink};
 use serde_json::json;
+use xshell::Shell;
 
 use crate::args;
 use crate::bench::{
     link_or_copy, remove, resident, timed, tree_size, warm, Ctx, FloorRatio, Row, Runs,
 };
 use crate::bench_libs::{make_artifact, ROCRAND, ROCSPARSE};
+use crate::fixtures;
 
 const SECTION: &str = "pipeline";
-
-/// (shard directory, artifact family, targets), as in the tutorial.
-const SHARDS: &[(&str, &str, &[&str])] = &[
-    (
-        "gfx110X-build",
-        "gfx110X-dgpu",
-        &["gfx1100", "gfx1101", "gfx1102"],
-    ),
-    ("gfx1151-build", "gfx1151", &["gfx1151"]),
-    ("gfx120X-build", "gfx120X-all", &["gfx1200", "gfx1201"]),
-];
-
-const TUTORIAL_CONFIG: &str = r#"{
-  "primary_shard": "gfx110X-build",
-  "architecture_groups": {
-    "gfx110X": {"display_name": "gfx110X", "architectures": ["gfx1100", "gfx1101", "gfx1102"]},
-    "gfx115X": {"display_name": "gfx115X", "architectures": ["gfx1151"]},
-    "gfx120X": {"display_name": "gfx120X", "architectures": ["gfx1200", "gfx1201"]}
-  },
-  "validation": {
-    "error_on_duplicate_device_code": true,
-    "verify_generic_artifacts_match": false,
-    "error_on_missing_architecture": false
-  }
-}
-"#;
 
 const ROCSPARSE_CONFIG: &str = r#"{
   "primary_shard": "rocsparse-build",
@@ -58,163 +36,17 @@ const ROCSPARSE_CONFIG: &str = r#"{
 }
 "#;
 
-const ROCBLAS: &str = "math-libs/BLAS/rocBLAS/stage";
-const HIPBLASLT: &str = "math-libs/BLAS/hipBLASLt/stage";
-const FFT: &str = "math-libs/rocFFT/stage";
-const BASE: &str = "base/stage";
-
-/// Files every shard of the compiled fixtures has.
-const BUILT: &[&str] = &[
-    "librocblas.so.5.2",
-    "libhipblaslt.so.0.9",
-    "librocfft_kernels.so.0.1",
-];
-
-/// The newest complete `target/pipeline-fixtures/<hash>/`.
-fn find_fixtures(root: &Path) -> Option<PathBuf> {
-    let base = root.join("target/pipeline-fixtures");
-    let mut found: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(&base)
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|d| {
-            d.join("done").is_file()
-                && d.join("libhostonly.so").is_file()
-                && SHARDS
-                    .iter()
-                    .all(|(s, _, _)| BUILT.iter().all(|f| d.join(s).join(f).is_file()))
-        })
-        .filter_map(|d| Some((d.join("done").metadata().ok()?.modified().ok()?, d)))
-        .collect();
-    found.sort();
-    found.pop().map(|(_, d)| d)
-}
-
-/// The compiled fixture binaries, building them (through the pipeline
-/// tests, which own their compilation) when missing.
-fn fixtures(root: &Path) -> Result<PathBuf> {
-    if let Some(d) = find_fixtures(root) {
-        return Ok(d);
-    }
-    eprintln!("pipeline fixtures missing: building them with the pipeline tests");
-    let status = std::process::Command::new(crate::cargo())
-        .args(["test", "-p", "kpack-e2e", "--test", "pipeline"])
-        .current_dir(root)
-        .status()?;
-    match find_fixtures(root) {
-        Some(d) => Ok(d),
-        None => bail!(
-            "no target/pipeline-fixtures/<hash>/ after `cargo test -p kpack-e2e --test pipeline` \
-             ({status})"
-        ),
-    }
-}
-
 fn write(path: &Path, text: &str) -> Result<()> {
-    std::fs::create_dir_all(path.parent().context("no parent")?)?;
-    std::fs::write(path, text)?;
-    Ok(())
+    tree::write(path, text.as_bytes(), 0o644)
 }
 
-fn copy(src: &Path, dst: &Path) -> Result<()> {
-    std::fs::create_dir_all(dst.parent().context("no parent")?)?;
-    std::fs::copy(src, dst).with_context(|| format!("copying {}", src.display()))?;
-    Ok(())
-}
-
-fn symlink(target: &str, at: &Path) -> Result<()> {
-    std::fs::create_dir_all(at.parent().context("no parent")?)?;
-    std::os::unix::fs::symlink(target, at)?;
-    Ok(())
-}
-
-/// The tutorial's shard tree under `root` (`root/<shard>/<artifact>`):
-/// blas_lib (rocBLAS and hipBLASLt prefixes, symlink chains, database
-/// files), fft_lib (two bundles, one compressed), base_lib (host-only).
-fn make_shards(bin: &Path, root: &Path) -> Result<()> {
-    for (shard, family, targets) in SHARDS {
-        let b = bin.join(shard);
-        let blas = root.join(shard).join(format!("blas_lib_{family}"));
-        write(
-            &blas.join("artifact_manifest.txt"),
-            &format!("{ROCBLAS}\n{HIPBLASLT}\n"),
-        )?;
-        let rb = blas.join(ROCBLAS);
-        copy(
-            &b.join("librocblas.so.5.2"),
-            &rb.join("lib/librocblas.so.5.2"),
-        )?;
-        symlink("librocblas.so.5.2", &rb.join("lib/librocblas.so.5"))?;
-        symlink("librocblas.so.5", &rb.join("lib/librocblas.so"))?;
-        write(&rb.join("include/rocblas/rocblas.h"), "/* rocBLAS */\n")?;
-        let hb = blas.join(HIPBLASLT);
-        copy(
-            &b.join("libhipblaslt.so.0.9"),
-            &hb.join("lib/libhipblaslt.so.0.9"),
-        )?;
-        symlink("libhipblaslt.so.0.9", &hb.join("lib/libhipblaslt.so.0"))?;
-        for t in *targets {
-            for name in [
-                format!("TensileLibrary_{t}.co"),
-                format!("TensileLibrary_Type_HH_{t}.dat"),
-            ] {
-                write(
-                    &rb.join("lib/rocblas/library").join(&name),
-                    &format!("{name}\n"),
-                )?;
-            }
-            let name = format!("extop_{t}.co");
-            write(
-                &hb.join("lib/hipblaslt/library").join(&name),
-                &format!("{name}\n"),
-            )?;
-        }
-        let fft = root.join(shard).join(format!("fft_lib_{family}"));
-        write(&fft.join("artifact_manifest.txt"), &format!("{FFT}\n"))?;
-        let f = fft.join(FFT);
-        copy(
-            &b.join("librocfft_kernels.so.0.1"),
-            &f.join("lib/rocfft/librocfft_kernels.so.0.1"),
-        )?;
-        symlink(
-            "rocfft/librocfft_kernels.so.0.1",
-            &f.join("lib/librocfft_kernels.so.0"),
-        )?;
-        let base = root.join(shard).join(format!("base_lib_{family}"));
-        write(&base.join("artifact_manifest.txt"), &format!("{BASE}\n"))?;
-        copy(
-            &bin.join("libhostonly.so"),
-            &base.join(BASE).join("lib/libhostonly.so"),
-        )?;
-        write(&base.join(BASE).join("share/doc/base/README"), "base\n")?;
-    }
-    Ok(())
-}
-
-/// Install (flatten) every artifact of `shard`: the contents of each of
-/// their prefixes copied into `tree`.
-fn flatten(shard: &Path, tree: &Path) -> Result<()> {
-    std::fs::create_dir_all(tree)?;
-    let mut artifacts: Vec<PathBuf> = std::fs::read_dir(shard)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .collect();
-    artifacts.sort();
-    for a in artifacts {
-        let manifest = std::fs::read_to_string(a.join("artifact_manifest.txt"))?;
-        for prefix in manifest.lines().filter(|l| !l.is_empty()) {
-            let p = a.join(prefix);
-            if p.is_dir() {
-                let status = std::process::Command::new("cp")
-                    .arg("-a")
-                    .arg(format!("{}/.", p.display()))
-                    .arg(tree)
-                    .status()?;
-                if !status.success() {
-                    bail!("cp -a {} failed", p.display());
-                }
-            }
-        }
-    }
-    Ok(())
+/// The fixture tree: the fixtures (built when missing or out of date),
+/// laid out as the tutorial's shards under `root`.
+fn make_fixture_shards(ctx: &Ctx, root: &Path) -> Result<()> {
+    let sh = Shell::new()?;
+    sh.change_dir(&ctx.root);
+    fixtures::build_all(&sh, &ctx.root, false)?;
+    shards::make_shards(&ctx.root.join(fixtures::FIXTURES_DIR), root)
 }
 
 /// Measure `kpack <args>` `reps` times, removing `out` before each run.
@@ -292,7 +124,8 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
     let reps = ctx.reps.max(5);
 
     // The end-to-end fixture tree.
-    match fixtures(&ctx.root) {
+    let shards = dir.join("shards");
+    match make_fixture_shards(ctx, &shards) {
         Err(e) => {
             let why = format!("{e:#}");
             for (id, work) in [
@@ -303,9 +136,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
                 rows.push(Row::unavailable(SECTION, id, work, why.clone()));
             }
         }
-        Ok(bin) => {
-            let shards = dir.join("shards");
-            make_shards(&bin, &shards)?;
+        Ok(()) => {
             let split = dir.join("split");
             // Split every shard (measured too: small, but the whole map phase).
             let work = "split fixture shards (3 shards, batch)";
@@ -326,8 +157,8 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
                                 "--output-dir",
                                 split.join(shard),
                                 "--split-databases",
-                                "rocblas",
-                                "hipblaslt",
+                                SPLIT_DATABASES[0],
+                                SPLIT_DATABASES[1],
                                 "--json"
                             ],
                             &ctx.work,
@@ -352,7 +183,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
             rows.push(row_of("fixture_split", work, runs, &shards, &split, None));
 
             let config = dir.join("packaging-config.json");
-            std::fs::write(&config, TUTORIAL_CONFIG)?;
+            std::fs::write(&config, PACKAGING_CONFIG)?;
             let out = dir.join("recombined");
             let work = "recombine fixture shards (3 groups)";
             let runs = if ok {
@@ -378,7 +209,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
             rows.push(row_of("fixture_recombine", work, runs, &split, &out, None));
 
             let tree = dir.join("tree");
-            flatten(&shards.join(SHARDS[0].0), &tree)?;
+            shards::install(&shards::artifacts(&shards.join(SHARDS[0].0))?, &tree)?;
             let out = dir.join("packed");
             let work = "pack-tree fixture install tree (gfx110X shard installed)";
             let runs = measure(

@@ -15,6 +15,7 @@ use anyhow::{bail, Context, Result};
 use kpack_core::archive::ArchiveWriter;
 use kpack_core::hipk::HipkMetadata;
 use kpack_core::msgpack::Value;
+use kpack_testkit::cprog::Program;
 use serde_json::json;
 
 use crate::args;
@@ -22,17 +23,6 @@ use crate::bench::{fmt_bytes, remove, resident, timed, warm, Ctx, FloorRatio, Ro
 use crate::bench_libs::{ROCRAND, ROCSPARSE};
 
 const SECTION: &str = "runtime";
-
-/// Native libraries a Rust static library needs on Linux.
-const NATIVE_LIBS: &[&str] = &[
-    "-lgcc_s",
-    "-lutil",
-    "-lrt",
-    "-lpthread",
-    "-lm",
-    "-ldl",
-    "-lc",
-];
 
 /// The librocrand code object of the warm-load target (1.7 MB).
 const WARM_TARGET_SIZE: usize = 1_716_776;
@@ -180,19 +170,15 @@ fn build_program(ctx: &Ctx, dir: &Path) -> Result<PathBuf> {
     if !lib.is_file() {
         bail!("{} missing", lib.display());
     }
-    let status = Command::new("cc")
-        .args(["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-I"])
-        .arg(ctx.root.join("kpack-cxx/include"))
-        .arg(ctx.root.join("xtask/bench/kpack_bench.c"))
-        .arg(&lib)
-        .args(NATIVE_LIBS)
-        .arg("-o")
-        .arg(&exe)
-        .status()
-        .context("running cc")?;
-    if !status.success() {
-        bail!("cc failed to build kpack_bench ({status})");
-    }
+    let mut c = Program::c("c11");
+    c.strict()
+        .cc()
+        .opt_level(2)
+        .debug(false)
+        .include(ctx.root.join("kpack-cxx/include"));
+    c.input(ctx.root.join("xtask/bench/kpack_bench.c"))
+        .static_runtime(&lib)
+        .link(&exe)?;
     Ok(exe)
 }
 

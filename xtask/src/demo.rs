@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{ensure, Context, Result};
 use xshell::{cmd, Shell};
 
-use crate::cargo;
 use crate::fixtures::{SAMPLE, SAMPLE_DIR};
+use crate::{debug_kpack, target_dir};
 
 pub fn run(sh: &Shell, root: &Path) -> Result<()> {
     let sample = format!("{SAMPLE_DIR}/{}", SAMPLE.name);
@@ -17,12 +17,8 @@ pub fn run(sh: &Shell, root: &Path) -> Result<()> {
         sh.path_exists(&sample),
         "{sample} is missing (regenerate it with `cargo xtask fixtures --refresh-sample`)"
     );
-    let cargo = cargo();
     banner("building kpack (cargo build --package kpack-cli)");
-    cmd!(sh, "{cargo} build --quiet --package kpack-cli --bin kpack")
-        .quiet()
-        .run()?;
-    let kpack = target_dir(sh)?.join("debug").join("kpack");
+    let kpack = debug_kpack(sh)?;
     let out = target_dir(sh)?.join("demo");
     if sh.path_exists(&out) {
         sh.remove_path(&out)?;
@@ -99,18 +95,6 @@ fn banner(text: &str) {
 }
 
 /// The workspace's target directory, as cargo resolves it.
-fn target_dir(sh: &Shell) -> Result<PathBuf> {
-    let cargo = cargo();
-    let metadata = cmd!(sh, "{cargo} metadata --format-version 1 --no-deps")
-        .quiet()
-        .read()?;
-    let metadata: serde_json::Value = serde_json::from_str(&metadata)?;
-    let dir = metadata["target_directory"]
-        .as_str()
-        .context("cargo metadata has no target_directory")?;
-    Ok(PathBuf::from(dir))
-}
-
 fn walk(dir: &Path, files: &mut Vec<(PathBuf, u64)>) -> Result<()> {
     for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
         let entry = entry?;

@@ -11,8 +11,11 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use std::borrow::Cow;
+
 use anyhow::{bail, Context, Result};
-use serde::Serialize;
+use kpack_testkit::manifest::{self, Entry, HostCheck, Kind, Manifest};
+use kpack_testkit::shards;
 use xshell::{cmd, Shell};
 
 use crate::verify;
@@ -21,8 +24,6 @@ use crate::verify;
 pub const CLANGXX: &str = "clang++-19";
 /// The C compiler driver (for the `dlcheck` helper).
 pub const CLANG: &str = "clang-19";
-/// Where Debian's LLVM 19 tools live (clang-offload-bundler, llvm-objcopy...).
-pub const LLVM_BIN: &str = "/usr/lib/llvm-19/bin";
 /// Sources of the fixtures, relative to the workspace root.
 pub const HIP_DIR: &str = "integration/hip";
 /// Output directory, relative to the workspace root.
@@ -33,28 +34,6 @@ pub const SAMPLE_DIR: &str = "integration/sample";
 pub const DLCHECK: &str = "dlcheck";
 
 const COMMON_FLAGS: &[&str] = &["-O2", "-Wall"];
-
-/// What the linker produces.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Kind {
-    /// Shared library (`ET_DYN`, no interpreter).
-    Shared,
-    /// Position-independent executable (`ET_DYN` with an interpreter).
-    Pie,
-    /// Position-dependent executable (`ET_EXEC`).
-    Exec,
-}
-
-impl Kind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Shared => "shared",
-            Kind::Pie => "pie",
-            Kind::Exec => "exec",
-        }
-    }
-}
 
 /// How a fixture is compiled and linked.
 pub enum Build {
@@ -73,17 +52,12 @@ pub struct Unit {
     pub compress: bool,
 }
 
-/// A host function `extern "C" int symbol(void)` and the value it returns.
-#[derive(Clone, Copy, Serialize)]
-pub struct HostCheck {
-    pub symbol: &'static str,
-    pub value: i32,
-}
-
 /// One fixture and what the build must produce.
 pub struct Fixture {
-    /// File name in `target/fixtures`.
+    /// File name in `target/fixtures` (or in a shard's directory there).
     pub name: &'static str,
+    /// Shared libraries: `DT_SONAME`, if not the file name.
+    pub soname: Option<&'static str>,
     pub kind: Kind,
     /// Offload target IDs; every bundle holds exactly these.
     pub targets: &'static [&'static str],
@@ -102,15 +76,22 @@ pub struct Fixture {
     pub description: &'static str,
 }
 
-const VADD_CHECK: Option<HostCheck> = Some(HostCheck {
-    symbol: "vadd_host_check",
-    value: 1_571_328,
-});
+const VADD_CHECK: Option<HostCheck> = host_check("vadd_host_check", 1_571_328);
+const RDC_CHECK: Option<HostCheck> = host_check("rdc_host_check", 123);
+const REDUCE_CHECK: Option<HostCheck> = host_check("reduce_host_check", 500_500);
+
+const fn host_check(symbol: &'static str, value: i32) -> Option<HostCheck> {
+    Some(HostCheck {
+        symbol: Cow::Borrowed(symbol),
+        value,
+    })
+}
 
 /// The fixtures. The names are a contract with the test suite.
 pub const FIXTURES: &[Fixture] = &[
     Fixture {
         name: "libvadd.so",
+        soname: None,
         kind: Kind::Shared,
         targets: &["gfx1100", "gfx1101", "gfx942"],
         build: Build::Single {
@@ -126,6 +107,7 @@ pub const FIXTURES: &[Fixture] = &[
     },
     Fixture {
         name: "vadd_pie",
+        soname: None,
         kind: Kind::Pie,
         targets: &["gfx1100", "gfx942"],
         build: Build::Single {
@@ -141,6 +123,7 @@ pub const FIXTURES: &[Fixture] = &[
     },
     Fixture {
         name: "vadd_nopie",
+        soname: None,
         kind: Kind::Exec,
         targets: &["gfx1100", "gfx942"],
         build: Build::Single {
@@ -156,6 +139,7 @@ pub const FIXTURES: &[Fixture] = &[
     },
     Fixture {
         name: "libvadd_compressed.so",
+        soname: None,
         kind: Kind::Shared,
         targets: &["gfx1100", "gfx1101", "gfx942"],
         build: Build::Single {
@@ -171,6 +155,7 @@ pub const FIXTURES: &[Fixture] = &[
     },
     Fixture {
         name: "librdc.so",
+        soname: None,
         kind: Kind::Shared,
         targets: &["gfx1100", "gfx942"],
         build: Build::Single {
@@ -181,14 +166,12 @@ pub const FIXTURES: &[Fixture] = &[
         wrappers: 3,
         compressed_bundles: 0,
         relr: false,
-        host_check: Some(HostCheck {
-            symbol: "rdc_host_check",
-            value: 123,
-        }),
+        host_check: RDC_CHECK,
         description: "-fgpu-rdc, 3 translation units device-linked into 1 bundle, 3 wrappers",
     },
     Fixture {
         name: "libmulti.so",
+        soname: None,
         kind: Kind::Shared,
         targets: &["gfx1100", "gfx942"],
         build: Build::PerObject {
@@ -215,14 +198,12 @@ pub const FIXTURES: &[Fixture] = &[
         wrappers: 4,
         compressed_bundles: 2,
         relr: false,
-        host_check: Some(HostCheck {
-            symbol: "reduce_host_check",
-            value: 500_500,
-        }),
+        host_check: REDUCE_CHECK,
         description: "4 objects with device code (2nd and 4th compressed): 4 bundles, 4 wrappers",
     },
     Fixture {
         name: "libwide.so",
+        soname: None,
         kind: Kind::Shared,
         targets: &[
             "gfx900",
@@ -247,6 +228,7 @@ pub const FIXTURES: &[Fixture] = &[
     },
     Fixture {
         name: "libvadd_relr.so",
+        soname: None,
         kind: Kind::Shared,
         targets: &["gfx1100", "gfx942"],
         build: Build::Single {
@@ -262,6 +244,7 @@ pub const FIXTURES: &[Fixture] = &[
     },
     Fixture {
         name: "libhostonly.so",
+        soname: None,
         kind: Kind::Shared,
         targets: &[],
         build: Build::Single {
@@ -272,17 +255,93 @@ pub const FIXTURES: &[Fixture] = &[
         wrappers: 0,
         compressed_bundles: 0,
         relr: false,
-        host_check: Some(HostCheck {
-            symbol: "hostonly_host_check",
-            value: 4950,
-        }),
+        host_check: host_check("hostonly_host_check", 4950),
         description: "host-only C++ library: no .hip_fatbin",
     },
 ];
 
+/// How the fat binaries of each shard of the pipeline tests' tree
+/// ([`shards::FAT_BINARIES`]: the file names are the contract) are built,
+/// for the shard's targets.
+fn shard_fixture(file: &str, targets: &'static [&'static str]) -> Fixture {
+    let base = |name, soname, build, wrappers, host_check, description| Fixture {
+        name,
+        soname: Some(soname),
+        kind: Kind::Shared,
+        targets,
+        build,
+        bundles: 1,
+        wrappers,
+        compressed_bundles: 0,
+        relr: false,
+        host_check,
+        description,
+    };
+    match file {
+        "librocblas.so.5.2" => base(
+            "librocblas.so.5.2",
+            "librocblas.so.5",
+            Build::Single {
+                sources: &["vadd.hip"],
+                flags: &[],
+            },
+            1,
+            VADD_CHECK,
+            "the shard tree's rocBLAS: one bundle",
+        ),
+        "libhipblaslt.so.0.9" => base(
+            "libhipblaslt.so.0.9",
+            "libhipblaslt.so.0",
+            Build::Single {
+                sources: &["rdc_a.hip", "rdc_b.hip", "rdc_c.hip"],
+                flags: &["-fgpu-rdc"],
+            },
+            3,
+            RDC_CHECK,
+            "the shard tree's hipBLASLt: -fgpu-rdc, one bundle, three wrappers",
+        ),
+        "librocfft_kernels.so.0.1" => Fixture {
+            bundles: 2,
+            compressed_bundles: 1,
+            ..base(
+                "librocfft_kernels.so.0.1",
+                "librocfft_kernels.so.0",
+                Build::PerObject {
+                    units: &[
+                        Unit {
+                            source: "reduce.hip",
+                            compress: true,
+                        },
+                        Unit {
+                            source: "stencil.hip",
+                            compress: false,
+                        },
+                    ],
+                },
+                2,
+                REDUCE_CHECK,
+                "the shard tree's rocFFT kernels: two objects, the first compressed",
+            )
+        },
+        other => panic!("no recipe for the shard tree's {other}"),
+    }
+}
+
+/// The fat binaries of every shard: (shard directory, fixture).
+pub fn shard_fixtures() -> Vec<(&'static str, Fixture)> {
+    let mut v = Vec::new();
+    for (shard, _, targets) in shards::SHARDS {
+        for (_, _, rel) in shards::FAT_BINARIES {
+            v.push((*shard, shard_fixture(shards::file_name(rel), targets)));
+        }
+    }
+    v
+}
+
 /// The committed demo library (`integration/sample/libkpack_sample.so`).
 pub const SAMPLE: Fixture = Fixture {
     name: "libkpack_sample.so",
+    soname: None,
     kind: Kind::Shared,
     targets: &["gfx1100", "gfx942"],
     build: Build::Single {
@@ -295,10 +354,7 @@ pub const SAMPLE: Fixture = Fixture {
     wrappers: 1,
     compressed_bundles: 0,
     relr: false,
-    host_check: Some(HostCheck {
-        symbol: "sample_host_check",
-        value: 55,
-    }),
+    host_check: host_check("sample_host_check", 55),
     description: "demo library for `cargo xtask demo`",
 };
 
@@ -373,6 +429,7 @@ impl Fixture {
             self.compressed_bundles,
             self.relr,
             self.host_check
+                .as_ref()
                 .map_or("-".to_owned(), |c| format!("{}={}", c.symbol, c.value)),
         )
     }
@@ -388,7 +445,10 @@ impl Fixture {
     fn link_flags(&self) -> Vec<String> {
         let mut flags = strings(&["-fuse-ld=lld"]);
         match self.kind {
-            Kind::Shared => flags.extend(["-shared".into(), format!("-Wl,-soname,{}", self.name)]),
+            Kind::Shared => flags.extend([
+                "-shared".into(),
+                format!("-Wl,-soname,{}", self.soname.unwrap_or(self.name)),
+            ]),
             Kind::Pie => flags.push("-pie".into()),
             Kind::Exec => flags.push("-no-pie".into()),
         }
@@ -441,9 +501,10 @@ struct Job {
 }
 
 impl Job {
-    fn for_fixture(fixture: &Fixture, out_dir: &str) -> Job {
+    /// `name`: the stamp's name (the path below `target/fixtures`).
+    fn for_fixture(fixture: &Fixture, out_dir: &str, name: String) -> Job {
         Job {
-            name: fixture.name.to_owned(),
+            name,
             inputs: fixture.sources(),
             commands: fixture.commands(out_dir),
             output: format!("{out_dir}/{}", fixture.name),
@@ -524,16 +585,26 @@ pub fn build_all(sh: &Shell, root: &Path, force: bool) -> Result<()> {
 
     let mut summary = Vec::new();
     for fixture in FIXTURES {
-        let job = Job::for_fixture(fixture, FIXTURES_DIR);
+        let job = Job::for_fixture(fixture, FIXTURES_DIR, fixture.name.to_owned());
         let outcome = build_job(sh, &job, &compiler, &headers, &stamps, force, |path| {
             verify::check(sh, &root.join(path), fixture, &dlcheck_path)
         })?;
         let size = std::fs::metadata(root.join(&job.output))?.len();
-        summary.push((fixture, outcome, size));
+        summary.push((fixture.name.to_owned(), fixture, outcome, size));
+    }
+    let shard_fixtures = shard_fixtures();
+    for (shard, fixture) in &shard_fixtures {
+        let name = format!("{shard}/{}", fixture.name);
+        let job = Job::for_fixture(fixture, &format!("{FIXTURES_DIR}/{shard}"), name.clone());
+        let outcome = build_job(sh, &job, &compiler, &headers, &stamps, force, |path| {
+            verify::check(sh, &root.join(path), fixture, &dlcheck_path)
+        })?;
+        let size = std::fs::metadata(root.join(&job.output))?.len();
+        summary.push((name, fixture, outcome, size));
     }
 
-    let manifest = root.join(FIXTURES_DIR).join("fixtures.json");
-    sh.write_file(&manifest, manifest_json()?)?;
+    let manifest = root.join(FIXTURES_DIR).join(manifest::FILE_NAME);
+    sh.write_file(&manifest, fixtures_manifest().to_json())?;
     print_summary(&summary);
     println!("fixtures in {}", root.join(FIXTURES_DIR).display());
     println!("manifest: {}", manifest.display());
@@ -543,7 +614,7 @@ pub fn build_all(sh: &Shell, root: &Path, force: bool) -> Result<()> {
 /// Regenerates `integration/sample/libkpack_sample.so` (always: it is a
 /// committed file, not a build product).
 pub fn refresh_sample(sh: &Shell, root: &Path) -> Result<()> {
-    let job = Job::for_fixture(&SAMPLE, SAMPLE_DIR);
+    let job = Job::for_fixture(&SAMPLE, SAMPLE_DIR, SAMPLE.name.to_owned());
     job.run(sh)?;
     let path = root.join(&job.output);
     let dlcheck = root.join(FIXTURES_DIR).join(DLCHECK);
@@ -570,6 +641,9 @@ fn build_job(
 ) -> Result<Outcome> {
     let recipe = job.recipe(sh, compiler, headers)?;
     let stamp = format!("{stamps}/{}", job.name);
+    if let Some(dir) = Path::new(&stamp).parent() {
+        sh.create_dir(dir)?;
+    }
     if !force && sh.path_exists(&job.output) && sh.path_exists(&stamp) {
         let output_hash = fnv1a(&sh.read_binary_file(&job.output)?);
         if sh.read_file(&stamp)? == stamp_text(&recipe, output_hash) {
@@ -622,58 +696,46 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-#[derive(Serialize)]
-struct Manifest {
-    /// The dlopen helper, relative to the manifest's directory.
-    dlcheck: &'static str,
-    fixtures: Vec<ManifestEntry>,
-}
-
-#[derive(Serialize)]
-struct ManifestEntry {
-    name: &'static str,
-    kind: Kind,
-    targets: &'static [&'static str],
-    bundles: usize,
-    wrappers: usize,
-    compressed: bool,
-    compressed_bundles: usize,
-    relr: bool,
-    host_check: Option<HostCheck>,
-    sources: Vec<String>,
-    description: &'static str,
+impl Fixture {
+    /// The fixture's entry in `fixtures.json`, named by its path below
+    /// `target/fixtures`.
+    fn entry(&self, name: String) -> Entry {
+        Entry {
+            name,
+            kind: self.kind,
+            targets: strings(self.targets),
+            bundles: self.bundles,
+            wrappers: self.wrappers,
+            compressed_bundles: self.compressed_bundles,
+            relr: self.relr,
+            host_check: self.host_check.clone(),
+            sources: self.sources(),
+            description: self.description.to_owned(),
+        }
+    }
 }
 
 /// `fixtures.json`, read by the test suite.
-pub fn manifest_json() -> Result<String> {
-    let manifest = Manifest {
-        dlcheck: DLCHECK,
+pub fn fixtures_manifest() -> Manifest {
+    Manifest {
+        dlcheck: DLCHECK.to_owned(),
         fixtures: FIXTURES
             .iter()
-            .map(|f| ManifestEntry {
-                name: f.name,
-                kind: f.kind,
-                targets: f.targets,
-                bundles: f.bundles,
-                wrappers: f.wrappers,
-                compressed: f.compressed_bundles > 0,
-                compressed_bundles: f.compressed_bundles,
-                relr: f.relr,
-                host_check: f.host_check,
-                sources: f.sources(),
-                description: f.description,
-            })
+            .map(|f| f.entry(f.name.to_owned()))
             .collect(),
-    };
-    Ok(serde_json::to_string_pretty(&manifest)? + "\n")
+        shard_binaries: shard_fixtures()
+            .iter()
+            .map(|(shard, f)| f.entry(format!("{shard}/{}", f.name)))
+            .collect(),
+    }
 }
 
-fn print_summary(summary: &[(&Fixture, Outcome, u64)]) {
+fn print_summary(summary: &[(String, &Fixture, Outcome, u64)]) {
     println!(
-        "\n{:<22} {:<6} {:>8} {:>7} {:>8}  {:<10} targets",
+        "\n{:<40} {:<6} {:>8} {:>7} {:>8}  {:<10} targets",
         "fixture", "kind", "bytes", "bundles", "wrappers", "status"
     );
-    for (fixture, outcome, size) in summary {
+    for (name, fixture, outcome, size) in summary {
         let bundles = match fixture.compressed_bundles {
             0 => fixture.bundles.to_string(),
             n => format!("{}({n}z)", fixture.bundles),
@@ -683,8 +745,8 @@ fn print_summary(summary: &[(&Fixture, Outcome, u64)]) {
             Outcome::UpToDate => "up to date",
         };
         println!(
-            "{:<22} {:<6} {:>8} {:>7} {:>8}  {:<10} {}",
-            fixture.name,
+            "{:<40} {:<6} {:>8} {:>7} {:>8}  {:<10} {}",
+            name,
             fixture.kind.as_str(),
             size,
             bundles,
@@ -728,9 +790,32 @@ mod tests {
     }
 
     #[test]
-    fn manifest_lists_every_fixture() {
-        let json: serde_json::Value = serde_json::from_str(&manifest_json().unwrap()).unwrap();
-        assert_eq!(json["fixtures"].as_array().unwrap().len(), FIXTURES.len());
-        assert_eq!(json["fixtures"][0]["kind"], "shared");
+    fn manifest_lists_every_fixture_and_shard_binary() {
+        let m = fixtures_manifest();
+        assert_eq!(m.fixtures.len(), FIXTURES.len());
+        assert_eq!(
+            m.shard_binaries.len(),
+            shards::SHARDS.len() * shards::FAT_BINARIES.len()
+        );
+        let json = m.to_json();
+        assert_eq!(serde_json::from_str::<Manifest>(&json).unwrap(), m);
+        // The shard tree takes its host-only library from the fixtures.
+        assert!(m
+            .fixtures
+            .iter()
+            .any(|f| f.name == shards::HOST_ONLY_FIXTURE));
+        for (shard, _, _) in shards::SHARDS {
+            for (_, _, rel) in shards::FAT_BINARIES {
+                let name = shards::fixture_name(shard, rel);
+                assert!(m.shard_binaries.iter().any(|e| e.name == name), "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn shard_binaries_keep_their_sonames() {
+        let (_, rocblas) = &shard_fixtures()[0];
+        let link = rocblas.commands("x").remove(0);
+        assert!(link.iter().any(|a| a == "-Wl,-soname,librocblas.so.5"));
     }
 }

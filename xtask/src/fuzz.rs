@@ -18,7 +18,6 @@ use anyhow::{bail, Context, Result};
 use object::{Object, ObjectSection};
 use xshell::{cmd, Shell};
 
-use crate::cargo;
 use crate::fixtures::{self, FIXTURES_DIR};
 
 /// Every target of `fuzz/Cargo.toml`, with what it exercises.
@@ -276,9 +275,7 @@ fn make_seeds(sh: &Shell, root: &Path) -> Result<PathBuf> {
 
     // Archives: the reference ones, and kpack's own from offloading the
     // small fixtures (both schemes); their TOCs and HIPK metadata.
-    let cargo = cargo();
-    cmd!(sh, "{cargo} build --quiet --package kpack-cli --bin kpack").run()?;
-    let kpack = root.join("target/debug/kpack");
+    let kpack = crate::debug_kpack(sh)?;
     let scratch = root.join("target/fuzz/scratch");
     if scratch.exists() {
         fs::remove_dir_all(&scratch)?;

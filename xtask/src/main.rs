@@ -12,13 +12,16 @@ mod demo;
 mod dist;
 mod fixtures;
 mod fuzz;
+mod malformed;
 mod sanitize;
 mod test;
 mod verify;
 
 use std::path::{Path, PathBuf};
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
+use xshell::{cmd, Shell};
 
 #[derive(Parser)]
 #[command(
@@ -44,6 +47,10 @@ enum Task {
         #[arg(long)]
         force: bool,
     },
+    /// Regenerate the malformed-input corpus tests/malformed/ (from
+    /// committed inputs: a rerun writes the same bytes; commit what
+    /// changes).
+    Malformed,
     /// Build the kpack CLI and run it on the committed sample fat binary
     /// (needs nothing but cargo).
     Demo,
@@ -120,7 +127,7 @@ enum Task {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let root = project_root();
-    let sh = xshell::Shell::new()?;
+    let sh = Shell::new()?;
     sh.change_dir(&root);
     match cli.task {
         Task::Fixtures {
@@ -132,6 +139,7 @@ fn main() -> anyhow::Result<()> {
                 fixtures::refresh_sample(&sh, &root)?;
             }
         }
+        Task::Malformed => malformed::run(&sh, &root)?,
         Task::Demo => demo::run(&sh, &root)?,
         Task::Dist { prefix, shared } => dist::run(&sh, &root, &prefix, shared)?,
         Task::Test => test::run(&sh, &root)?,
@@ -184,4 +192,24 @@ pub fn project_root() -> PathBuf {
 /// The cargo that runs us (so that `cargo +toolchain xtask` is honoured).
 pub fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned())
+}
+
+/// Cargo's target directory.
+pub fn target_dir(sh: &Shell) -> anyhow::Result<PathBuf> {
+    let cargo = cargo();
+    let metadata = cmd!(sh, "{cargo} metadata --format-version 1 --no-deps")
+        .quiet()
+        .read()?;
+    let metadata: serde_json::Value = serde_json::from_str(&metadata)?;
+    let dir = metadata["target_directory"]
+        .as_str()
+        .context("cargo metadata has no target_directory")?;
+    Ok(PathBuf::from(dir))
+}
+
+/// Build the debug `kpack` binary; its path.
+pub fn debug_kpack(sh: &Shell) -> anyhow::Result<PathBuf> {
+    let cargo = cargo();
+    cmd!(sh, "{cargo} build --quiet --package kpack-cli --bin kpack").run()?;
+    Ok(target_dir(sh)?.join("debug/kpack"))
 }

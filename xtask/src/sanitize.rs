@@ -23,6 +23,8 @@ use anyhow::{bail, Context, Result};
 use object::{Object, ObjectSection};
 use xshell::{cmd, Shell};
 
+use kpack_testkit::cprog::Program;
+
 use crate::cargo;
 use crate::fixtures::{self, FIXTURES_DIR};
 
@@ -90,11 +92,9 @@ pub fn run(sh: &Shell, root: &Path, opts: Options) -> Result<()> {
     let src = root.join("tests/robustness/capi_stress.c");
     let include = root.join("kpack-cxx/include");
     let lib = root.join("target/debug/librocm_kpack.a");
-    cmd!(
-        sh,
-        "cc -std=c11 -O1 -g -Wall -Wextra -Werror -pthread -I {include} {src} {lib} -lgcc_s -lpthread -ldl -lm -o {program}"
-    )
-    .run()?;
+    let mut c = Program::c("c11");
+    c.strict().cc().flag("-pthread").include(include);
+    c.input(src).static_runtime(&lib).link(&program)?;
 
     let stress = |mode: &str, iters: u32| -> Vec<String> {
         let mut v = vec![

@@ -11,9 +11,11 @@ use object::read::elf::{ElfFile64, FileHeader};
 use object::{Endianness, Object, ObjectSection};
 use xshell::{cmd, Shell};
 
-use crate::fixtures::{Fixture, Kind, LLVM_BIN};
+use kpack_testkit::manifest::Kind;
+use kpack_testkit::oracle::{bundler_triples, split_bundles, target_of};
 
-const BUNDLE_MAGIC: &[u8] = b"__CLANG_OFFLOAD_BUNDLE__";
+use crate::fixtures::Fixture;
+
 const CCOB_MAGIC: &[u8] = b"CCOB";
 /// Size of one `__CudaFatBinaryWrapper` in `.hipFatBinSegment`.
 const WRAPPER_SIZE: u64 = 24;
@@ -58,9 +60,10 @@ pub fn check(sh: &Shell, path: &Path, fixture: &Fixture, dlcheck: &Path) -> Resu
     let scratch = path.with_extension("bundle.tmp");
     for (index, bundle) in bundles.iter().enumerate() {
         sh.write_file(&scratch, bundle)?;
-        let targets = list_targets(sh, &scratch);
+        let triples = bundler_triples(&scratch);
         sh.remove_path(&scratch)?;
-        let mut targets = targets.with_context(|| format!("bundle {index}"))?;
+        let triples = triples.with_context(|| format!("bundle {index}"))?;
+        let mut targets: Vec<&str> = triples.iter().map(|t| target_of(t)).collect();
         targets.sort_unstable();
         ensure!(
             targets == expected,
@@ -84,10 +87,10 @@ pub fn check(sh: &Shell, path: &Path, fixture: &Fixture, dlcheck: &Path) -> Resu
         fixture.relr
     );
 
-    match (fixture.kind, fixture.host_check) {
+    match (fixture.kind, &fixture.host_check) {
         (Kind::Pie | Kind::Exec, _) => cmd!(sh, "{path}").quiet().run()?,
         (Kind::Shared, Some(check)) => {
-            let symbol = check.symbol;
+            let symbol = &*check.symbol;
             let out = cmd!(sh, "{dlcheck} {path} {symbol}").quiet().read()?;
             let value: i32 = out.trim().parse().context("dlcheck output")?;
             ensure!(
@@ -99,137 +102,4 @@ pub fn check(sh: &Shell, path: &Path, fixture: &Fixture, dlcheck: &Path) -> Resu
         (Kind::Shared, None) => {}
     }
     Ok(())
-}
-
-/// Device target IDs of one bundle, as clang-offload-bundler lists them.
-fn list_targets(sh: &Shell, bundle: &Path) -> Result<Vec<String>> {
-    let bundler = format!("{LLVM_BIN}/clang-offload-bundler");
-    let listing = cmd!(sh, "{bundler} --list --type=o --input={bundle}")
-        .quiet()
-        .read()?;
-    Ok(listing
-        .lines()
-        .filter(|triple| !triple.starts_with("host-"))
-        .map(|triple| triple.rsplit("--").next().unwrap_or(triple).to_owned())
-        .collect())
-}
-
-/// The top-level bundles of a `.hip_fatbin` section, skipping zero padding.
-fn split_bundles(data: &[u8]) -> Result<Vec<&[u8]>> {
-    let mut bundles = Vec::new();
-    let mut pos = 0;
-    while pos < data.len() {
-        let rest = &data[pos..];
-        if rest[0] == 0 {
-            pos += 1;
-            continue;
-        }
-        let len = if rest.starts_with(BUNDLE_MAGIC) {
-            uncompressed_len(rest)
-        } else if rest.starts_with(CCOB_MAGIC) {
-            compressed_len(rest)
-        } else {
-            bail!("no bundle at offset {pos:#x} of .hip_fatbin")
-        }
-        .with_context(|| format!("bundle at offset {pos:#x}"))?;
-        bundles.push(&rest[..len]);
-        pos += len;
-    }
-    Ok(bundles)
-}
-
-/// Length of an uncompressed bundle: the end of its entry table or of its
-/// furthest entry, whichever is later.
-fn uncompressed_len(bundle: &[u8]) -> Result<usize> {
-    let count = read_u64(bundle, 24)?;
-    let mut pos = 32;
-    let mut end = 0;
-    for _ in 0..count {
-        let offset = read_u64(bundle, pos)?;
-        let size = read_u64(bundle, pos + 8)?;
-        let triple_len = read_u64(bundle, pos + 16)?;
-        pos = add(pos + 24, triple_len)?;
-        end = end.max(add(usize::try_from(offset)?, size)?);
-    }
-    let end = end.max(pos);
-    ensure!(end <= bundle.len(), "bundle runs past the section");
-    Ok(end)
-}
-
-/// Length of a compressed bundle (header + payload).
-fn compressed_len(bundle: &[u8]) -> Result<usize> {
-    let version = u16::from_le_bytes(field(bundle, 4)?);
-    let total = match version {
-        2 => u64::from(u32::from_le_bytes(field(bundle, 8)?)),
-        3 => read_u64(bundle, 8)?,
-        _ => bail!("CCOB version {version} not expected from clang 19"),
-    };
-    let total = usize::try_from(total)?;
-    ensure!(
-        total <= bundle.len(),
-        "compressed bundle runs past the section"
-    );
-    Ok(total)
-}
-
-fn add(a: usize, b: u64) -> Result<usize> {
-    a.checked_add(usize::try_from(b)?).context("size overflows")
-}
-
-fn read_u64(data: &[u8], at: usize) -> Result<u64> {
-    Ok(u64::from_le_bytes(field(data, at)?))
-}
-
-fn field<const N: usize>(data: &[u8], at: usize) -> Result<[u8; N]> {
-    data.get(at..at + N)
-        .and_then(|b| b.try_into().ok())
-        .context("truncated bundle header")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn bundle(triples: &[(&str, &[u8])]) -> Vec<u8> {
-        let mut header = BUNDLE_MAGIC.to_vec();
-        header.extend((triples.len() as u64).to_le_bytes());
-        let table_len: usize = triples.iter().map(|(t, _)| 24 + t.len()).sum();
-        let mut offset = header.len() + table_len;
-        let mut payload: Vec<u8> = Vec::new();
-        for (triple, data) in triples {
-            header.extend((offset as u64).to_le_bytes());
-            header.extend((data.len() as u64).to_le_bytes());
-            header.extend((triple.len() as u64).to_le_bytes());
-            header.extend(triple.as_bytes());
-            payload.extend(*data);
-            offset += data.len();
-        }
-        header.extend(payload);
-        header
-    }
-
-    #[test]
-    fn splits_bundles_and_skips_padding() {
-        let a = bundle(&[
-            ("host-x86_64-unknown-linux--", b""),
-            ("hipv4-amdgcn-amd-amdhsa--gfx942", b"code"),
-        ]);
-        let mut ccob = b"CCOB\x02\x00\x01\x00".to_vec();
-        ccob.extend(28u32.to_le_bytes());
-        ccob.extend([0; 12]);
-        ccob.extend(b"zstd");
-        let mut section = a.clone();
-        section.extend([0; 7]);
-        section.extend(&ccob);
-        section.extend([0; 3]);
-        let bundles = split_bundles(&section).unwrap();
-        assert_eq!(bundles, vec![&a[..], &ccob[..]]);
-    }
-
-    #[test]
-    fn rejects_truncated_bundles() {
-        let a = bundle(&[("hipv4-amdgcn-amd-amdhsa--gfx942", b"code")]);
-        assert!(split_bundles(&a[..a.len() - 1]).is_err());
-        assert!(split_bundles(b"junk").is_err());
-    }
 }

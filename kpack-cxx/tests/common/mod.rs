@@ -1,6 +1,6 @@
 //! Shared helpers of the runtime library's tests: where the built library,
-//! the headers and the fixtures are; compiling and running C/C++ programs;
-//! valgrind.
+//! the headers and the fixtures are; compiling (through `cc`, see
+//! `kpack_testkit::cprog`) and running C/C++ programs; valgrind.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -9,18 +9,7 @@ use std::process::{Command, Output};
 use kpack_core::archive::ArchiveWriter;
 use kpack_core::hipk::HipkMetadata;
 use kpack_core::msgpack::{self, Value};
-
-/// Native libraries a Rust static library needs on Linux
-/// (`rustc --print native-static-libs`).
-pub const NATIVE_LIBS: &[&str] = &[
-    "-lgcc_s",
-    "-lutil",
-    "-lrt",
-    "-lpthread",
-    "-lm",
-    "-ldl",
-    "-lc",
-];
+pub use kpack_testkit::cprog::Program;
 
 /// The cargo profile directory this test was built into (holds
 /// `librocm_kpack.a` and `librocm_kpack.so`).
@@ -114,23 +103,33 @@ pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// Compile and link `source` against `lib` (static or shared) with the
-/// strict warning flags.
-pub fn build_program(compiler: &str, std: &str, source: &Path, lib: &Path, out: &Path) {
-    let mut cmd = Command::new(compiler);
-    cmd.arg(format!("-std={std}"))
-        .args(["-Wall", "-Wextra", "-Werror", "-pedantic", "-g", "-O1"])
-        .arg("-I")
-        .arg(include_dir())
-        .arg(source)
-        .arg(lib)
-        .args(NATIVE_LIBS)
-        .arg("-o")
-        .arg(out);
-    if compiler.ends_with("++") {
-        cmd.arg("-pthread");
+/// A program in the standard `std` (C++ for `c++NN`) with the public
+/// headers and the strict warning flags (`-Wall -Wextra -Werror
+/// -pedantic`, `-O1 -g`).
+pub fn program(std: &str) -> Program {
+    let mut p = if std.starts_with("c++") {
+        Program::cxx(std)
+    } else {
+        Program::c(std)
+    };
+    p.strict().cc().flag("-pedantic").include(include_dir());
+    if std.starts_with("c++") {
+        p.cc().flag("-pthread");
     }
-    run_ok(&mut cmd);
+    p
+}
+
+/// Compile `source` and link it against `lib` (static or shared, with the
+/// static library's native libraries) into `out`, with [`program`]'s flags.
+pub fn build_program(std: &str, source: &Path, lib: &Path, out: &Path) {
+    let mut p = program(std);
+    p.input(source).static_runtime(lib);
+    built(p.link(out));
+}
+
+/// Panic with the compiler's output if a build failed.
+pub fn built<E: std::fmt::Display>(result: Result<(), E>) {
+    result.unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 /// Valgrind must be installed (`cargo xtask test` installs it).

@@ -1,0 +1,16 @@
+//! What kpack's tests (`kpack-e2e`, the runtime library's tests) and
+//! `xtask` share, defined once:
+//! - [`manifest`]: `fixtures.json`, written by `cargo xtask fixtures`, read
+//!   by the tests;
+//! - [`oracle`]: the independent `.hip_fatbin` splitter and
+//!   clang-offload-bundler, the ground truth for device code;
+//! - [`shards`]: the tutorial's shard tree, for the pipeline tests and the
+//!   pipeline benchmark; [`tree`]: laying out and comparing trees;
+//! - [`cprog`]: C/C++ test programs through the `cc` crate, and the native
+//!   libraries of the static runtime library.
+
+pub mod cprog;
+pub mod manifest;
+pub mod oracle;
+pub mod shards;
+pub mod tree;

@@ -1,0 +1,166 @@
+//! `fixtures.json`: what `cargo xtask fixtures` built into
+//! `target/fixtures`, written by xtask and read by the tests as this one
+//! type.
+
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// The manifest's file name, in the fixtures directory.
+pub const FILE_NAME: &str = "fixtures.json";
+
+/// What the linker produced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// Shared library (`ET_DYN`, no interpreter).
+    Shared,
+    /// Position-independent executable (`ET_DYN` with an interpreter).
+    Pie,
+    /// Position-dependent executable (`ET_EXEC`).
+    Exec,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Shared => "shared",
+            Kind::Pie => "pie",
+            Kind::Exec => "exec",
+        }
+    }
+}
+
+/// A host function `extern "C" int symbol(void)` of a library and the
+/// value it returns (called through the `dlcheck` helper).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostCheck {
+    pub symbol: Cow<'static, str>,
+    pub value: i32,
+}
+
+/// One built binary.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Entry {
+    /// Path relative to the fixtures directory; unique.
+    pub name: String,
+    pub kind: Kind,
+    /// Offload target IDs; every bundle holds exactly these (none: no
+    /// device code).
+    pub targets: Vec<String>,
+    /// Bundles in `.hip_fatbin` (0: no such section).
+    pub bundles: usize,
+    /// Wrappers in `.hipFatBinSegment`.
+    pub wrappers: usize,
+    /// How many of the bundles are compressed (CCOB).
+    pub compressed_bundles: usize,
+    /// Linked with packed relative relocations (`.relr.dyn`).
+    pub relr: bool,
+    /// Libraries: a host function to call after dlopen(). Executables
+    /// instead run and exit 0.
+    pub host_check: Option<HostCheck>,
+    /// Sources, relative to the workspace root.
+    pub sources: Vec<String>,
+    pub description: String,
+}
+
+impl Entry {
+    pub fn device_code(&self) -> bool {
+        !self.targets.is_empty()
+    }
+
+    /// The file name (the last component of [`Entry::name`]).
+    pub fn file_name(&self) -> &str {
+        self.name.rsplit('/').next().unwrap_or(&self.name)
+    }
+}
+
+/// The whole manifest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// The dlopen helper (`dlcheck LIBRARY SYMBOL` prints what `int
+    /// SYMBOL(void)` returns), relative to the fixtures directory.
+    pub dlcheck: String,
+    /// The fixtures proper: every test that walks "all fixtures" walks
+    /// these.
+    pub fixtures: Vec<Entry>,
+    /// The fat binaries of the pipeline tests' shard tree
+    /// ([`crate::shards`]), one directory per shard.
+    pub shard_binaries: Vec<Entry>,
+}
+
+impl Manifest {
+    /// Read `dir/fixtures.json`.
+    pub fn read(dir: &Path) -> Result<Manifest> {
+        let path = dir.join(FILE_NAME);
+        let text = std::fs::read_to_string(&path).with_context(|| {
+            format!(
+                "{}: run `cargo xtask fixtures` (or `cargo xtask test`)",
+                path.display()
+            )
+        })?;
+        serde_json::from_str(&text).with_context(|| format!("{}", path.display()))
+    }
+
+    /// The manifest as `fixtures.json` holds it.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a manifest serializes") + "\n"
+    }
+
+    /// Every entry, fixtures first.
+    pub fn entries(&self) -> impl Iterator<Item = &Entry> {
+        self.fixtures.iter().chain(&self.shard_binaries)
+    }
+
+    /// The entry named `name`, and its path below `dir`.
+    pub fn find(&self, dir: &Path, name: &str) -> Option<(&Entry, PathBuf)> {
+        self.entries()
+            .find(|e| e.name == name)
+            .map(|e| (e, dir.join(&e.name)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(name: &str) -> Entry {
+        Entry {
+            name: name.into(),
+            kind: Kind::Shared,
+            targets: vec!["gfx1100".into()],
+            bundles: 1,
+            wrappers: 1,
+            compressed_bundles: 0,
+            relr: false,
+            host_check: Some(HostCheck {
+                symbol: Cow::Borrowed("f"),
+                value: 3,
+            }),
+            sources: vec!["integration/hip/vadd.hip".into()],
+            description: "d".into(),
+        }
+    }
+
+    #[test]
+    fn round_trips_and_refuses_unknown_fields() {
+        let m = Manifest {
+            dlcheck: "dlcheck".into(),
+            fixtures: vec![entry("liba.so")],
+            shard_binaries: vec![entry("s/libb.so.1")],
+        };
+        let json = m.to_json();
+        assert_eq!(serde_json::from_str::<Manifest>(&json).unwrap(), m);
+        assert!(json.contains("\"kind\": \"shared\""));
+        let extra = json.replacen("\"dlcheck\"", "\"extra\": 1, \"dlcheck\"", 1);
+        assert!(serde_json::from_str::<Manifest>(&extra).is_err());
+        assert_eq!(m.shard_binaries[0].file_name(), "libb.so.1");
+        let (e, path) = m.find(Path::new("/f"), "s/libb.so.1").unwrap();
+        assert_eq!((e.bundles, path), (1, PathBuf::from("/f/s/libb.so.1")));
+    }
+}

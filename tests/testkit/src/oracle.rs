@@ -1,0 +1,244 @@
+//! The tests' independent view of device code: a `.hip_fatbin` splitter
+//! written from the bundle formats (deliberately not kpack's parser, so
+//! that the ground-truth tests do not check kpack against itself) and
+//! LLVM's `clang-offload-bundler`, the ground truth for what a bundle holds.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, ensure, Context, Result};
+
+const BUNDLE_MAGIC: &[u8] = b"__CLANG_OFFLOAD_BUNDLE__";
+const CCOB_MAGIC: &[u8] = b"CCOB";
+
+/// Where Debian's LLVM 19 tools live (clang-offload-bundler, llvm-objcopy...).
+pub const LLVM_BIN: &str = "/usr/lib/llvm-19/bin";
+
+/// LLVM 19's tools directory (`KPACK_LLVM_BIN`, else [`LLVM_BIN`]).
+pub fn llvm_bin() -> PathBuf {
+    std::env::var_os("KPACK_LLVM_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(LLVM_BIN))
+}
+
+/// The top-level bundles of a `.hip_fatbin` section, skipping zero
+/// padding: a plain bundle ends at the furthest of its entry table and its
+/// entries' data; a compressed (CCOB v2/v3) bundle carries its total size.
+pub fn split_bundles(data: &[u8]) -> Result<Vec<&[u8]>> {
+    let mut bundles = Vec::new();
+    let mut pos = 0;
+    while pos < data.len() {
+        let rest = &data[pos..];
+        if rest[0] == 0 {
+            pos += 1;
+            continue;
+        }
+        let len = if rest.starts_with(BUNDLE_MAGIC) {
+            uncompressed_len(rest)
+        } else if rest.starts_with(CCOB_MAGIC) {
+            compressed_len(rest)
+        } else {
+            bail!("no bundle at offset {pos:#x} of .hip_fatbin")
+        }
+        .with_context(|| format!("bundle at offset {pos:#x}"))?;
+        bundles.push(&rest[..len]);
+        pos += len;
+    }
+    Ok(bundles)
+}
+
+/// Length of an uncompressed bundle: the end of its entry table or of its
+/// furthest entry, whichever is later.
+fn uncompressed_len(bundle: &[u8]) -> Result<usize> {
+    let count = read_u64(bundle, 24)?;
+    let mut pos = 32;
+    let mut end = 0;
+    for _ in 0..count {
+        let offset = read_u64(bundle, pos)?;
+        let size = read_u64(bundle, pos + 8)?;
+        let triple_len = read_u64(bundle, pos + 16)?;
+        pos = add(pos + 24, triple_len)?;
+        end = end.max(add(usize::try_from(offset)?, size)?);
+    }
+    let end = end.max(pos);
+    ensure!(end <= bundle.len(), "bundle runs past the section");
+    Ok(end)
+}
+
+/// Length of a compressed bundle (header + payload).
+fn compressed_len(bundle: &[u8]) -> Result<usize> {
+    let version = u16::from_le_bytes(field(bundle, 4)?);
+    let total = match version {
+        2 => u64::from(u32::from_le_bytes(field(bundle, 8)?)),
+        3 => read_u64(bundle, 8)?,
+        _ => bail!("CCOB version {version} has no total size"),
+    };
+    let total = usize::try_from(total)?;
+    ensure!(
+        total <= bundle.len(),
+        "compressed bundle runs past the section"
+    );
+    Ok(total)
+}
+
+fn add(a: usize, b: u64) -> Result<usize> {
+    a.checked_add(usize::try_from(b)?).context("size overflows")
+}
+
+fn read_u64(data: &[u8], at: usize) -> Result<u64> {
+    Ok(u64::from_le_bytes(field(data, at)?))
+}
+
+fn field<const N: usize>(data: &[u8], at: usize) -> Result<[u8; N]> {
+    data.get(at..at + N)
+        .and_then(|b| b.try_into().ok())
+        .context("truncated bundle header")
+}
+
+/// Run a program; its stdout, or an error with its stderr.
+fn output(cmd: &mut Command) -> Result<String> {
+    let o = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    ensure!(
+        o.status.success(),
+        "{cmd:?} failed ({}): {}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+/// The offload triples of the device entries of one bundle file, as
+/// `clang-offload-bundler --list` gives them (host entries left out).
+pub fn bundler_triples(bundle: &Path) -> Result<Vec<String>> {
+    let listing = output(
+        Command::new(llvm_bin().join("clang-offload-bundler"))
+            .args(["--list", "--type=o"])
+            .arg(format!("--input={}", bundle.display())),
+    )?;
+    Ok(listing
+        .lines()
+        .map(str::trim)
+        .filter(|t| !t.is_empty() && !t.starts_with("host-"))
+        .map(str::to_owned)
+        .collect())
+}
+
+/// The target ID of an offload triple (`hipv4-amdgcn-amd-amdhsa--gfx90a:xnack+`
+/// gives `gfx90a:xnack+`).
+pub fn target_of(triple: &str) -> &str {
+    triple.rsplit_once("--").map_or("", |x| x.1)
+}
+
+/// What `clang-offload-bundler --unbundle` extracts from one bundle file:
+/// (target ID, bytes) for every device entry; `scratch` holds its outputs.
+pub fn bundler_unbundle(bundle: &Path, scratch: &Path) -> Result<Vec<(String, Vec<u8>)>> {
+    let mut out = Vec::new();
+    for triple in bundler_triples(bundle)? {
+        let target = target_of(&triple).to_owned();
+        let dest = scratch.join(format!("bundler-{}.co", target.replace(':', "_")));
+        output(
+            Command::new(llvm_bin().join("clang-offload-bundler"))
+                .args(["--unbundle", "--type=o"])
+                .arg(format!("--input={}", bundle.display()))
+                .arg(format!("--targets={triple}"))
+                .arg(format!("--output={}", dest.display())),
+        )?;
+        let bytes = std::fs::read(&dest).with_context(|| format!("reading {}", dest.display()))?;
+        out.push((target, bytes));
+    }
+    Ok(out)
+}
+
+/// The raw bytes of a section of an ELF file, cut out with `objcopy`
+/// (empty if there is no such section).
+pub fn objcopy_section(binary: &Path, section: &str, scratch: &Path) -> Result<Vec<u8>> {
+    let out = scratch.join(format!("section{}.bin", section.replace('.', "_")));
+    output(
+        Command::new("objcopy")
+            .args(["-O", "binary", "--only-section", section])
+            .arg(binary)
+            .arg(&out),
+    )?;
+    std::fs::read(&out).with_context(|| format!("reading {}", out.display()))
+}
+
+/// Every code object of a fat binary as clang-offload-bundler extracts it
+/// from the bundles of its `.hip_fatbin`: (bundle index, target ID) ->
+/// bytes.
+pub fn code_objects(binary: &Path) -> Result<BTreeMap<(usize, String), Vec<u8>>> {
+    let scratch = tempfile::tempdir()?;
+    let fatbin = objcopy_section(binary, ".hip_fatbin", scratch.path())?;
+    let mut out = BTreeMap::new();
+    for (i, bundle) in split_bundles(&fatbin)?.iter().enumerate() {
+        let file = scratch.path().join(format!("bundle{i}.bin"));
+        std::fs::write(&file, bundle)?;
+        let sub = scratch.path().join(format!("b{i}"));
+        std::fs::create_dir(&sub)?;
+        for (target, bytes) in bundler_unbundle(&file, &sub)? {
+            ensure!(
+                out.insert((i, target.clone()), bytes).is_none(),
+                "{}: bundle {i} holds {target} twice",
+                binary.display()
+            );
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bundle(triples: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut header = BUNDLE_MAGIC.to_vec();
+        header.extend((triples.len() as u64).to_le_bytes());
+        let table_len: usize = triples.iter().map(|(t, _)| 24 + t.len()).sum();
+        let mut offset = header.len() + table_len;
+        let mut payload: Vec<u8> = Vec::new();
+        for (triple, data) in triples {
+            header.extend((offset as u64).to_le_bytes());
+            header.extend((data.len() as u64).to_le_bytes());
+            header.extend((triple.len() as u64).to_le_bytes());
+            header.extend(triple.as_bytes());
+            payload.extend(*data);
+            offset += data.len();
+        }
+        header.extend(payload);
+        header
+    }
+
+    #[test]
+    fn splits_bundles_and_skips_padding() {
+        let a = bundle(&[
+            ("host-x86_64-unknown-linux--", b""),
+            ("hipv4-amdgcn-amd-amdhsa--gfx942", b"code"),
+        ]);
+        let mut ccob = b"CCOB\x02\x00\x01\x00".to_vec();
+        ccob.extend(28u32.to_le_bytes());
+        ccob.extend([0; 12]);
+        ccob.extend(b"zstd");
+        let mut section = a.clone();
+        section.extend([0; 7]);
+        section.extend(&ccob);
+        section.extend([0; 3]);
+        let bundles = split_bundles(&section).unwrap();
+        assert_eq!(bundles, vec![&a[..], &ccob[..]]);
+    }
+
+    #[test]
+    fn rejects_truncated_bundles() {
+        let a = bundle(&[("hipv4-amdgcn-amd-amdhsa--gfx942", b"code")]);
+        assert!(split_bundles(&a[..a.len() - 1]).is_err());
+        assert!(split_bundles(b"junk").is_err());
+    }
+
+    #[test]
+    fn target_of_a_triple() {
+        assert_eq!(
+            target_of("hipv4-amdgcn-amd-amdhsa--gfx90a:xnack+"),
+            "gfx90a:xnack+"
+        );
+        assert_eq!(target_of("junk"), "");
+    }
+}
