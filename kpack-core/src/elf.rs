@@ -411,19 +411,37 @@ pub struct RelocKinds {
 }
 
 impl RelocKinds {
+    /// The host machines kpack rewrites binaries of (64-bit little-endian
+    /// ELF): x86-64, AArch64 and ppc64le.
     pub fn for_machine(machine: u16) -> Option<Self> {
-        match machine {
-            elf::EM_X86_64 => Some(RelocKinds {
-                relative: elf::R_X86_64_RELATIVE,
-                abs64: elf::R_X86_64_64,
-            }),
-            elf::EM_AARCH64 => Some(RelocKinds {
-                relative: elf::R_AARCH64_RELATIVE,
-                abs64: elf::R_AARCH64_ABS64,
-            }),
-            _ => None,
-        }
+        let (relative, abs64) = match machine {
+            elf::EM_X86_64 => (elf::R_X86_64_RELATIVE, elf::R_X86_64_64),
+            elf::EM_AARCH64 => (elf::R_AARCH64_RELATIVE, elf::R_AARCH64_ABS64),
+            elf::EM_PPC64 => (elf::R_PPC64_RELATIVE, elf::R_PPC64_ADDR64),
+            _ => return None,
+        };
+        Some(RelocKinds { relative, abs64 })
     }
+}
+
+/// The name of an ELF machine (`e_machine`), for messages.
+pub fn machine_name(machine: u16) -> String {
+    let name = match machine {
+        elf::EM_386 => "EM_386 (x86)",
+        elf::EM_X86_64 => "EM_X86_64 (x86-64)",
+        elf::EM_AARCH64 => "EM_AARCH64 (AArch64)",
+        elf::EM_ARM => "EM_ARM (32-bit Arm)",
+        elf::EM_PPC => "EM_PPC (32-bit PowerPC)",
+        elf::EM_PPC64 => "EM_PPC64 (PowerPC 64)",
+        elf::EM_S390 => "EM_S390 (IBM Z)",
+        elf::EM_RISCV => "EM_RISCV (RISC-V)",
+        elf::EM_LOONGARCH => "EM_LOONGARCH (LoongArch)",
+        elf::EM_MIPS => "EM_MIPS (MIPS)",
+        elf::EM_SPARCV9 => "EM_SPARCV9 (SPARC V9)",
+        elf::EM_AMDGPU => "EM_AMDGPU (an AMDGPU code object, not a host binary)",
+        _ => return format!("{machine}"),
+    };
+    format!("{name} ({machine})").replace(") (", ", ")
 }
 
 /// How a pointer stored in the binary gets its load-time value.
@@ -514,6 +532,14 @@ mod tests {
         assert!(view.section(FATBIN_SECTION).unwrap().is_none());
         assert!(view.sections().unwrap().len() > 5);
         assert!(!view.phdrs().is_empty());
+    }
+
+    #[test]
+    fn machines() {
+        assert!(RelocKinds::for_machine(elf::EM_PPC64).is_some());
+        assert!(RelocKinds::for_machine(elf::EM_RISCV).is_none());
+        assert_eq!(machine_name(elf::EM_RISCV), "EM_RISCV (RISC-V, 243)");
+        assert_eq!(machine_name(9999), "9999");
     }
 
     /// The reference's tools write section header tables at offsets that

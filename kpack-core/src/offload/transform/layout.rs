@@ -127,8 +127,12 @@ pub fn plan(input: &Input, meta_len: u64) -> Result<Plan, TransformError> {
         }
         None => (None, meta_len),
     };
-    let keep = align_up(kept_len, unit);
-    let split = f.addr % unit == 0 && cut_addr_end > f.addr + keep;
+    // Keep up to the first unit boundary after the metadata (and the moved
+    // block): the removed range then starts and ends on unit boundaries,
+    // so later segments stay congruent whatever the section's alignment
+    // (GNU ld on AArch64 aligns segments to 64 KiB, sections to 4 KiB).
+    let keep = align_up(f.addr + kept_len, unit) - f.addr;
+    let split = cut_addr_end > f.addr + keep;
     let cut = if split {
         let start = f.offset + keep;
         Cut {

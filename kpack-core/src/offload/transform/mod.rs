@@ -51,7 +51,7 @@ pub enum TransformError {
     NotFat,
     #[error("{FATBIN_SECTION} is already NOBITS but the wrappers are not all HIPK")]
     HalfOffloaded,
-    #[error("unsupported machine {0} (kpack rewrites x86-64 and AArch64 binaries)")]
+    #[error("unsupported machine {} (kpack rewrites x86-64, AArch64 and ppc64le binaries)", crate::elf::machine_name(*.0))]
     UnsupportedMachine(u16),
     #[error("unsupported ELF type {0} (kpack rewrites executables and shared objects)")]
     UnsupportedType(u16),

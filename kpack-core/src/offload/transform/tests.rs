@@ -19,8 +19,6 @@ use crate::hipk::{Wrapper, HIPF_MAGIC, HIPK_MAGIC};
 use crate::offload::verify::verify_elf;
 
 const PAGE: u64 = 0x1000;
-/// The read-write segment's address is its file offset plus this.
-const RW_BIAS: u64 = 0x1000;
 
 /// What the synthetic binary looks like.
 #[derive(Clone)]
@@ -36,6 +34,9 @@ struct Spec {
     writable: bool,
     /// Add a RELATIVE relocation of a data word pointing into the section.
     stray_reloc: bool,
+    /// `p_align` of every segment (the read-write segment's address is its
+    /// file offset plus this).
+    align: u64,
 }
 
 impl Default for Spec {
@@ -47,6 +48,7 @@ impl Default for Spec {
             fatbin_ends_on_page: false,
             writable: false,
             stray_reloc: false,
+            align: PAGE,
         }
     }
 }
@@ -70,7 +72,15 @@ fn put<T: object::Pod>(out: &mut Vec<u8>, at: u64, v: &T) {
     out[at..at + b.len()].copy_from_slice(b);
 }
 
-fn phdr(p_type: u32, flags: u32, off: u64, addr: u64, filesz: u64, memsz: u64) -> ProgramHeader {
+fn phdr(
+    p_type: u32,
+    flags: u32,
+    off: u64,
+    addr: u64,
+    size: (u64, u64),
+    align: u64,
+) -> ProgramHeader {
+    let (filesz, memsz) = size;
     ProgramHeader {
         p_type: u32_(p_type),
         p_flags: u32_(flags),
@@ -79,7 +89,7 @@ fn phdr(p_type: u32, flags: u32, off: u64, addr: u64, filesz: u64, memsz: u64) -
         p_paddr: u64_(addr),
         p_filesz: u64_(filesz),
         p_memsz: u64_(memsz),
-        p_align: u64_(PAGE),
+        p_align: u64_(align),
     }
 }
 
@@ -152,7 +162,7 @@ fn build(spec: &Spec) -> Vec<u8> {
     let names =
         b"\0.dynsym\0.dynstr\0.rela.dyn\0.hip_fatbin\0.hipFatBinSegment\0.dynamic\0.shstrtab\0";
     let sh_off = (str_off + names.len() as u64).div_ceil(8) * 8;
-    let rw = |off: u64| off + RW_BIAS;
+    let rw = |off: u64| off + spec.align;
 
     let mut out = Vec::new();
     // Sections.
@@ -290,31 +300,26 @@ fn build(spec: &Spec) -> Vec<u8> {
     }
     let x_flags = elf::PF_R | if spec.writable { elf::PF_W } else { 0 };
     let rw_len = str_off - rw_off;
+    let table = 4 * PHDR_SIZE as u64;
+    let a = spec.align;
     let phdrs = [
-        phdr(
-            elf::PT_PHDR,
-            elf::PF_R,
-            phoff,
-            phoff,
-            4 * PHDR_SIZE as u64,
-            4 * PHDR_SIZE as u64,
-        ),
-        phdr(elf::PT_LOAD, x_flags, 0, 0, fat_end, fat_end),
+        phdr(elf::PT_PHDR, elf::PF_R, phoff, phoff, (table, table), 8),
+        phdr(elf::PT_LOAD, x_flags, 0, 0, (fat_end, fat_end), a),
         phdr(
             elf::PT_LOAD,
             elf::PF_R | elf::PF_W,
             rw_off,
             rw(rw_off),
-            rw_len,
-            rw_len,
+            (rw_len, rw_len),
+            a,
         ),
         phdr(
             elf::PT_DYNAMIC,
             elf::PF_R | elf::PF_W,
             dyn_off,
             rw(dyn_off),
-            dyn_len,
-            dyn_len,
+            (dyn_len, dyn_len),
+            8,
         ),
     ];
     for (i, p) in phdrs.iter().enumerate() {
@@ -617,4 +622,39 @@ fn write_several_bundles_and_page_aligned_end() {
         analyze(&t.bytes).err().unwrap(),
         TransformError::HalfOffloaded
     );
+}
+
+/// GNU ld on AArch64 (and ppc64le) aligns segments to 64 KiB but
+/// `.hip_fatbin` only to 4 KiB: pages are removed from the first 64 KiB
+/// boundary after the metadata to the last one inside the section.
+#[test]
+fn large_page_unit_with_a_section_off_the_boundary() {
+    const UNIT: u64 = 0x10000;
+    let spec = Spec {
+        // 0x1000 + 7 pages of 64 KiB and a bit: six whole units inside.
+        bundles: vec![7 * UNIT as usize - 2 * PAGE as usize],
+        align: UNIT,
+        ..Spec::default()
+    };
+    let b = build(&spec);
+    let input = analyze(&b).unwrap();
+    assert_eq!((input.unit, input.fatbin.addr), (UNIT, PAGE));
+    let p = plan(&input, META.len() as u64).unwrap();
+    assert!(p.split);
+    // Kept: up to the first unit boundary; removed: whole units up to the
+    // last boundary inside the section.
+    assert_eq!(PAGE + p.keep, UNIT);
+    assert_eq!(p.cut.start, UNIT);
+    assert_eq!(p.cut_addr_end, (input.fatbin.end() / UNIT) * UNIT);
+    assert_eq!(p.cut.removed % UNIT, 0);
+    assert_eq!(p.cut.removed, 6 * UNIT);
+    let t = transform(&b, META).unwrap();
+    assert_eq!(t.removed, 6 * UNIT);
+    assert!(t.bytes.len() < b.len() - 5 * UNIT as usize);
+    let v = verify_elf(&t.bytes, Some(t.bundles)).unwrap();
+    assert_eq!(v.metadata_addr, PAGE);
+    let out = ElfView::parse(&t.bytes).unwrap();
+    for ph in out.phdrs().iter().filter(|p| p.is_load()) {
+        assert_eq!(ph.p_offset(LE) % UNIT, ph.p_vaddr(LE) % UNIT);
+    }
 }
