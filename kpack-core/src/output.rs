@@ -299,7 +299,12 @@ impl Drop for WorkDir {
 /// Lock the working directory at `path`: `None` if a live process holds it
 /// (or the name no longer leads to the directory that was locked).
 fn claim(path: &Path) -> io::Result<Option<File>> {
-    let dir = File::open(path)?;
+    let dir = match File::open(path) {
+        Ok(d) => d,
+        // Removed by a sweeper already.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
     match dir.try_lock() {
         Ok(()) => {}
         Err(TryLockError::WouldBlock) => return Ok(None),
@@ -622,6 +627,38 @@ mod tests {
             .collect();
         assert_eq!(names, ["x"]);
         assert_eq!(fs::read(dest.join("x")).unwrap(), b"1");
+    }
+
+    /// Runs staging in the same directory at once each sweep it while the
+    /// others create their directories: none loses its staging directory.
+    #[test]
+    fn concurrent_runs_in_one_directory_do_not_sweep_each_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path();
+        std::thread::scope(|s| {
+            for t in 0..6 {
+                s.spawn(move || {
+                    for i in 0..25 {
+                        let scratch = ScratchDir::new(out).unwrap();
+                        fs::write(scratch.path().join("spill"), b"x").unwrap();
+                        let stage = StagedDir::in_dir(out).unwrap();
+                        let name = format!("a{t}-{i}");
+                        fs::create_dir(stage.path().join(&name)).unwrap();
+                        fs::write(stage.path().join(&name).join("f"), &name).unwrap();
+                        assert!(scratch.path().join("spill").is_file());
+                        stage.commit_entries(&[&name]).unwrap();
+                    }
+                });
+            }
+        });
+        let mut names: Vec<String> = fs::read_dir(out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names.len(), 150, "{names:?}");
+        assert!(names.iter().all(|n| !n.starts_with('.')), "{names:?}");
+        assert_eq!(fs::read(out.join("a3-7/f")).unwrap(), b"a3-7");
     }
 
     #[test]
