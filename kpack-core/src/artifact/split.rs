@@ -28,7 +28,7 @@ use super::manifest::{
 };
 use super::pack::{Done, FileJob, Offloaded, Outcome, Packer};
 use super::tree::{copy_dir_modes, copy_symlink, make_dirs, scan, tree_bytes, NodeKind};
-use super::{ArchiveInfo, ArtifactError, Observer, Result};
+use super::{leftover_removed, ArchiveInfo, ArtifactError, Observer, Result};
 use crate::archive::{Scheme, DEFAULT_ZSTD_LEVEL};
 use crate::offload::{archive_file_name, GFXARCH};
 use crate::output::{ScratchDir, StagedDir};
@@ -511,7 +511,7 @@ fn run(plan: &Plan, opts: &SplitOptions, observer: &dyn Observer) -> Result<Arti
         ..Default::default()
     };
     for leftover in stage.swept() {
-        note(&mut a, observer, removed_leftover(leftover));
+        note(&mut a, observer, leftover_removed(leftover));
     }
     for p in &plan.skipped {
         let msg = format!(
@@ -566,10 +566,6 @@ fn run(plan: &Plan, opts: &SplitOptions, observer: &dyn Observer) -> Result<Arti
 fn note(a: &mut ArtifactSummary, observer: &dyn Observer, msg: String) {
     observer.note(&msg);
     a.notes.push(msg);
-}
-
-pub(super) fn removed_leftover(path: &Path) -> String {
-    format!("{}: removed (left by an interrupted run)", path.display())
 }
 
 /// Step 2: create the directories and symlinks of every prefix in the
@@ -806,24 +802,10 @@ fn prune_emptied(generic: &Path, input: &Path, prefixes: &[String]) -> Result<()
 mod tests {
     use super::*;
 
-    use crate::artifact::tree::{hidden_entries, snapshot};
+    use crate::artifact::test_util::{
+        entries, hidden_entries, killed_run_leftovers, small_artifact, snapshot,
+    };
     use crate::artifact::Silent;
-
-    /// An artifact without fat binaries: a header, an empty directory, a
-    /// symlink and two rocBLAS database files.
-    fn small_artifact(dir: &Path) {
-        let stage = dir.join("stage");
-        fs::create_dir_all(stage.join("lib/rocblas/library")).unwrap();
-        fs::create_dir_all(stage.join("include")).unwrap();
-        fs::create_dir_all(stage.join("share/empty")).unwrap();
-        fs::write(dir.join(MANIFEST), "stage\n").unwrap();
-        fs::write(stage.join("include/blas.h"), "int f();\n").unwrap();
-        for t in ["gfx1100", "gfx942"] {
-            let db = format!("lib/rocblas/library/TensileLibrary_{t}.dat");
-            fs::write(stage.join(db), t).unwrap();
-        }
-        std::os::unix::fs::symlink("blas.h", stage.join("include/cblas.h")).unwrap();
-    }
 
     fn options(out: &Path) -> SplitOptions {
         let mut o = SplitOptions::new(out);
@@ -838,7 +820,7 @@ mod tests {
     fn leftovers_of_a_killed_split_are_removed() {
         let t = tempfile::tempdir().unwrap();
         let input = t.path().join("in/blas_lib_gfx110X");
-        small_artifact(&input);
+        small_artifact(&input, &["gfx1100", "gfx942"]);
         let clean = t.path().join("clean");
         split_artifact(&input, "blas_lib", &options(&clean), &Silent).unwrap();
         let want = snapshot(&clean);
@@ -848,11 +830,7 @@ mod tests {
         );
 
         let out = t.path().join("out");
-        let killed = out.join(".kpack-staging-killed/blas_lib_generic/stage");
-        fs::create_dir_all(&killed).unwrap();
-        fs::write(killed.join("partial"), b"half").unwrap();
-        fs::create_dir_all(out.join(".kpack-scratch-killed")).unwrap();
-        fs::write(out.join(".kpack-scratch-killed/code-objects-0.bin"), b"x").unwrap();
+        killed_run_leftovers(&out);
         let s = split_artifact(&input, "blas_lib", &options(&out), &Silent).unwrap();
         assert!(
             hidden_entries(&out).is_empty(),
@@ -878,7 +856,7 @@ mod tests {
     fn overwrite_replaces_and_removes_earlier_outputs() {
         let t = tempfile::tempdir().unwrap();
         let input = t.path().join("in/blas_lib_gfx110X");
-        small_artifact(&input);
+        small_artifact(&input, &["gfx1100", "gfx942"]);
         let out = t.path().join("out");
         for stale in ["blas_lib_gfx90a", "blas_lib_generic", "other_generic"] {
             fs::create_dir_all(out.join(stale)).unwrap();
@@ -893,13 +871,8 @@ mod tests {
             s.artifacts[0].replaced,
             ["blas_lib_generic", "blas_lib_gfx90a"]
         );
-        let mut names: Vec<String> = fs::read_dir(&out)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
         assert_eq!(
-            names,
+            entries(&out),
             [
                 "blas_lib_generic",
                 "blas_lib_gfx1100",

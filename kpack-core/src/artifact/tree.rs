@@ -254,36 +254,6 @@ pub fn remove_tree(dir: &Path) -> Result<()> {
     crate::output::remove_tree(dir).map_err(|e| ArtifactError::io(dir, e))
 }
 
-/// Every entry below `dir` with its kind, contents (a symlink's target) and
-/// mode, for tests to compare trees.
-#[cfg(test)]
-pub(crate) fn snapshot(dir: &Path) -> std::collections::BTreeMap<String, (char, Vec<u8>, u32)> {
-    scan(dir)
-        .unwrap()
-        .into_iter()
-        .map(|n| {
-            let value = match &n.kind {
-                NodeKind::Dir => ('d', Vec::new(), n.mode),
-                NodeKind::Symlink(t) => ('l', t.to_string_lossy().into_owned().into_bytes(), 0),
-                NodeKind::File { .. } => ('f', fs::read(dir.join(&n.rel)).unwrap(), n.mode),
-            };
-            (rel_string(&n.rel).unwrap(), value)
-        })
-        .collect()
-}
-
-/// Names of the hidden entries of `dir`, sorted.
-#[cfg(test)]
-pub(crate) fn hidden_entries(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with('.'))
-        .collect();
-    v.sort();
-    v
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
