@@ -249,11 +249,6 @@ pub fn same_bytes(a: &Path, b: &Path) -> Result<bool> {
     }
 }
 
-/// Remove a directory tree, making read-only directories writable first.
-pub fn remove_tree(dir: &Path) -> Result<()> {
-    crate::output::remove_tree(dir).map_err(|e| ArtifactError::io(dir, e))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -282,6 +277,6 @@ mod tests {
         copy_tree(r, &out).unwrap();
         assert_eq!(fs::read_link(out.join("link")).unwrap(), Path::new("a/z"));
         assert_eq!(fs::read(out.join("b/y")).unwrap(), b"b");
-        remove_tree(&out).unwrap();
+        crate::output::remove_tree(&out).unwrap();
     }
 }
