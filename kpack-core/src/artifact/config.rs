@@ -331,74 +331,28 @@ mod tests {
         assert_eq!(c.architecture_groups[0].architectures.len(), 2);
     }
 
+    /// Each text fails with a message naming the file and containing the
+    /// needle.
+    fn fails(cases: &[(&str, &str)]) {
+        for (text, needle) in cases {
+            let e = err(text);
+            assert!(e.contains(needle), "{text}: {e}");
+            assert!(e.starts_with("c.json: "), "{e}");
+        }
+    }
+
+    /// Not JSON, not objects, unknown and repeated fields.
     #[test]
-    fn bad_configs() {
-        for (text, needle) in [
+    fn shape_errors() {
+        fails(&[
             ("", "empty"),
             ("  \n", "empty"),
             ("{", "not valid JSON"),
             ("[]", "packaging config: invalid type: sequence, expected a JSON object"),
             (
-                r#"{"architecture_groups": {"g": {"architectures": ["gfx1100"]}}}"#,
-                "missing field `primary_shard`",
-            ),
-            (
-                r#"{"primary_shard": 3, "architecture_groups": {}}"#,
-                "`primary_shard`: invalid type: integer `3`, expected a string",
-            ),
-            (
-                r#"{"primary_shard": "a", "architecture_groups": {}}"#,
-                "`architecture_groups` is empty",
-            ),
-            (
-                r#"{"primary_shard": "a"}"#,
-                "missing field `architecture_groups`",
-            ),
-            (
-                r#"{"primary_shard": "a", "architecture_groups": []}"#,
-                "`architecture_groups`: invalid type: sequence, expected a map",
-            ),
-            (
-                r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": ["sm_80"]}}}"#,
-                "`architecture_groups.g.architectures[0]`: \"sm_80\" does not start with \"gfx\"",
-            ),
-            (
-                r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": "gfx1100"}}}"#,
-                "`architecture_groups.g.architectures`: invalid type: string \"gfx1100\", expected a sequence",
-            ),
-            (
-                r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": [1100]}}}"#,
-                "`architecture_groups.g.architectures[0]`: invalid type: integer `1100`, expected a string",
-            ),
-            (
-                r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": []}}}"#,
-                "architectures` is empty",
-            ),
-            (
-                r#"{"primary_shard": "a", "architecture_groups": {"g": {}}}"#,
-                "missing field `architectures`",
-            ),
-            (
-                r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": ["gfx1100"]}}, "validation": {"error_on_duplicate_device_code": "yes"}}"#,
-                "`validation.error_on_duplicate_device_code`: invalid type: string \"yes\", expected a boolean",
-            ),
-            (
                 r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": ["gfx1100"]}}, "validation": {"error_on_missing_architectures": true}}"#,
                 "unknown field `error_on_missing_architectures`, expected one of",
             ),
-            (
-                r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": ["gfx1100"]}, "h": {"architectures": ["gfx1100"]}}}"#,
-                "in groups g and h",
-            ),
-            (
-                r#"{"primary_shard": "a", "architecture_groups": {"generic": {"architectures": ["gfx1100"]}}}"#,
-                "invalid group name",
-            ),
-            (
-                r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": ["gfx1100"], "display_name": 1}}}"#,
-                "`architecture_groups.g.display_name`: invalid type: integer `1`, expected a string",
-            ),
-            // Objects only, not serde's positional arrays of field values.
             (
                 r#"{"primary_shard": "a", "architecture_groups": {"g": [null, ["gfx1100"]]}}"#,
                 "`architecture_groups.g`: invalid type: sequence, expected a JSON object",
@@ -423,6 +377,77 @@ mod tests {
                 r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": ["gfx1100"]}}} x"#,
                 "not valid JSON: trailing characters",
             ),
+        ]);
+    }
+
+    /// Values of the wrong type, named by their field path, and missing
+    /// fields.
+    #[test]
+    fn type_errors() {
+        fails(&[
+            (
+                r#"{"architecture_groups": {"g": {"architectures": ["gfx1100"]}}}"#,
+                "missing field `primary_shard`",
+            ),
+            (
+                r#"{"primary_shard": 3, "architecture_groups": {}}"#,
+                "`primary_shard`: invalid type: integer `3`, expected a string",
+            ),
+            (
+                r#"{"primary_shard": "a"}"#,
+                "missing field `architecture_groups`",
+            ),
+            (
+                r#"{"primary_shard": "a", "architecture_groups": []}"#,
+                "`architecture_groups`: invalid type: sequence, expected a map",
+            ),
+            (
+                r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": "gfx1100"}}}"#,
+                "`architecture_groups.g.architectures`: invalid type: string \"gfx1100\", expected a sequence",
+            ),
+            (
+                r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": [1100]}}}"#,
+                "`architecture_groups.g.architectures[0]`: invalid type: integer `1100`, expected a string",
+            ),
+            (
+                r#"{"primary_shard": "a", "architecture_groups": {"g": {}}}"#,
+                "missing field `architectures`",
+            ),
+            (
+                r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": ["gfx1100"]}}, "validation": {"error_on_duplicate_device_code": "yes"}}"#,
+                "`validation.error_on_duplicate_device_code`: invalid type: string \"yes\", expected a boolean",
+            ),
+            (
+                r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": ["gfx1100"], "display_name": 1}}}"#,
+                "`architecture_groups.g.display_name`: invalid type: integer `1`, expected a string",
+            ),
+        ]);
+    }
+
+    /// What `validate` says.
+    #[test]
+    fn rule_errors() {
+        fails(&[
+            (
+                r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": ["sm_80"]}}}"#,
+                "`architecture_groups.g.architectures[0]`: \"sm_80\" does not start with \"gfx\"",
+            ),
+            (
+                r#"{"primary_shard": "a", "architecture_groups": {}}"#,
+                "`architecture_groups` is empty",
+            ),
+            (
+                r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": []}}}"#,
+                "architectures` is empty",
+            ),
+            (
+                r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": ["gfx1100"]}, "h": {"architectures": ["gfx1100"]}}}"#,
+                "in groups g and h",
+            ),
+            (
+                r#"{"primary_shard": "a", "architecture_groups": {"generic": {"architectures": ["gfx1100"]}}}"#,
+                "invalid group name",
+            ),
             (
                 r#"{"primary_shard": " ", "architecture_groups": {"g": {"architectures": ["gfx1100"]}}}"#,
                 "`primary_shard` is empty",
@@ -435,10 +460,6 @@ mod tests {
                 r#"{"primary_shard": "a", "architecture_groups": {"a_b": {"architectures": ["gfx1100"]}}}"#,
                 "`architecture_groups.a_b`: invalid group name",
             ),
-        ] {
-            let e = err(text);
-            assert!(e.contains(needle), "{text}: {e}");
-            assert!(e.starts_with("c.json: "), "{e}");
-        }
+        ]);
     }
 }
