@@ -304,7 +304,10 @@ fn write_archives(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::artifact::test_util::{hidden_entries, killed_run_leftovers, snapshot};
+    use crate::artifact::test_util::{
+        child_dir, entries, hidden_entries, killed_run_leftovers, run_killed_child, snapshot,
+        DieOnAdvance,
+    };
     use crate::artifact::Silent;
 
     fn small_tree(dir: &Path) {
@@ -343,5 +346,33 @@ mod tests {
         pack_tree(&input, &out, &o, &Silent).unwrap();
         assert_eq!(snapshot(&out), want);
         assert_eq!(hidden_entries(&parent), Vec::<String>::new());
+    }
+
+    /// A pack-tree that dies in the middle leaves only hidden staging and
+    /// scratch directories beside the output; the next one removes them.
+    #[test]
+    fn a_pack_tree_killed_mid_run_is_cleaned_up_by_the_next() {
+        if let Some(dir) = child_dir() {
+            let o = PackTreeOptions::new("g");
+            let r = pack_tree(&dir.join("in"), &dir.join("out/tree"), &o, &DieOnAdvance);
+            panic!("not killed: {:?}", r.map(|_| ()));
+        }
+        let t = tempfile::tempdir().unwrap();
+        let input = t.path().join("in");
+        small_tree(&input);
+        run_killed_child(
+            "artifact::pack_tree::tests::a_pack_tree_killed_mid_run_is_cleaned_up_by_the_next",
+            t.path(),
+        );
+        let parent = t.path().join("out");
+        let left = entries(&parent);
+        assert_eq!(left.len(), 2, "{left:?}");
+        assert!(left.iter().all(|n| n.starts_with(".kpack-")), "{left:?}");
+        let out = parent.join("tree");
+        pack_tree(&input, &out, &PackTreeOptions::new("g"), &Silent).unwrap();
+        assert_eq!(entries(&parent), ["tree"]);
+        let clean = t.path().join("clean");
+        pack_tree(&input, &clean, &PackTreeOptions::new("g"), &Silent).unwrap();
+        assert_eq!(snapshot(&out), snapshot(&clean));
     }
 }

@@ -664,7 +664,8 @@ fn offloaded(path: &Path) -> Option<(Vec<u8>, usize)> {
 mod tests {
     use super::*;
     use crate::artifact::test_util::{
-        entries, hidden_entries, killed_run_leftovers, small_artifact, snapshot,
+        child_dir, entries, hidden_entries, killed_run_leftovers, run_killed_child, small_artifact,
+        snapshot, DieOnAdvance,
     };
     use crate::artifact::{split_artifact, Database, Silent, SplitOptions};
 
@@ -728,6 +729,45 @@ mod tests {
         assert_eq!(snapshot(&out), want);
         let swept = s.notes.iter().filter(|n| n.contains("interrupted run"));
         assert_eq!(swept.count(), 2, "{:?}", s.notes);
+    }
+
+    /// A recombine that dies in the middle (after copying its first generic
+    /// artifact) leaves only a hidden staging directory; the next one
+    /// removes it.
+    #[test]
+    fn a_recombine_killed_mid_run_is_cleaned_up_by_the_next() {
+        if let Some(dir) = child_dir() {
+            let opts = RecombineOptions {
+                output_dir: dir.join("out"),
+                components: Vec::new(),
+            };
+            let r = recombine(&dir.join("shards"), &config(), &opts, &DieOnAdvance);
+            panic!("not killed: {:?}", r.map(|_| ()));
+        }
+        let t = tempfile::tempdir().unwrap();
+        shards(t.path());
+        run_killed_child(
+            "artifact::recombine::tests::a_recombine_killed_mid_run_is_cleaned_up_by_the_next",
+            t.path(),
+        );
+        let out = t.path().join("out");
+        let left = entries(&out);
+        assert_eq!(left.len(), 1, "{left:?}");
+        assert!(
+            left[0].starts_with(crate::output::STAGING_PREFIX),
+            "{left:?}"
+        );
+        assert!(out.join(&left[0]).join("blas_lib_generic").is_dir());
+        let input = t.path().join("shards");
+        run(&input, &out).unwrap();
+        assert!(
+            hidden_entries(&out).is_empty(),
+            "{:?}",
+            hidden_entries(&out)
+        );
+        let clean = t.path().join("clean");
+        run(&input, &clean).unwrap();
+        assert_eq!(snapshot(&out), snapshot(&clean));
     }
 
     /// A failing recombine writes nothing, not even its output directory.

@@ -803,7 +803,8 @@ mod tests {
     use super::*;
 
     use crate::artifact::test_util::{
-        entries, hidden_entries, killed_run_leftovers, small_artifact, snapshot,
+        child_dir, entries, hidden_entries, killed_run_leftovers, run_killed_child, small_artifact,
+        snapshot, DieOnAdvance,
     };
     use crate::artifact::Silent;
 
@@ -847,6 +848,53 @@ mod tests {
             2,
             "{notes:?}"
         );
+    }
+
+    /// A split that dies in the middle (after its first file) leaves only
+    /// hidden staging and scratch directories; the next split removes them
+    /// and writes what a split into a clean directory writes.
+    #[test]
+    fn a_split_killed_mid_run_is_cleaned_up_by_the_next() {
+        if let Some(dir) = child_dir() {
+            let input = dir.join("in/blas_lib_x");
+            let r = split_artifact(
+                &input,
+                "blas_lib",
+                &options(&dir.join("out")),
+                &DieOnAdvance,
+            );
+            panic!("not killed: {:?}", r.map(|_| ()));
+        }
+        let t = tempfile::tempdir().unwrap();
+        let input = t.path().join("in/blas_lib_x");
+        small_artifact(&input, &["gfx1100", "gfx942"]);
+        let clean = t.path().join("clean");
+        split_artifact(&input, "blas_lib", &options(&clean), &Silent).unwrap();
+
+        run_killed_child(
+            "artifact::split::tests::a_split_killed_mid_run_is_cleaned_up_by_the_next",
+            t.path(),
+        );
+        let out = t.path().join("out");
+        let left = entries(&out);
+        assert_eq!(left.len(), 2, "{left:?}");
+        assert!(
+            left[0].starts_with(crate::output::SCRATCH_PREFIX),
+            "{left:?}"
+        );
+        assert!(
+            left[1].starts_with(crate::output::STAGING_PREFIX),
+            "{left:?}"
+        );
+        assert!(out.join(&left[1]).join("blas_lib_generic").is_dir());
+
+        split_artifact(&input, "blas_lib", &options(&out), &Silent).unwrap();
+        assert!(
+            hidden_entries(&out).is_empty(),
+            "{:?}",
+            hidden_entries(&out)
+        );
+        assert_eq!(snapshot(&out), snapshot(&clean));
     }
 
     /// `--overwrite` replaces the outputs of an earlier split of the same

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::tree::{rel_string, scan, NodeKind};
 use super::MANIFEST;
@@ -66,4 +66,41 @@ pub fn killed_run_leftovers(dir: &Path) {
     fs::write(staged.join("partial"), b"half").unwrap();
     fs::create_dir_all(dir.join(".kpack-scratch-killed")).unwrap();
     fs::write(dir.join(".kpack-scratch-killed/code-objects-0.bin"), b"x").unwrap();
+}
+
+/// The exit code of a run that [`DieOnAdvance`] ended.
+const KILLED: i32 = 86;
+/// Set (to the test's directory) in the child process of
+/// [`run_killed_child`].
+const CHILD_DIR: &str = "KPACK_TEST_KILLED_CHILD_DIR";
+
+/// An observer that ends the process the first time work is reported
+/// done, in the middle of a run: like SIGKILL, `exit` runs no destructor,
+/// so staging and scratch directories stay behind (and their locks go with
+/// the process).
+pub struct DieOnAdvance;
+
+impl super::Observer for DieOnAdvance {
+    fn advance(&self, _bytes: u64) {
+        std::process::exit(KILLED);
+    }
+}
+
+/// In the child process of [`run_killed_child`]: the directory to work in.
+pub fn child_dir() -> Option<PathBuf> {
+    std::env::var_os(CHILD_DIR).map(PathBuf::from)
+}
+
+/// Run the unit test `name` (its full path) again in a child process that
+/// sees `dir` through [`child_dir`], and check that [`DieOnAdvance`] ended
+/// it.
+pub fn run_killed_child(name: &str, dir: &Path) {
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--test-threads=1"])
+        .env(CHILD_DIR, dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(KILLED), "{name} in a child process");
 }
