@@ -19,8 +19,8 @@
 //!   with the process; the next run that stages or scratches in the same
 //!   directory takes the lock and removes the leftover ([`sweep_stale`]),
 //!   while a directory of a run still in progress stays locked and is left
-//!   alone. The artifact tools skip hidden entries, so a leftover is never
-//!   mistaken for output.
+//!   alone (on a file system without locks, nothing is swept). The artifact
+//!   tools skip hidden entries, so a leftover is never mistaken for output.
 //!
 //! An entry kpack may not open at all (its owner has neither read nor write
 //! permission on it) cannot be fsynced; it is skipped.
@@ -265,22 +265,22 @@ impl WorkDir {
                 .prefix(prefix)
                 .tempdir_in(parent)?
                 .keep();
-            match claim(&path) {
-                Ok(Some(lock)) => {
-                    return Ok(WorkDir {
-                        path,
-                        _lock: lock,
-                        moved: false,
-                    })
-                }
-                Ok(None) => {
+            let lock = match claim(&path) {
+                Ok(Claim::Locked(dir) | Claim::NoLocks(dir)) => dir,
+                Ok(Claim::Busy) => {
                     let _ = fs::remove_dir(&path);
+                    continue;
                 }
                 Err(e) => {
                     let _ = fs::remove_dir(&path);
                     return Err(e);
                 }
-            }
+            };
+            return Ok(WorkDir {
+                path,
+                _lock: lock,
+                moved: false,
+            });
         }
         Err(io::Error::other(
             "cannot lock a new working directory: it is removed each time by another process",
@@ -296,26 +296,37 @@ impl Drop for WorkDir {
     }
 }
 
-/// Lock the working directory at `path`: `None` if a live process holds it
-/// (or the name no longer leads to the directory that was locked).
-fn claim(path: &Path) -> io::Result<Option<File>> {
+/// What [`claim`] got.
+enum Claim {
+    /// The directory, locked by this process now.
+    Locked(File),
+    /// A live process holds it (or the name no longer leads to the
+    /// directory that was opened).
+    Busy,
+    /// The file system does not support locks: nobody can tell a live
+    /// run's directory from a leftover there, so none is swept.
+    NoLocks(File),
+}
+
+/// Lock the working directory at `path`.
+fn claim(path: &Path) -> io::Result<Claim> {
     let dir = match File::open(path) {
         Ok(d) => d,
         // Removed by a sweeper already.
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Claim::Busy),
         Err(e) => return Err(e),
     };
     match dir.try_lock() {
         Ok(()) => {}
-        Err(TryLockError::WouldBlock) => return Ok(None),
-        Err(TryLockError::Error(e)) => return Err(e),
+        Err(TryLockError::WouldBlock) => return Ok(Claim::Busy),
+        Err(TryLockError::Error(_)) => return Ok(Claim::NoLocks(dir)),
     }
     // Between the open and the lock, the directory may have been removed
     // by a sweeper (and the name even reused).
     let (locked, now) = (dir.metadata()?, fs::symlink_metadata(path));
     match now {
-        Ok(m) if m.dev() == locked.dev() && m.ino() == locked.ino() => Ok(Some(dir)),
-        _ => Ok(None),
+        Ok(m) if m.dev() == locked.dev() && m.ino() == locked.ino() => Ok(Claim::Locked(dir)),
+        _ => Ok(Claim::Busy),
     }
 }
 
@@ -339,7 +350,7 @@ pub fn sweep_stale(dir: &Path) -> Vec<PathBuf> {
         }
         let path = e.path();
         // Removed while holding the lock, so that no run can take it over.
-        if let Ok(Some(_lock)) = claim(&path) {
+        if let Ok(Claim::Locked(_lock)) = claim(&path) {
             if remove_tree(&path).is_ok() {
                 removed.push(path);
             }
@@ -391,13 +402,10 @@ fn make_writable(dir: &Path) {
 /// `None` if neither is permitted.
 fn open_for_sync(path: &Path) -> io::Result<Option<File>> {
     match File::open(path) {
-        Ok(f) => return Ok(Some(f)),
-        Err(e) if e.kind() != io::ErrorKind::PermissionDenied => return Err(e),
-        Err(_) => {}
-    }
-    match fs::OpenOptions::new().write(true).open(path) {
         Ok(f) => Ok(Some(f)),
-        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            Ok(fs::OpenOptions::new().write(true).open(path).ok())
+        }
         Err(e) => Err(e),
     }
 }
