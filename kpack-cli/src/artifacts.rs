@@ -3,18 +3,21 @@
 //! `verify_artifacts.py`, `recombine_artifacts.py`) so that existing
 //! scripts keep working.
 
-use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
 use kpack_core::archive::Scheme;
+use kpack_core::artifact::pack_tree::PackTreeSummary;
+use kpack_core::artifact::recombine::RecombineSummary;
+use kpack_core::artifact::split::SplitSummary;
+use kpack_core::artifact::verify::VerifyReport;
 use kpack_core::artifact::{
     self, with_jobs, ArtifactError, Database, Observer, PackTreeOptions, PackagingConfig,
     RecombineOptions, SplitOptions, VerifyOptions,
 };
+use kpack_core::bytes::format_size;
 use serde::Serialize;
 
 type CliResult = Result<(), Box<dyn std::error::Error>>;
@@ -212,29 +215,14 @@ fn split(a: SplitArgs) -> CliResult {
     opts.overwrite = a.overwrite;
     opts.keep_going = a.keep_going;
     opts.tmp_dir = a.tmp_dir.clone();
-    let reporter = Reporter::new(a.common.verbose);
+    let reporter = Reporter::new(a.common.verbose, a.common.json);
     if a.clang_offload_bundler.is_some() {
         reporter.note("--clang-offload-bundler is not needed: kpack reads offload bundles itself");
     }
     let summary = with_jobs(jobs(a.common.jobs), || {
         match (&a.artifact_dir, &a.batch_artifact_parent_dir) {
             (Some(dir), _) => {
-                let prefix = match &a.artifact_prefix {
-                    Some(p) => p.clone(),
-                    None => {
-                        let name = dir
-                            .canonicalize()
-                            .ok()
-                            .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
-                            .unwrap_or_default();
-                        artifact::artifact_prefix(&name)
-                        .ok_or_else(|| ArtifactError::Input {
-                            path: dir.clone(),
-                            what: "cannot derive the artifact prefix from the directory name: pass --artifact-prefix".into(),
-                        })?
-                        .to_string()
-                    }
-                };
+                let prefix = split_prefix(dir, a.artifact_prefix.as_deref())?;
                 artifact::split_artifact(dir, &prefix, &opts, &reporter)
             }
             (None, Some(parent)) => artifact::split_batch(parent, &opts, &reporter),
@@ -246,38 +234,7 @@ fn split(a: SplitArgs) -> CliResult {
     if a.common.json {
         print_json(&summary);
     } else {
-        for art in &summary.artifacts {
-            if let Some(e) = &art.error {
-                println!("{}: FAILED: {e}", art.input);
-                continue;
-            }
-            println!(
-                "{} -> {}: {} binaries, {} code objects, {} database files, {} -> {} bytes",
-                art.input,
-                art.outputs.join(" "),
-                art.binaries,
-                art.code_objects,
-                art.database_files,
-                art.bytes_in,
-                art.bytes_out
-            );
-            for p in &art.skipped_prefixes {
-                println!("  skipped prefix (no such directory): {p}");
-            }
-        }
-        let t = &summary.totals;
-        println!(
-            "split {} artifact(s) into {}: {} binaries, {} code objects in {} archives, {} database files, {} -> {} bytes, {:.1} s",
-            t.artifacts,
-            t.output_artifacts,
-            t.binaries,
-            t.code_objects,
-            t.archives,
-            t.database_files,
-            t.bytes_in,
-            t.bytes_out,
-            summary.seconds
-        );
+        print_split(&summary);
     }
     if summary.failed > 0 {
         return Err(ArtifactError::ArtifactsFailed {
@@ -289,9 +246,66 @@ fn split(a: SplitArgs) -> CliResult {
     Ok(())
 }
 
+/// `--artifact-prefix`, or the artifact directory's name without its last
+/// `_` part.
+fn split_prefix(dir: &Path, given: Option<&str>) -> Result<String, ArtifactError> {
+    if let Some(p) = given {
+        return Ok(p.to_string());
+    }
+    let name = dir
+        .canonicalize()
+        .ok()
+        .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_default();
+    match artifact::artifact_prefix(&name) {
+        Some(p) => Ok(p.to_string()),
+        None => Err(ArtifactError::Input {
+            path: dir.to_path_buf(),
+            what:
+                "cannot derive the artifact prefix from the directory name: pass --artifact-prefix"
+                    .into(),
+        }),
+    }
+}
+
+fn print_split(summary: &SplitSummary) {
+    for art in &summary.artifacts {
+        if let Some(e) = &art.error {
+            println!("{}: FAILED: {e}", art.input);
+            continue;
+        }
+        println!(
+            "{} -> {}: {} binaries, {} code objects, {} database files, {} -> {} bytes",
+            art.input,
+            art.outputs.join(" "),
+            art.binaries,
+            art.code_objects,
+            art.database_files,
+            art.bytes_in,
+            art.bytes_out
+        );
+        for p in &art.skipped_prefixes {
+            println!("  skipped prefix (no such directory): {p}");
+        }
+    }
+    let t = &summary.totals;
+    println!(
+        "split {} artifact(s) into {}: {} binaries, {} code objects in {} archives, {} database files, {} -> {} bytes, {:.1} s",
+        t.artifacts,
+        t.output_artifacts,
+        t.binaries,
+        t.code_objects,
+        t.archives,
+        t.database_files,
+        t.bytes_in,
+        t.bytes_out,
+        summary.seconds
+    );
+}
+
 fn verify(a: VerifyArgs) -> CliResult {
     let config = a.config.as_deref().map(PackagingConfig::load).transpose()?;
-    let reporter = Reporter::new(a.verbose);
+    let reporter = Reporter::new(a.verbose, a.json);
     let report = with_jobs(jobs(a.jobs), || {
         artifact::verify_artifacts(&a.artifacts_dir, &VerifyOptions { config }, &reporter)
     });
@@ -300,23 +314,7 @@ fn verify(a: VerifyArgs) -> CliResult {
     if a.json {
         print_json(&report);
     } else {
-        for p in &report.problems {
-            println!("PROBLEM: {p}");
-        }
-        println!(
-            "{}: {} artifact(s), {} component(s), {} archive(s), {} code object(s), {} database file(s), {} offloaded binar{}, {} wrapper resolution(s); targets: {}; {}",
-            report.artifacts_dir,
-            report.artifacts,
-            report.components,
-            report.archives,
-            report.code_objects,
-            report.database_files,
-            report.offloaded_binaries,
-            if report.offloaded_binaries == 1 { "y" } else { "ies" },
-            report.wrappers_resolved,
-            if report.targets.is_empty() { "none".to_string() } else { report.targets.join(", ") },
-            if report.ok() { "OK".to_string() } else { format!("{} problem(s)", report.problems.len()) }
-        );
+        print_verify(&report);
     }
     if !report.ok() {
         return Err(ArtifactError::VerifyFailed {
@@ -327,9 +325,29 @@ fn verify(a: VerifyArgs) -> CliResult {
     Ok(())
 }
 
+fn print_verify(report: &VerifyReport) {
+    for p in &report.problems {
+        println!("PROBLEM: {p}");
+    }
+    println!(
+        "{}: {} artifact(s), {} component(s), {} archive(s), {} code object(s), {} database file(s), {} offloaded binar{}, {} wrapper resolution(s); targets: {}; {}",
+        report.artifacts_dir,
+        report.artifacts,
+        report.components,
+        report.archives,
+        report.code_objects,
+        report.database_files,
+        report.offloaded_binaries,
+        if report.offloaded_binaries == 1 { "y" } else { "ies" },
+        report.wrappers_resolved,
+        if report.targets.is_empty() { "none".to_string() } else { report.targets.join(", ") },
+        if report.ok() { "OK".to_string() } else { format!("{} problem(s)", report.problems.len()) }
+    );
+}
+
 fn recombine(a: RecombineArgs) -> CliResult {
     let config = PackagingConfig::load(&a.config)?;
-    let reporter = Reporter::new(a.verbose);
+    let reporter = Reporter::new(a.verbose, a.json);
     let opts = RecombineOptions {
         output_dir: a.output_dir.clone(),
         components: a.component.clone(),
@@ -342,28 +360,32 @@ fn recombine(a: RecombineArgs) -> CliResult {
     if a.json {
         print_json(&summary);
     } else {
-        for c in &summary.components {
-            println!("{}_generic (from {})", c.component, c.generic_from);
-            for g in &c.groups {
-                let targets: Vec<String> = g
-                    .targets
-                    .iter()
-                    .map(|(t, s)| format!("{t} (from {s})"))
-                    .collect();
-                println!("{}: {}", g.artifact, targets.join(", "));
-            }
-        }
-        println!(
-            "recombined {} component(s) from {} shard(s) into {} artifact(s) in {}, {} bytes, {:.1} s",
-            summary.components.len(),
-            summary.shards.len(),
-            summary.outputs.len(),
-            summary.output_dir,
-            summary.bytes_out,
-            summary.seconds
-        );
+        print_recombine(&summary);
     }
     Ok(())
+}
+
+fn print_recombine(summary: &RecombineSummary) {
+    for c in &summary.components {
+        println!("{}_generic (from {})", c.component, c.generic_from);
+        for g in &c.groups {
+            let targets: Vec<String> = g
+                .targets
+                .iter()
+                .map(|(t, s)| format!("{t} (from {s})"))
+                .collect();
+            println!("{}: {}", g.artifact, targets.join(", "));
+        }
+    }
+    println!(
+        "recombined {} component(s) from {} shard(s) into {} artifact(s) in {}, {} bytes, {:.1} s",
+        summary.components.len(),
+        summary.shards.len(),
+        summary.outputs.len(),
+        summary.output_dir,
+        summary.bytes_out,
+        summary.seconds
+    );
 }
 
 fn pack_tree(a: PackTreeArgs) -> CliResult {
@@ -379,7 +401,7 @@ fn pack_tree(a: PackTreeArgs) -> CliResult {
     opts.level = a.common.compression_level;
     opts.overwrite = a.overwrite;
     opts.tmp_dir = a.tmp_dir.clone();
-    let reporter = Reporter::new(a.common.verbose);
+    let reporter = Reporter::new(a.common.verbose, a.common.json);
     let summary = with_jobs(jobs(a.max_workers.or(a.common.jobs)), || {
         artifact::pack_tree(&a.input, &a.output, &opts, &reporter)
     });
@@ -388,25 +410,29 @@ fn pack_tree(a: PackTreeArgs) -> CliResult {
     if a.common.json {
         print_json(&summary);
     } else {
-        println!(
-            "{} -> {}: {} files, {} binaries offloaded, {} code objects ({} left out), {} -> {} bytes",
-            summary.input,
-            summary.output,
-            summary.files,
-            summary.binaries,
-            summary.code_objects,
-            summary.dropped_code_objects,
-            summary.bytes_in,
-            summary.bytes_out
-        );
-        for ar in &summary.archives {
-            println!(
-                "  {}: {} code object(s), {} -> {} bytes",
-                ar.path, ar.code_objects, ar.bytes_in, ar.bytes_out
-            );
-        }
+        print_pack_tree(&summary);
     }
     Ok(())
+}
+
+fn print_pack_tree(summary: &PackTreeSummary) {
+    println!(
+        "{} -> {}: {} files, {} binaries offloaded, {} code objects ({} left out), {} -> {} bytes",
+        summary.input,
+        summary.output,
+        summary.files,
+        summary.binaries,
+        summary.code_objects,
+        summary.dropped_code_objects,
+        summary.bytes_in,
+        summary.bytes_out
+    );
+    for ar in &summary.archives {
+        println!(
+            "  {}: {} code object(s), {} -> {} bytes",
+            ar.path, ar.code_objects, ar.bytes_in, ar.bytes_out
+        );
+    }
 }
 
 fn print_json(v: &impl Serialize) {
@@ -416,95 +442,49 @@ fn print_json(v: &impl Serialize) {
     );
 }
 
-/// Notes (under --verbose) and warnings on stderr, and a progress bar when
-/// stderr is a terminal.
+/// Notes (under --verbose) and warnings on stderr, and a progress bar of
+/// the bytes processed when stderr is a terminal (never with --json).
 struct Reporter {
     verbose: bool,
-    bar: Option<Bar>,
-}
-
-struct Bar {
-    total: AtomicU64,
-    done: AtomicU64,
-    state: Mutex<BarState>,
-}
-
-struct BarState {
-    last: Option<Instant>,
-    shown: bool,
-    start: Instant,
+    bar: Option<ProgressBar>,
 }
 
 impl Reporter {
-    fn new(verbose: bool) -> Self {
-        let bar = std::io::stderr().is_terminal().then(|| Bar {
-            total: AtomicU64::new(0),
-            done: AtomicU64::new(0),
-            state: Mutex::new(BarState {
-                last: None,
-                shown: false,
-                start: Instant::now(),
-            }),
-        });
+    fn new(verbose: bool, json: bool) -> Self {
+        let bar = (!json && std::io::stderr().is_terminal())
+            .then(|| progress_bar(ProgressDrawTarget::stderr_with_hz(10)));
         Reporter { verbose, bar }
     }
 
-    /// A line on stderr, clearing the bar first (it is redrawn on the next
-    /// update). Locks: bar state, then stderr, as `draw` does.
+    /// A line on stderr (above the bar, which is redrawn after it).
     fn line(&self, text: &str) {
-        let mut st = self
-            .bar
-            .as_ref()
-            .map(|bar| bar.state.lock().unwrap_or_else(|e| e.into_inner()));
-        let mut err = std::io::stderr().lock();
-        if let Some(st) = st.as_deref_mut() {
-            if st.shown {
-                let _ = write!(err, "\r\x1b[K");
-                st.shown = false;
-                st.last = None;
-            }
+        match &self.bar {
+            Some(bar) => bar.suspend(|| eprintln!("{text}")),
+            None => eprintln!("{text}"),
         }
-        let _ = writeln!(err, "{text}");
-    }
-
-    /// Redraw the bar, at most ten times a second.
-    fn draw(&self) {
-        let Some(bar) = &self.bar else { return };
-        let mut st = bar.state.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        if st
-            .last
-            .is_some_and(|t| now - t < Duration::from_millis(100))
-        {
-            return;
-        }
-        st.last = Some(now);
-        let total = bar.total.load(Ordering::Relaxed).max(1);
-        let done = bar.done.load(Ordering::Relaxed).min(total);
-        let width = 30;
-        let filled = (done as f64 / total as f64 * width as f64) as usize;
-        let _ = write!(
-            std::io::stderr().lock(),
-            "\r\x1b[K[{}{}] {:>3}% {} / {}  {:.0} s",
-            "#".repeat(filled),
-            "-".repeat(width - filled),
-            done * 100 / total,
-            kpack_core::bytes::format_size(done),
-            kpack_core::bytes::format_size(total),
-            (now - st.start).as_secs_f64()
-        );
-        st.shown = true;
     }
 
     fn finish(&self) {
         if let Some(bar) = &self.bar {
-            let mut st = bar.state.lock().unwrap_or_else(|e| e.into_inner());
-            if st.shown {
-                let _ = write!(std::io::stderr().lock(), "\r\x1b[K");
-                st.shown = false;
-            }
+            bar.finish_and_clear();
         }
     }
+}
+
+/// `[#########---------------------]  30% 1.2 MiB / 4.0 MiB  3s`: the
+/// sizes through kpack's one byte-size formatter.
+fn progress_bar(target: ProgressDrawTarget) -> ProgressBar {
+    let style =
+        ProgressStyle::with_template("[{bar:30}] {percent:>3}% {done} / {total}  {elapsed}")
+            .expect("a valid progress template")
+            .progress_chars("#-")
+            .with_key("done", |s: &ProgressState, w: &mut dyn std::fmt::Write| {
+                let _ = w.write_str(&format_size(s.pos().min(s.len().unwrap_or(0))));
+            })
+            .with_key("total", |s: &ProgressState, w: &mut dyn std::fmt::Write| {
+                let _ = w.write_str(&format_size(s.len().unwrap_or(0)));
+            });
+    ProgressBar::with_draw_target(Some(0), target).with_style(style)
 }
 
 impl Observer for Reporter {
@@ -520,15 +500,93 @@ impl Observer for Reporter {
 
     fn add_work(&self, bytes: u64) {
         if let Some(bar) = &self.bar {
-            bar.total.fetch_add(bytes, Ordering::Relaxed);
-            self.draw();
+            bar.inc_length(bytes);
         }
     }
 
     fn advance(&self, bytes: u64) {
         if let Some(bar) = &self.bar {
-            bar.done.fetch_add(bytes, Ordering::Relaxed);
-            self.draw();
+            bar.inc(bytes);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// A terminal that records what is drawn on it.
+    #[derive(Debug, Clone, Default)]
+    struct Screen(Arc<Mutex<String>>);
+
+    impl indicatif::TermLike for Screen {
+        fn width(&self) -> u16 {
+            100
+        }
+        fn move_cursor_up(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_down(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_right(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_left(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn write_line(&self, s: &str) -> std::io::Result<()> {
+            let mut t = self.0.lock().unwrap();
+            t.push_str(s);
+            t.push('\n');
+            Ok(())
+        }
+        fn write_str(&self, s: &str) -> std::io::Result<()> {
+            self.0.lock().unwrap().push_str(s);
+            Ok(())
+        }
+        fn clear_line(&self) -> std::io::Result<()> {
+            self.0.lock().unwrap().push_str("<clear>");
+            Ok(())
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_bar_shows_bytes_done_and_to_do() {
+        let screen = Screen::default();
+        let bar = progress_bar(ProgressDrawTarget::term_like(Box::new(screen.clone())));
+        let r = Reporter {
+            verbose: false,
+            bar: Some(bar),
+        };
+        r.add_work(3 << 20);
+        r.advance(1 << 20);
+        let shown = screen.0.lock().unwrap().clone();
+        let last = shown.rsplit("<clear>").next().unwrap();
+        assert!(
+            last.starts_with("[##########--------------------]  33% 1.0 MiB / 3.0 MiB  "),
+            "{shown:?}"
+        );
+        r.advance(5 << 20);
+        let shown = screen.0.lock().unwrap().clone();
+        let last = shown.rsplit("<clear>").next().unwrap();
+        assert!(
+            last.starts_with(&format!("[{}] 100% 3.0 MiB / 3.0 MiB  ", "#".repeat(30))),
+            "{shown:?}"
+        );
+        r.finish();
+        assert!(screen.0.lock().unwrap().ends_with("<clear>"));
+    }
+
+    #[test]
+    fn no_bar_with_json_or_without_a_terminal() {
+        assert!(Reporter::new(false, true).bar.is_none());
+        if !std::io::stderr().is_terminal() {
+            assert!(Reporter::new(true, false).bar.is_none());
         }
     }
 }

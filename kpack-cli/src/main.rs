@@ -5,7 +5,7 @@
 
 mod artifacts;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -135,35 +135,13 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> kpack_core::Result<()> {
     match cli.command {
-        Command::Ls { file, json } => {
-            let listing = inspect::list(&file)?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&listing).expect("listing serializes")
-                );
-            } else {
-                print_listing(&listing);
-            }
-        }
+        Command::Ls { file, json } => ls(&file, json),
         Command::Extract {
             file,
             output,
             target,
             json,
-        } => {
-            let files = kpack_core::extract::extract(&file, &output, target.as_deref())?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&files).expect("list serializes")
-                );
-            } else {
-                for f in &files {
-                    println!("{}\t{} bytes", output.join(&f.file).display(), f.size);
-                }
-            }
-        }
+        } => extract(&file, &output, target.as_deref(), json),
         Command::Offload {
             input,
             output,
@@ -186,141 +164,182 @@ fn run(cli: Cli) -> kpack_core::Result<()> {
                 Compression::Zstd => Scheme::ZstdPerKernel,
             };
             opts.level = compression_level;
-            let s = offload::offload(&input, &output, &opts)?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&s).expect("summary serializes")
-                );
-            } else {
-                if let Some(note) = &s.note {
-                    eprintln!("kpack: note: {}: {note}", input.display());
-                }
-                if s.outcome == offload::Outcome::Offloaded {
-                    println!(
-                        "{} -> {}: {} -> {} bytes, {} bundle(s), {} wrapper(s)",
-                        input.display(),
-                        output.display(),
-                        s.input_size,
-                        s.output_size,
-                        s.bundles,
-                        s.wrappers.len()
-                    );
-                    for a in &s.archives {
-                        println!(
-                            "  {}: {} code object(s), {} -> {} bytes",
-                            a.path.display(),
-                            a.kernels,
-                            a.bytes_in,
-                            a.bytes_out
-                        );
-                    }
-                }
-            }
+            offload(&input, &output, &opts, json)
         }
-        Command::VerifyElf { file, json } => {
-            let v = offload::verify_file(&file)?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&v).expect("report serializes")
-                );
-            } else {
-                println!(
-                    "{}: ok: {} wrapper(s), kernel name {}, search paths {}",
-                    file.display(),
-                    v.co_indices.len(),
-                    v.metadata.kernel_name,
-                    v.metadata.search_paths.join(", ")
-                );
-            }
-        }
+        Command::VerifyElf { file, json } => verify_elf(&file, json),
         Command::Artifact(_) => unreachable!("dispatched in main"),
+    }
+}
+
+fn print_json(v: &impl serde::Serialize) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(v).expect("output serializes")
+    );
+}
+
+fn ls(file: &Path, json: bool) -> kpack_core::Result<()> {
+    let listing = inspect::list(file)?;
+    if json {
+        print_json(&listing);
+    } else {
+        print_listing(&listing);
+    }
+    Ok(())
+}
+
+fn extract(file: &Path, output: &Path, target: Option<&str>, json: bool) -> kpack_core::Result<()> {
+    let files = kpack_core::extract::extract(file, output, target)?;
+    if json {
+        print_json(&files);
+    } else {
+        for f in &files {
+            println!("{}\t{} bytes", output.join(&f.file).display(), f.size);
+        }
+    }
+    Ok(())
+}
+
+fn offload(
+    input: &Path,
+    output: &Path,
+    opts: &OffloadOptions,
+    json: bool,
+) -> kpack_core::Result<()> {
+    let s = offload::offload(input, output, opts)?;
+    if json {
+        print_json(&s);
+        return Ok(());
+    }
+    if let Some(note) = &s.note {
+        eprintln!("kpack: note: {}: {note}", input.display());
+    }
+    if s.outcome == offload::Outcome::Offloaded {
+        println!(
+            "{} -> {}: {} -> {} bytes, {} bundle(s), {} wrapper(s)",
+            input.display(),
+            output.display(),
+            s.input_size,
+            s.output_size,
+            s.bundles,
+            s.wrappers.len()
+        );
+        for a in &s.archives {
+            println!(
+                "  {}: {} code object(s), {} -> {} bytes",
+                a.path.display(),
+                a.kernels,
+                a.bytes_in,
+                a.bytes_out
+            );
+        }
+    }
+    Ok(())
+}
+
+fn verify_elf(file: &Path, json: bool) -> kpack_core::Result<()> {
+    let v = offload::verify_file(file)?;
+    if json {
+        print_json(&v);
+    } else {
+        println!(
+            "{}: ok: {} wrapper(s), kernel name {}, search paths {}",
+            file.display(),
+            v.co_indices.len(),
+            v.metadata.kernel_name,
+            v.metadata.search_paths.join(", ")
+        );
     }
     Ok(())
 }
 
 fn print_listing(listing: &Listing) {
     match listing {
-        Listing::FatBinary(f) => {
-            match f.section_offset {
-                Some(off) => println!(
-                    "{}: fat binary ({}), {} bytes; .hip_fatbin: {} bytes at offset {:#x}",
-                    f.file, f.container, f.file_size, f.section_size, off
-                ),
-                None => println!("{}: offload bundle file, {} bytes", f.file, f.file_size),
-            }
-            println!("targets ({}): {}", f.targets.len(), f.targets.join(", "));
-            println!("bundles: {}", f.bundles.len());
-            for b in &f.bundles {
-                let how = match &b.compressed {
-                    Some(c) => format!(
-                        ", compressed (CCOB v{} {}, {} bytes uncompressed{}{})",
-                        c.version,
-                        c.method,
-                        c.uncompressed_size,
-                        if c.inner_index > 0 {
-                            format!(", inner bundle {}", c.inner_index)
-                        } else {
-                            String::new()
-                        },
-                        if c.hash_matches {
-                            ""
-                        } else {
-                            ", hash MISMATCH"
-                        }
-                    ),
-                    None => String::new(),
-                };
-                println!(
-                    "  bundle {} at {:#x}, {} bytes{}",
-                    b.index, b.offset, b.stored_size, how
-                );
-                for e in &b.entries {
-                    match &e.target {
-                        Some(t) => println!("    {:<28} {:>10} bytes  {}", t, e.size, e.triple),
-                        None => println!("    {:<28} {:>10} bytes  {}", "(host)", e.size, e.triple),
-                    }
+        Listing::FatBinary(f) => print_fat_binary(f),
+        Listing::Archive(a) => print_archive(a),
+        Listing::Offloaded(o) => print_offloaded(o),
+    }
+}
+
+fn print_fat_binary(f: &inspect::FatBinaryListing) {
+    match f.section_offset {
+        Some(off) => println!(
+            "{}: fat binary ({}), {} bytes; .hip_fatbin: {} bytes at offset {:#x}",
+            f.file, f.container, f.file_size, f.section_size, off
+        ),
+        None => println!("{}: offload bundle file, {} bytes", f.file, f.file_size),
+    }
+    println!("targets ({}): {}", f.targets.len(), f.targets.join(", "));
+    println!("bundles: {}", f.bundles.len());
+    for b in &f.bundles {
+        let how = match &b.compressed {
+            Some(c) => format!(
+                ", compressed (CCOB v{} {}, {} bytes uncompressed{}{})",
+                c.version,
+                c.method,
+                c.uncompressed_size,
+                if c.inner_index > 0 {
+                    format!(", inner bundle {}", c.inner_index)
+                } else {
+                    String::new()
+                },
+                if c.hash_matches {
+                    ""
+                } else {
+                    ", hash MISMATCH"
                 }
+            ),
+            None => String::new(),
+        };
+        println!(
+            "  bundle {} at {:#x}, {} bytes{}",
+            b.index, b.offset, b.stored_size, how
+        );
+        for e in &b.entries {
+            match &e.target {
+                Some(t) => println!("    {:<28} {:>10} bytes  {}", t, e.size, e.triple),
+                None => println!("    {:<28} {:>10} bytes  {}", "(host)", e.size, e.triple),
             }
-            print_wrappers(&f.wrappers);
-        }
-        Listing::Archive(a) => {
-            println!(
-                "{}: kpack archive version {}, {} bytes",
-                a.file, a.format_version, a.file_size
-            );
-            println!(
-                "group: {}  family: {}  scheme: {}",
-                a.group_name, a.gfx_arch_family, a.compression_scheme
-            );
-            println!(
-                "targets ({}): {}",
-                a.gfx_arches.len(),
-                a.gfx_arches.join(", ")
-            );
-            println!("kernels: {}", a.kernels.len());
-            for k in &a.kernels {
-                println!(
-                    "  {:>5}  {:<40} {:<24} {:>10} bytes",
-                    k.ordinal, k.key, k.target, k.original_size
-                );
-            }
-        }
-        Listing::Offloaded(o) => {
-            println!(
-                "{}: offloaded host binary ({:?}), {} bytes",
-                o.file, o.elf_type, o.file_size
-            );
-            println!("kernel name: {}", o.kernel_name);
-            println!("search paths:");
-            for p in &o.search_paths {
-                println!("  {p}");
-            }
-            println!("metadata at address {:#x}", o.metadata_address);
-            print_wrappers(&o.wrappers);
         }
     }
+    print_wrappers(&f.wrappers);
+}
+
+fn print_archive(a: &inspect::ArchiveListing) {
+    println!(
+        "{}: kpack archive version {}, {} bytes",
+        a.file, a.format_version, a.file_size
+    );
+    println!(
+        "group: {}  family: {}  scheme: {}",
+        a.group_name, a.gfx_arch_family, a.compression_scheme
+    );
+    println!(
+        "targets ({}): {}",
+        a.gfx_arches.len(),
+        a.gfx_arches.join(", ")
+    );
+    println!("kernels: {}", a.kernels.len());
+    for k in &a.kernels {
+        println!(
+            "  {:>5}  {:<40} {:<24} {:>10} bytes",
+            k.ordinal, k.key, k.target, k.original_size
+        );
+    }
+}
+
+fn print_offloaded(o: &inspect::OffloadedListing) {
+    println!(
+        "{}: offloaded host binary ({:?}), {} bytes",
+        o.file, o.elf_type, o.file_size
+    );
+    println!("kernel name: {}", o.kernel_name);
+    println!("search paths:");
+    for p in &o.search_paths {
+        println!("  {p}");
+    }
+    println!("metadata at address {:#x}", o.metadata_address);
+    print_wrappers(&o.wrappers);
 }
 
 fn print_wrappers(ws: &[inspect::WrapperListing]) {

@@ -1,14 +1,46 @@
-//! Crash-safe output: every file kpack writes is written to a temporary file
-//! in the destination directory and renamed into place only when complete, so
-//! an error or an interrupted run never leaves a partial file under the final
-//! name. Renaming also replaces the destination's directory entry instead of
-//! writing through it, so a hard-linked destination is never modified.
+//! Crash-safe, durable output.
+//!
+//! - **Files** ([`write_atomically`]) are written to a temporary file in the
+//!   destination directory, fsynced, renamed into place, and the directory
+//!   is fsynced: an error or an interrupted run never leaves a partial file
+//!   under the final name, and a file that has its name survives a power
+//!   failure. Renaming also replaces the destination's directory entry
+//!   instead of writing through it, so a hard-linked destination is never
+//!   modified.
+//! - **Directories** ([`StagedDir`]) are assembled under a hidden staging
+//!   name (`.kpack-staging-*`) on the same file system, everything in them is
+//!   fsynced, and they are renamed into place (a whole directory, or entries
+//!   of an existing one in a chosen order); the directory they went into is
+//!   fsynced after the renames.
+//! - **Leftovers.** Every hidden working directory kpack creates
+//!   (`.kpack-staging-*`, and `.kpack-scratch-*` from [`ScratchDir`]) is held
+//!   under an advisory lock (`flock`) by the process using it. A run killed
+//!   part-way leaves its directory behind, but the kernel releases the lock
+//!   with the process; the next run that stages or scratches in the same
+//!   directory takes the lock and removes the leftover ([`sweep_stale`]),
+//!   while a directory of a run still in progress stays locked and is left
+//!   alone (on a file system without locks, nothing is swept). The artifact
+//!   tools skip hidden entries, so a leftover is never mistaken for output.
+//!
+//! An entry kpack may not open at all (its owner has neither read nor write
+//! permission on it) cannot be fsynced; it is skipped.
 
-use std::fs::{self, File};
+use std::ffi::OsStr;
+use std::fs::{self, File, TryLockError};
 use std::io::{self, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use rayon::prelude::*;
+
 use crate::error::{Error, Result, WithPath};
+
+/// Name prefix of staging directories ([`StagedDir`]).
+pub const STAGING_PREFIX: &str = ".kpack-staging-";
+/// Name prefix of scratch directories ([`ScratchDir`]).
+pub const SCRATCH_PREFIX: &str = ".kpack-scratch-";
+/// Name prefix of the temporary files of [`write_atomically`].
+pub const TEMP_FILE_PREFIX: &str = ".kpack-tmp-";
 
 /// The directory a path's file lives in (`.` for a bare file name).
 pub fn parent_dir(path: &Path) -> &Path {
@@ -19,8 +51,9 @@ pub fn parent_dir(path: &Path) -> &Path {
 }
 
 /// Write `path` atomically: `f` fills a temporary file beside it, which is
-/// flushed and renamed over `path` only if `f` succeeds. The file gets mode
-/// 0666 less the umask, like any newly created file.
+/// flushed, fsynced and renamed over `path` only if `f` succeeds; then the
+/// directory is fsynced. The file gets mode 0666 less the umask, like any
+/// newly created file.
 pub fn write_atomically(path: &Path, f: impl FnOnce(&mut File) -> io::Result<()>) -> Result<()> {
     write_atomically_with_mode(path, None, f)
 }
@@ -32,10 +65,9 @@ pub fn write_atomically_with_mode(
     mode: Option<u32>,
     f: impl FnOnce(&mut File) -> io::Result<()>,
 ) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
     let dir = parent_dir(path);
     let mut tmp = tempfile::Builder::new()
-        .prefix(".kpack-tmp-")
+        .prefix(TEMP_FILE_PREFIX)
         .permissions(fs::Permissions::from_mode(0o666))
         .tempfile_in(dir)
         .with_path(path)?;
@@ -44,8 +76,11 @@ pub fn write_atomically_with_mode(
     }
     f(tmp.as_file_mut()).with_path(path)?;
     tmp.as_file_mut().flush().with_path(path)?;
+    // The bytes are on disk before the name points at them...
+    tmp.as_file().sync_all().with_path(path)?;
     tmp.persist(path).map_err(|e| Error::io(path, e.error))?;
-    Ok(())
+    // ...and the name itself survives a crash.
+    sync_dir(dir).with_path(dir)
 }
 
 /// Write bytes to `path` atomically.
@@ -53,48 +88,126 @@ pub fn write_file_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     write_atomically(path, |f| f.write_all(bytes))
 }
 
-/// A directory assembled under a temporary name beside its final path and
-/// renamed into place by [`StagedDir::commit`]. Dropped without commit, it is
+/// A directory assembled under a hidden, locked staging name and moved into
+/// place by one of its `commit` methods. Dropped without commit, it is
 /// removed with everything in it.
+///
+/// - [`StagedDir::new`] stages a whole directory `dest`, beside it;
+///   [`commit`](StagedDir::commit) renames it into place (or merges it into
+///   an existing `dest`), [`commit_replace`](StagedDir::commit_replace)
+///   replaces whatever `dest` was.
+/// - [`StagedDir::in_dir`] stages entries for an existing directory, inside
+///   it; [`retire`](StagedDir::retire) moves an existing entry out of the
+///   way (it is deleted with the staging directory) and
+///   [`commit_entries`](StagedDir::commit_entries) renames the staged entries
+///   in, in the order given.
+///
+/// Creating one first removes the leftovers of killed runs in the directory
+/// it stages in ([`sweep_stale`]); [`StagedDir::swept`] lists them.
 pub struct StagedDir {
-    tmp: Option<tempfile::TempDir>,
+    work: WorkDir,
     dest: PathBuf,
+    /// The directory the staging directory is in (and `dest`'s entries are
+    /// renamed in).
+    home: PathBuf,
+    /// Entries moved out of the destination, deleted on drop.
+    trash: Option<WorkDir>,
+    swept: Vec<PathBuf>,
 }
 
 impl StagedDir {
-    /// Stage a directory that will become `dest` (which must not exist yet
-    /// when committing, unless `commit_merge` is used).
+    /// Stage a directory that will become `dest`, beside it (its parent is
+    /// created if missing).
     pub fn new(dest: &Path) -> Result<Self> {
-        let parent = parent_dir(dest);
-        fs::create_dir_all(parent).with_path(parent)?;
-        let tmp = tempfile::Builder::new()
-            .prefix(".kpack-staging-")
-            .tempdir_in(parent)
-            .with_path(parent)?;
+        Self::stage(dest, parent_dir(dest))
+    }
+
+    /// Stage entries that will be renamed into the directory `dir` (created
+    /// if missing), inside it.
+    pub fn in_dir(dir: &Path) -> Result<Self> {
+        Self::stage(dir, dir)
+    }
+
+    fn stage(dest: &Path, home: &Path) -> Result<Self> {
+        fs::create_dir_all(home).with_path(home)?;
+        let swept = sweep_stale(home);
+        let work = WorkDir::create(home, STAGING_PREFIX).with_path(home)?;
         Ok(StagedDir {
-            tmp: Some(tmp),
+            work,
             dest: dest.to_path_buf(),
+            home: home.to_path_buf(),
+            trash: None,
+            swept,
         })
     }
 
     /// Where to write the contents meanwhile.
     pub fn path(&self) -> &Path {
-        self.tmp.as_ref().map(|t| t.path()).unwrap_or(&self.dest)
+        &self.work.path
+    }
+
+    /// Leftover staging and scratch directories of killed runs that were
+    /// removed when this one was created.
+    pub fn swept(&self) -> &[PathBuf] {
+        &self.swept
+    }
+
+    /// Move the existing entry `name` of the destination out of the way, to
+    /// be deleted with the staging directory (after the commit, or on drop).
+    pub fn retire(&mut self, name: impl AsRef<OsStr>) -> Result<()> {
+        let from = self.dest.join(name.as_ref());
+        let to = self.trash()?.join(name.as_ref());
+        fs::rename(&from, &to).with_path(&from)
+    }
+
+    fn trash(&mut self) -> Result<&Path> {
+        if self.trash.is_none() {
+            let t = WorkDir::create(&self.home, STAGING_PREFIX).with_path(&self.home)?;
+            self.trash = Some(t);
+        }
+        Ok(&self.trash.as_ref().expect("created").path)
     }
 
     /// Move the staged contents to the destination. A destination that does
     /// not exist is created by one rename; into an existing directory each
-    /// staged entry is renamed in turn (replacing files of the same name).
+    /// staged entry is renamed in turn (replacing files of the same name,
+    /// merging directories).
     pub fn commit(mut self) -> Result<PathBuf> {
-        let tmp = self.tmp.take().expect("StagedDir committed twice");
-        let staged = tmp.keep();
-        let result = if !self.dest.exists() {
-            fs::rename(&staged, &self.dest).with_path(&self.dest)
+        sync_tree(self.path())?;
+        if !self.dest.exists() {
+            fs::rename(&self.work.path, &self.dest).with_path(&self.dest)?;
+            self.work.moved = true;
+            sync_dir(&self.home).with_path(&self.home)?;
         } else {
-            merge_into(&staged, &self.dest)
-        };
-        let _ = fs::remove_dir_all(&staged);
-        result.map(|()| self.dest.clone())
+            merge_into(&self.work.path, &self.dest)?;
+        }
+        Ok(self.dest.clone())
+    }
+
+    /// Move the staged contents to the destination, replacing whatever is
+    /// there (moved aside first, deleted after the rename).
+    pub fn commit_replace(mut self) -> Result<PathBuf> {
+        sync_tree(self.path())?;
+        if self.dest.symlink_metadata().is_ok() {
+            let old = self.trash()?.join("old");
+            fs::rename(&self.dest, &old).with_path(&self.dest)?;
+        }
+        fs::rename(&self.work.path, &self.dest).with_path(&self.dest)?;
+        self.work.moved = true;
+        sync_dir(&self.home).with_path(&self.home)?;
+        Ok(self.dest.clone())
+    }
+
+    /// Rename the staged entries `names` into the destination, one by one in
+    /// this order (none of them may exist there: [`retire`](Self::retire)
+    /// them first). Staged entries not named are deleted.
+    pub fn commit_entries<S: AsRef<OsStr>>(self, names: &[S]) -> Result<()> {
+        sync_tree(self.path())?;
+        for name in names {
+            let dest = self.dest.join(name.as_ref());
+            fs::rename(self.work.path.join(name.as_ref()), &dest).with_path(&dest)?;
+        }
+        sync_dir(&self.dest).with_path(&self.dest)
     }
 }
 
@@ -109,12 +222,247 @@ fn merge_into(from: &Path, to: &Path) -> Result<()> {
             fs::rename(entry.path(), &target).with_path(&target)?;
         }
     }
+    sync_dir(to).with_path(to)
+}
+
+/// A hidden scratch directory (`.kpack-scratch-*`) for intermediate files:
+/// locked while in use, removed on drop. Creating one first removes the
+/// leftovers of killed runs in the same directory ([`sweep_stale`]).
+pub struct ScratchDir {
+    work: WorkDir,
+}
+
+impl ScratchDir {
+    /// A new scratch directory in `parent` (created if missing).
+    pub fn new(parent: &Path) -> Result<Self> {
+        fs::create_dir_all(parent).with_path(parent)?;
+        sweep_stale(parent);
+        let work = WorkDir::create(parent, SCRATCH_PREFIX).with_path(parent)?;
+        Ok(ScratchDir { work })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.work.path
+    }
+}
+
+/// A hidden working directory that this process holds locked while it
+/// exists; removed on drop unless it was renamed into place.
+struct WorkDir {
+    path: PathBuf,
+    /// The directory itself, opened and locked. Closing it (on drop, or by
+    /// the kernel when the process dies) releases the lock.
+    _lock: File,
+    moved: bool,
+}
+
+impl WorkDir {
+    fn create(parent: &Path, prefix: &str) -> io::Result<WorkDir> {
+        // A sweeper of another run may lock and delete the new directory in
+        // the instant before it is locked here: then try another name.
+        for _ in 0..16 {
+            let path = tempfile::Builder::new()
+                .prefix(prefix)
+                .tempdir_in(parent)?
+                .keep();
+            let lock = match claim(&path) {
+                Ok(Claim::Locked(dir) | Claim::NoLocks(dir)) => dir,
+                Ok(Claim::Busy) => {
+                    let _ = fs::remove_dir(&path);
+                    continue;
+                }
+                Err(e) => {
+                    let _ = fs::remove_dir(&path);
+                    return Err(e);
+                }
+            };
+            return Ok(WorkDir {
+                path,
+                _lock: lock,
+                moved: false,
+            });
+        }
+        Err(io::Error::other(
+            "cannot lock a new working directory: it is removed each time by another process",
+        ))
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        if !self.moved {
+            let _ = remove_tree(&self.path);
+        }
+    }
+}
+
+/// What [`claim`] got.
+enum Claim {
+    /// The directory, locked by this process now.
+    Locked(File),
+    /// A live process holds it (or the name no longer leads to the
+    /// directory that was opened).
+    Busy,
+    /// The file system does not support locks: nobody can tell a live
+    /// run's directory from a leftover there, so none is swept.
+    NoLocks(File),
+}
+
+/// Lock the working directory at `path`.
+fn claim(path: &Path) -> io::Result<Claim> {
+    let dir = match File::open(path) {
+        Ok(d) => d,
+        // Removed by a sweeper already.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Claim::Busy),
+        Err(e) => return Err(e),
+    };
+    match dir.try_lock() {
+        Ok(()) => {}
+        Err(TryLockError::WouldBlock) => return Ok(Claim::Busy),
+        Err(TryLockError::Error(_)) => return Ok(Claim::NoLocks(dir)),
+    }
+    // Between the open and the lock, the directory may have been removed
+    // by a sweeper (and the name even reused).
+    let (locked, now) = (dir.metadata()?, fs::symlink_metadata(path));
+    match now {
+        Ok(m) if m.dev() == locked.dev() && m.ino() == locked.ino() => Ok(Claim::Locked(dir)),
+        _ => Ok(Claim::Busy),
+    }
+}
+
+fn is_work_dir_name(name: &OsStr) -> bool {
+    let name = name.to_string_lossy();
+    name.starts_with(STAGING_PREFIX) || name.starts_with(SCRATCH_PREFIX)
+}
+
+/// Remove the staging and scratch directories in `dir` that no live process
+/// holds (left by killed runs). Returns those removed. Best effort: what
+/// cannot be read or removed is left as it is.
+pub fn sweep_stale(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for e in entries.flatten() {
+        let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+        if !is_dir || !is_work_dir_name(&e.file_name()) {
+            continue;
+        }
+        let path = e.path();
+        // Removed while holding the lock, so that no run can take it over.
+        if let Ok(Claim::Locked(_lock)) = claim(&path) {
+            if remove_tree(&path).is_ok() {
+                removed.push(path);
+            }
+        }
+    }
+    removed.sort();
+    removed
+}
+
+/// Is `path` a working directory that a live process holds (a run in
+/// progress, as opposed to a leftover of a killed one)?
+pub fn in_use(path: &Path) -> bool {
+    let Ok(dir) = File::open(path) else {
+        return false;
+    };
+    match dir.try_lock_shared() {
+        Ok(()) => false,
+        Err(TryLockError::WouldBlock) => true,
+        Err(TryLockError::Error(_)) => false,
+    }
+}
+
+/// Remove a directory tree, making directories without write permission
+/// writable first (kpack gives output directories the input's modes).
+pub fn remove_tree(dir: &Path) -> io::Result<()> {
+    match fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(_) => {
+            make_writable(dir);
+            fs::remove_dir_all(dir)
+        }
+    }
+}
+
+fn make_writable(dir: &Path) {
+    if let Ok(m) = fs::symlink_metadata(dir) {
+        if m.is_dir() {
+            let mode = m.permissions().mode() | 0o700;
+            let _ = fs::set_permissions(dir, fs::Permissions::from_mode(mode));
+            for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+                make_writable(&e.path());
+            }
+        }
+    }
+}
+
+/// Open `path` for fsync: read-only if its mode allows, else write-only;
+/// `None` if neither is permitted.
+fn open_for_sync(path: &Path) -> io::Result<Option<File>> {
+    match File::open(path) {
+        Ok(f) => Ok(Some(f)),
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            Ok(fs::OpenOptions::new().write(true).open(path).ok())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// fsync a directory, so that the entries created in it or renamed into it
+/// survive a crash.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    match open_for_sync(dir)? {
+        Some(d) => d.sync_all(),
+        None => Ok(()),
+    }
+}
+
+/// fsync every file and directory below `root`, and `root` itself (in
+/// parallel: the file system batches them). Symlinks are recorded in their
+/// directories.
+pub fn sync_tree(root: &Path) -> Result<()> {
+    let mut files = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    collect_tree(root, &mut files, &mut dirs)?;
+    files.par_iter().try_for_each(|f| -> Result<()> {
+        if let Some(file) = open_for_sync(f).with_path(f)? {
+            file.sync_data().with_path(f)?;
+        }
+        Ok(())
+    })?;
+    dirs.par_iter().try_for_each(|d| sync_dir(d).with_path(d))
+}
+
+fn collect_tree(dir: &Path, files: &mut Vec<PathBuf>, dirs: &mut Vec<PathBuf>) -> Result<()> {
+    for e in fs::read_dir(dir).with_path(dir)? {
+        let e = e.with_path(dir)?;
+        let ty = e.file_type().with_path(e.path())?;
+        if ty.is_dir() {
+            dirs.push(e.path());
+            collect_tree(&e.path(), files, dirs)?;
+        } else if ty.is_file() {
+            files.push(e.path());
+        }
+    }
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Hidden entries of `dir`, sorted.
+    fn hidden(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.'))
+            .collect();
+        v.sort();
+        v
+    }
 
     #[test]
     fn failed_write_leaves_nothing() {
@@ -154,5 +502,191 @@ mod tests {
         fs::write(s.path().join("x"), b"1").unwrap();
         s.commit().unwrap();
         assert_eq!(fs::read(dest.join("x")).unwrap(), b"1");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn staged_dir_merges_into_an_existing_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("d");
+        fs::create_dir_all(dest.join("sub")).unwrap();
+        fs::write(dest.join("keep"), b"k").unwrap();
+        fs::write(dest.join("sub/old"), b"o").unwrap();
+        let s = StagedDir::new(&dest).unwrap();
+        fs::create_dir(s.path().join("sub")).unwrap();
+        fs::write(s.path().join("sub/new"), b"n").unwrap();
+        fs::write(s.path().join("keep"), b"replaced").unwrap();
+        s.commit().unwrap();
+        assert_eq!(fs::read(dest.join("keep")).unwrap(), b"replaced");
+        assert_eq!(fs::read(dest.join("sub/old")).unwrap(), b"o");
+        assert_eq!(fs::read(dest.join("sub/new")).unwrap(), b"n");
+        assert!(hidden(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn commit_replace_swaps_the_whole_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("d");
+        fs::create_dir_all(dest.join("ro")).unwrap();
+        fs::write(dest.join("ro/old"), b"o").unwrap();
+        // Read-only directories in the old tree do not stop its removal.
+        fs::set_permissions(dest.join("ro"), fs::Permissions::from_mode(0o555)).unwrap();
+        let s = StagedDir::new(&dest).unwrap();
+        fs::write(s.path().join("new"), b"n").unwrap();
+        s.commit_replace().unwrap();
+        assert_eq!(fs::read(dest.join("new")).unwrap(), b"n");
+        assert!(!dest.join("ro").exists());
+        assert!(hidden(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn commit_entries_in_order_after_retiring_old_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        fs::create_dir_all(out.join("a")).unwrap();
+        fs::write(out.join("a/old"), b"o").unwrap();
+        fs::create_dir_all(out.join("gone")).unwrap();
+        let mut s = StagedDir::in_dir(&out).unwrap();
+        for n in ["a", "b", "unlisted"] {
+            fs::create_dir(s.path().join(n)).unwrap();
+            fs::write(s.path().join(n).join("new"), n).unwrap();
+        }
+        s.retire("a").unwrap();
+        s.retire("gone").unwrap();
+        assert!(!out.join("a").exists());
+        s.commit_entries(&["b", "a"]).unwrap();
+        let mut names: Vec<String> = fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["a", "b"]);
+        assert_eq!(fs::read(out.join("a/new")).unwrap(), b"a");
+        assert!(!out.join("a/old").exists());
+    }
+
+    /// Set in the child process of
+    /// `leftovers_of_a_killed_run_are_removed_by_the_next_run`.
+    const KILLED_CHILD: &str = "KPACK_TEST_KILLED_STAGING_DEST";
+
+    /// A run that dies part-way (here: `exit`, which like SIGKILL runs no
+    /// destructor) leaves its staging and scratch directories behind,
+    /// unlocked; the next run that stages in the same directory removes
+    /// them, leaves the directories of live runs alone, and writes its
+    /// output as if nothing had been there.
+    #[test]
+    fn leftovers_of_a_killed_run_are_removed_by_the_next_run() {
+        if let Some(dest) = std::env::var_os(KILLED_CHILD) {
+            let dest = PathBuf::from(dest);
+            let s = StagedDir::new(&dest).unwrap();
+            fs::write(s.path().join("half"), b"partial").unwrap();
+            let scratch = ScratchDir::new(parent_dir(&dest)).unwrap();
+            fs::write(scratch.path().join("spill"), b"x").unwrap();
+            std::process::exit(86);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("out");
+        // A run in progress in the same directory.
+        let live = StagedDir::new(&dir.path().join("other")).unwrap();
+        let live_name = live
+            .path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        assert!(in_use(live.path()));
+
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "output::tests::leftovers_of_a_killed_run_are_removed_by_the_next_run",
+                "--test-threads=1",
+            ])
+            .env(KILLED_CHILD, &dest)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert_eq!(status.code(), Some(86));
+        let left: Vec<String> = hidden(dir.path())
+            .into_iter()
+            .filter(|n| *n != live_name)
+            .collect();
+        // Sorted: scratch before staging.
+        assert_eq!(left.len(), 2, "{left:?}");
+        assert!(left[0].starts_with(SCRATCH_PREFIX) && left[1].starts_with(STAGING_PREFIX));
+        assert!(!in_use(&dir.path().join(&left[0])));
+        assert!(dir.path().join(&left[1]).join("half").is_file());
+
+        let s = StagedDir::new(&dest).unwrap();
+        let swept: Vec<String> = s
+            .swept()
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(swept, left);
+        fs::write(s.path().join("x"), b"1").unwrap();
+        s.commit().unwrap();
+        assert_eq!(hidden(dir.path()), [live_name]);
+        assert!(live.path().is_dir());
+        let names: Vec<String> = fs::read_dir(&dest)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["x"]);
+        assert_eq!(fs::read(dest.join("x")).unwrap(), b"1");
+    }
+
+    /// Runs staging in the same directory at once each sweep it while the
+    /// others create their directories: none loses its staging directory.
+    #[test]
+    fn concurrent_runs_in_one_directory_do_not_sweep_each_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path();
+        std::thread::scope(|s| {
+            for t in 0..6 {
+                s.spawn(move || {
+                    for i in 0..25 {
+                        let scratch = ScratchDir::new(out).unwrap();
+                        fs::write(scratch.path().join("spill"), b"x").unwrap();
+                        let stage = StagedDir::in_dir(out).unwrap();
+                        let name = format!("a{t}-{i}");
+                        fs::create_dir(stage.path().join(&name)).unwrap();
+                        fs::write(stage.path().join(&name).join("f"), &name).unwrap();
+                        assert!(scratch.path().join("spill").is_file());
+                        stage.commit_entries(&[&name]).unwrap();
+                    }
+                });
+            }
+        });
+        let mut names: Vec<String> = fs::read_dir(out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names.len(), 150, "{names:?}");
+        assert!(names.iter().all(|n| !n.starts_with('.')), "{names:?}");
+        assert_eq!(fs::read(out.join("a3-7/f")).unwrap(), b"a3-7");
+    }
+
+    #[test]
+    fn sweeping_leaves_locked_and_foreign_entries_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let scratch = ScratchDir::new(d).unwrap();
+        fs::create_dir(d.join(".kpack-staging-stale")).unwrap();
+        fs::write(d.join(".kpack-staging-stale/f"), b"").unwrap();
+        fs::write(d.join(".kpack-staging-a-file"), b"").unwrap();
+        fs::create_dir(d.join(".other")).unwrap();
+        fs::create_dir(d.join("visible")).unwrap();
+        assert_eq!(sweep_stale(d), [d.join(".kpack-staging-stale")]);
+        let scratch_name = scratch.path().file_name().unwrap().to_string_lossy();
+        assert_eq!(
+            hidden(d),
+            [scratch_name.as_ref(), ".kpack-staging-a-file", ".other"]
+        );
+        drop(scratch);
+        assert_eq!(hidden(d), [".kpack-staging-a-file", ".other"]);
+        assert!(d.join("visible").is_dir());
     }
 }

@@ -485,15 +485,15 @@ fn recombine_config_errors() {
         ),
         (
             r#"{"primary_shard": ["s1"], "architecture_groups": {"g": {"architectures": ["gfx1100"]}}}"#,
-            "`primary_shard` must be a string, found an array",
+            "`primary_shard`: invalid type: sequence, expected a string",
         ),
         (
             r#"{"primary_shard": "s1", "architecture_groups": {"g": {"architectures": "gfx1100"}}}"#,
-            "must be an array of strings, found a string",
+            "`architecture_groups.g.architectures`: invalid type: string \"gfx1100\", expected a sequence",
         ),
         (
             r#"{"primary_shard": "s1", "architecture_groups": {"g": {"architectures": ["gfx1100"]}}, "validation": {"error_on_missing_architecture": 1}}"#,
-            "`validation.error_on_missing_architecture` must be true or false, found a number",
+            "`validation.error_on_missing_architecture`: invalid type: integer `1`, expected a boolean",
         ),
     ];
     for (config, needle) in cases {

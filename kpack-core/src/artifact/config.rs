@@ -8,14 +8,16 @@
 //!                 "error_on_missing_architecture": false}}
 //! ```
 //!
-//! Parsing checks every field and says which one is wrong and why; unknown
-//! keys are errors too (a misspelt validation option would otherwise be
-//! silently off).
+//! Read in two steps: serde derives give the file its shape ([`ConfigFile`];
+//! unknown keys are errors, since a misspelt validation option would
+//! otherwise be silently off; a value of the wrong type is named by its
+//! field path), then [`ConfigFile::validate`] checks what types cannot say
+//! (names, target IDs, one group per processor).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
-use serde_json::Value;
+use serde::{Deserialize, Serialize};
 
 use super::manifest::GENERIC;
 use super::{ArtifactError, Result};
@@ -38,7 +40,8 @@ pub struct ArchitectureGroup {
     pub architectures: Vec<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, expecting = "a JSON object")]
 pub struct Validation {
     /// The same target from two shards with different bytes is an error
     /// (else: the primary shard wins, then the first in sorted order).
@@ -78,6 +81,167 @@ pub fn arch_matches(arch: &str, target: &TargetId) -> bool {
     }
 }
 
+/// The config file as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a JSON object")]
+pub struct ConfigFile {
+    primary_shard: String,
+    /// Group name -> group (sorted by name).
+    architecture_groups: BTreeMap<String, Object<GroupFile>>,
+    #[serde(default)]
+    validation: Object<Validation>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a JSON object")]
+struct GroupFile {
+    #[serde(default)]
+    display_name: Option<String>,
+    architectures: Vec<String>,
+}
+
+impl ConfigFile {
+    /// Parse a config's text: its shape, not yet its rules. The error says
+    /// what is wrong, and where.
+    pub fn from_json(text: &str) -> std::result::Result<ConfigFile, String> {
+        if text.trim().is_empty() {
+            return Err("packaging config is empty".into());
+        }
+        let mut de = serde_json::Deserializer::from_str(text);
+        let file: Object<ConfigFile> =
+            serde_path_to_error::deserialize(&mut de).map_err(describe)?;
+        de.end().map_err(|e| describe_json(".", e))?;
+        Ok(file.0)
+    }
+
+    /// The rules that types cannot say: a non-empty primary shard, at least
+    /// one group, group names usable in artifact names, architectures that
+    /// are AMDGPU target IDs, and no processor in two groups.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if self.primary_shard.trim().is_empty() {
+            return Err("`primary_shard` is empty".into());
+        }
+        if self.architecture_groups.is_empty() {
+            return Err("`architecture_groups` is empty: at least one group is needed".into());
+        }
+        for (name, Object(group)) in &self.architecture_groups {
+            let field = format!("architecture_groups.{name}");
+            check_group_name(&field, name)?;
+            if group.architectures.is_empty() {
+                return Err(format!("`{field}.architectures` is empty"));
+            }
+            for (i, a) in group.architectures.iter().enumerate() {
+                check_architecture(&format!("{field}.architectures[{i}]"), a)?;
+            }
+        }
+        self.check_one_group_per_processor()
+    }
+
+    /// Membership must be unambiguous.
+    fn check_one_group_per_processor(&self) -> std::result::Result<(), String> {
+        let mut owners: BTreeMap<String, &str> = BTreeMap::new();
+        for (name, Object(group)) in &self.architecture_groups {
+            for a in &group.architectures {
+                let Ok(t) = TargetId::parse(a) else { continue };
+                let p = t.processor().to_string();
+                match owners.get(&p) {
+                    Some(other) if *other != name => {
+                        return Err(format!(
+                            "processor {p} is in groups {other} and {name}: a target must belong to one group"
+                        ))
+                    }
+                    _ => {
+                        owners.insert(p, name);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The checked config (call [`ConfigFile::validate`] first).
+    fn into_config(self) -> PackagingConfig {
+        PackagingConfig {
+            primary_shard: self.primary_shard,
+            architecture_groups: self
+                .architecture_groups
+                .into_iter()
+                .map(|(name, Object(g))| ArchitectureGroup {
+                    name,
+                    display_name: g.display_name,
+                    architectures: g.architectures,
+                })
+                .collect(),
+            validation: self.validation.0,
+        }
+    }
+}
+
+/// Artifacts are named `<component>_<group>`.
+fn check_group_name(field: &str, name: &str) -> std::result::Result<(), String> {
+    let bad = name.is_empty()
+        || name == GENERIC
+        || name.contains(['/', '\\', '_'])
+        || name.starts_with('.')
+        || name.chars().any(char::is_whitespace);
+    if bad {
+        return Err(format!(
+            "`{field}`: invalid group name {name:?} (artifacts are named <component>_<group>: no `/`, `_`, spaces, leading `.`, and not \"generic\")"
+        ));
+    }
+    Ok(())
+}
+
+fn check_architecture(field: &str, a: &str) -> std::result::Result<(), String> {
+    if !a.starts_with("gfx") {
+        return Err(format!(
+            "`{field}`: {a:?} does not start with \"gfx\" (an AMDGPU processor such as gfx1100)"
+        ));
+    }
+    TargetId::parse(a).map_err(|e| format!("`{field}`: {e}"))?;
+    Ok(())
+}
+
+/// A struct read from a JSON object only: serde's derives also take an
+/// array of the fields' values in order, which a config should not be.
+#[derive(Debug, Default)]
+struct Object<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Fields<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Fields<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> std::result::Result<T, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        d.deserialize_map(Fields(std::marker::PhantomData))
+            .map(Object)
+    }
+}
+
+fn describe(e: serde_path_to_error::Error<serde_json::Error>) -> String {
+    let path = e.path().to_string();
+    describe_json(&path, e.into_inner())
+}
+
+/// A serde_json error at `path` (`.`: the whole file).
+fn describe_json(path: &str, e: serde_json::Error) -> String {
+    use serde_json::error::Category;
+    match e.classify() {
+        Category::Syntax | Category::Eof => format!("packaging config is not valid JSON: {e}"),
+        _ if path == "." => format!("packaging config: {e}"),
+        _ => format!("`{path}`: {e}"),
+    }
+}
+
 impl PackagingConfig {
     /// Read and check a config file.
     pub fn load(path: &Path) -> Result<PackagingConfig> {
@@ -91,175 +255,9 @@ impl PackagingConfig {
             path: PathBuf::from(path),
             what,
         };
-        if text.trim().is_empty() {
-            return Err(err("packaging config is empty".into()));
-        }
-        let v: Value = serde_json::from_str(text)
-            .map_err(|e| err(format!("packaging config is not valid JSON: {e}")))?;
-        let Value::Object(top) = &v else {
-            return Err(err(format!(
-                "packaging config must be a JSON object, found {}",
-                kind(&v)
-            )));
-        };
-        for k in top.keys() {
-            if !["primary_shard", "architecture_groups", "validation"].contains(&k.as_str()) {
-                return Err(err(format!(
-                    "unknown field `{k}` (known: primary_shard, architecture_groups, validation)"
-                )));
-            }
-        }
-        let primary_shard = match top.get("primary_shard") {
-            None => return Err(err("missing field `primary_shard`".into())),
-            Some(Value::String(s)) if s.trim().is_empty() => {
-                return Err(err("`primary_shard` is empty".into()))
-            }
-            Some(Value::String(s)) => s.clone(),
-            Some(other) => {
-                return Err(err(format!(
-                    "`primary_shard` must be a string, found {}",
-                    kind(other)
-                )))
-            }
-        };
-        let groups = match top.get("architecture_groups") {
-            None => return Err(err("missing field `architecture_groups`".into())),
-            Some(Value::Object(m)) if m.is_empty() => {
-                return Err(err(
-                    "`architecture_groups` is empty: at least one group is needed".into(),
-                ))
-            }
-            Some(Value::Object(m)) => m,
-            Some(other) => {
-                return Err(err(format!(
-                    "`architecture_groups` must be an object (group name -> group), found {}",
-                    kind(other)
-                )))
-            }
-        };
-        let mut architecture_groups = Vec::new();
-        for (name, g) in groups {
-            let field = format!("architecture_groups.{name}");
-            if name.is_empty()
-                || name == GENERIC
-                || name.contains(['/', '\\', '_'])
-                || name.starts_with('.')
-                || name.chars().any(char::is_whitespace)
-            {
-                return Err(err(format!(
-                    "`{field}`: invalid group name {name:?} (artifacts are named <component>_<group>: no `/`, `_`, spaces, leading `.`, and not \"generic\")"
-                )));
-            }
-            let Value::Object(g) = g else {
-                return Err(err(format!(
-                    "`{field}` must be an object, found {}",
-                    kind(g)
-                )));
-            };
-            for k in g.keys() {
-                if !["display_name", "architectures"].contains(&k.as_str()) {
-                    return Err(err(format!(
-                        "`{field}`: unknown field `{k}` (known: display_name, architectures)"
-                    )));
-                }
-            }
-            let display_name = match g.get("display_name") {
-                None | Some(Value::Null) => None,
-                Some(Value::String(s)) => Some(s.clone()),
-                Some(other) => {
-                    return Err(err(format!(
-                        "`{field}.display_name` must be a string, found {}",
-                        kind(other)
-                    )))
-                }
-            };
-            let archs = match g.get("architectures") {
-                None => return Err(err(format!("`{field}`: missing field `architectures`"))),
-                Some(Value::Array(a)) if a.is_empty() => {
-                    return Err(err(format!("`{field}.architectures` is empty")))
-                }
-                Some(Value::Array(a)) => a,
-                Some(other) => {
-                    return Err(err(format!(
-                        "`{field}.architectures` must be an array of strings, found {}",
-                        kind(other)
-                    )))
-                }
-            };
-            let mut architectures = Vec::new();
-            for (i, a) in archs.iter().enumerate() {
-                let f = format!("{field}.architectures[{i}]");
-                let Value::String(a) = a else {
-                    return Err(err(format!("`{f}` must be a string, found {}", kind(a))));
-                };
-                if !a.starts_with("gfx") {
-                    return Err(err(format!(
-                        "`{f}`: {a:?} does not start with \"gfx\" (an AMDGPU processor such as gfx1100)"
-                    )));
-                }
-                if let Err(e) = TargetId::parse(a) {
-                    return Err(err(format!("`{f}`: {e}")));
-                }
-                architectures.push(a.clone());
-            }
-            architecture_groups.push(ArchitectureGroup {
-                name: name.clone(),
-                display_name,
-                architectures,
-            });
-        }
-        // No processor in two groups: membership must be unambiguous.
-        let mut owners: Vec<(String, &str)> = Vec::new();
-        for g in &architecture_groups {
-            for a in &g.architectures {
-                let p = TargetId::parse(a).expect("checked").processor().to_string();
-                if let Some((_, other)) = owners.iter().find(|(q, o)| *q == p && *o != g.name) {
-                    return Err(err(format!(
-                        "processor {p} is in groups {other} and {}: a target must belong to one group",
-                        g.name
-                    )));
-                }
-                owners.push((p, &g.name));
-            }
-        }
-        let mut validation = Validation::default();
-        match top.get("validation") {
-            None => {}
-            Some(Value::Object(m)) => {
-                for (k, v) in m {
-                    let slot = match k.as_str() {
-                        "error_on_duplicate_device_code" => &mut validation.error_on_duplicate_device_code,
-                        "verify_generic_artifacts_match" => &mut validation.verify_generic_artifacts_match,
-                        "error_on_missing_architecture" => &mut validation.error_on_missing_architecture,
-                        _ => {
-                            return Err(err(format!(
-                                "`validation`: unknown option `{k}` (known: error_on_duplicate_device_code, verify_generic_artifacts_match, error_on_missing_architecture)"
-                            )))
-                        }
-                    };
-                    match v {
-                        Value::Bool(b) => *slot = *b,
-                        other => {
-                            return Err(err(format!(
-                                "`validation.{k}` must be true or false, found {}",
-                                kind(other)
-                            )))
-                        }
-                    }
-                }
-            }
-            Some(other) => {
-                return Err(err(format!(
-                    "`validation` must be an object, found {}",
-                    kind(other)
-                )))
-            }
-        }
-        Ok(PackagingConfig {
-            primary_shard,
-            architecture_groups,
-            validation,
-        })
+        let file = ConfigFile::from_json(text).map_err(err)?;
+        file.validate().map_err(err)?;
+        Ok(file.into_config())
     }
 
     /// The group `target` belongs to.
@@ -269,17 +267,6 @@ impl PackagingConfig {
 
     pub fn group(&self, name: &str) -> Option<&ArchitectureGroup> {
         self.architecture_groups.iter().find(|g| g.name == name)
-    }
-}
-
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 
@@ -318,23 +305,93 @@ mod tests {
     }
 
     #[test]
-    fn bad_configs() {
-        for (text, needle) in [
+    fn validation_options_and_null_display_name() {
+        let c = parse(
+            r#"{"primary_shard": "s", "validation": {"error_on_duplicate_device_code": false,
+                "verify_generic_artifacts_match": true},
+                "architecture_groups": {"b": {"architectures": ["gfx942"], "display_name": null},
+                                        "a": {"architectures": ["gfx1100", "gfx1100:xnack-"]}}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            c.validation,
+            Validation {
+                error_on_duplicate_device_code: false,
+                verify_generic_artifacts_match: true,
+                error_on_missing_architecture: false,
+            }
+        );
+        let names: Vec<&str> = c
+            .architecture_groups
+            .iter()
+            .map(|g| g.name.as_str())
+            .collect();
+        assert_eq!(names, ["a", "b"]);
+        assert_eq!(c.architecture_groups[1].display_name, None);
+        assert_eq!(c.architecture_groups[0].architectures.len(), 2);
+    }
+
+    /// Each text fails with a message naming the file and containing the
+    /// needle.
+    fn fails(cases: &[(&str, &str)]) {
+        for (text, needle) in cases {
+            let e = err(text);
+            assert!(e.contains(needle), "{text}: {e}");
+            assert!(e.starts_with("c.json: "), "{e}");
+        }
+    }
+
+    /// Not JSON, not objects, unknown and repeated fields.
+    #[test]
+    fn shape_errors() {
+        fails(&[
             ("", "empty"),
             ("  \n", "empty"),
             ("{", "not valid JSON"),
-            ("[]", "must be a JSON object"),
+            ("[]", "packaging config: invalid type: sequence, expected a JSON object"),
+            (
+                r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": ["gfx1100"]}}, "validation": {"error_on_missing_architectures": true}}"#,
+                "unknown field `error_on_missing_architectures`, expected one of",
+            ),
+            (
+                r#"{"primary_shard": "a", "architecture_groups": {"g": [null, ["gfx1100"]]}}"#,
+                "`architecture_groups.g`: invalid type: sequence, expected a JSON object",
+            ),
+            (
+                r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": ["gfx1100"]}}, "validation": [true, false, true]}"#,
+                "`validation`: invalid type: sequence, expected a JSON object",
+            ),
+            (
+                r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": ["gfx1100"]}}, "extra": 1}"#,
+                "unknown field `extra`, expected one of `primary_shard`, `architecture_groups`, `validation`",
+            ),
+            (
+                r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": ["gfx1100"], "arch": 1}}}"#,
+                "unknown field `arch`",
+            ),
+            (
+                r#"{"primary_shard": "a", "primary_shard": "b", "architecture_groups": {"g": {"architectures": ["gfx1100"]}}}"#,
+                "duplicate field `primary_shard`",
+            ),
+            (
+                r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": ["gfx1100"]}}} x"#,
+                "not valid JSON: trailing characters",
+            ),
+        ]);
+    }
+
+    /// Values of the wrong type, named by their field path, and missing
+    /// fields.
+    #[test]
+    fn type_errors() {
+        fails(&[
             (
                 r#"{"architecture_groups": {"g": {"architectures": ["gfx1100"]}}}"#,
                 "missing field `primary_shard`",
             ),
             (
                 r#"{"primary_shard": 3, "architecture_groups": {}}"#,
-                "`primary_shard` must be a string, found a number",
-            ),
-            (
-                r#"{"primary_shard": "a", "architecture_groups": {}}"#,
-                "`architecture_groups` is empty",
+                "`primary_shard`: invalid type: integer `3`, expected a string",
             ),
             (
                 r#"{"primary_shard": "a"}"#,
@@ -342,23 +399,15 @@ mod tests {
             ),
             (
                 r#"{"primary_shard": "a", "architecture_groups": []}"#,
-                "must be an object",
-            ),
-            (
-                r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": ["sm_80"]}}}"#,
-                "`architecture_groups.g.architectures[0]`: \"sm_80\" does not start with \"gfx\"",
+                "`architecture_groups`: invalid type: sequence, expected a map",
             ),
             (
                 r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": "gfx1100"}}}"#,
-                "must be an array of strings, found a string",
+                "`architecture_groups.g.architectures`: invalid type: string \"gfx1100\", expected a sequence",
             ),
             (
                 r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": [1100]}}}"#,
-                "`architecture_groups.g.architectures[0]` must be a string, found a number",
-            ),
-            (
-                r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": []}}}"#,
-                "architectures` is empty",
+                "`architecture_groups.g.architectures[0]`: invalid type: integer `1100`, expected a string",
             ),
             (
                 r#"{"primary_shard": "a", "architecture_groups": {"g": {}}}"#,
@@ -366,11 +415,30 @@ mod tests {
             ),
             (
                 r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": ["gfx1100"]}}, "validation": {"error_on_duplicate_device_code": "yes"}}"#,
-                "must be true or false, found a string",
+                "`validation.error_on_duplicate_device_code`: invalid type: string \"yes\", expected a boolean",
             ),
             (
-                r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": ["gfx1100"]}}, "validation": {"error_on_missing_architectures": true}}"#,
-                "unknown option",
+                r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": ["gfx1100"], "display_name": 1}}}"#,
+                "`architecture_groups.g.display_name`: invalid type: integer `1`, expected a string",
+            ),
+        ]);
+    }
+
+    /// What `validate` says.
+    #[test]
+    fn rule_errors() {
+        fails(&[
+            (
+                r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": ["sm_80"]}}}"#,
+                "`architecture_groups.g.architectures[0]`: \"sm_80\" does not start with \"gfx\"",
+            ),
+            (
+                r#"{"primary_shard": "a", "architecture_groups": {}}"#,
+                "`architecture_groups` is empty",
+            ),
+            (
+                r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": []}}}"#,
+                "architectures` is empty",
             ),
             (
                 r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": ["gfx1100"]}, "h": {"architectures": ["gfx1100"]}}}"#,
@@ -381,13 +449,17 @@ mod tests {
                 "invalid group name",
             ),
             (
-                r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": ["gfx1100"], "display_name": 1}}}"#,
-                "display_name` must be a string",
+                r#"{"primary_shard": " ", "architecture_groups": {"g": {"architectures": ["gfx1100"]}}}"#,
+                "`primary_shard` is empty",
             ),
-        ] {
-            let e = err(text);
-            assert!(e.contains(needle), "{text}: {e}");
-            assert!(e.starts_with("c.json: "), "{e}");
-        }
+            (
+                r#"{"primary_shard": "a", "architecture_groups": {"g": {"architectures": ["gfx90a:xnack"]}}}"#,
+                "`architecture_groups.g.architectures[0]`: target ID 'gfx90a:xnack'",
+            ),
+            (
+                r#"{"primary_shard": "a", "architecture_groups": {"a_b": {"architectures": ["gfx1100"]}}}"#,
+                "`architecture_groups.a_b`: invalid group name",
+            ),
+        ]);
     }
 }

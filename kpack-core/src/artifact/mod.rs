@@ -29,6 +29,8 @@ mod pack;
 pub mod pack_tree;
 pub mod recombine;
 pub mod split;
+#[cfg(test)]
+mod test_util;
 mod tree;
 pub mod verify;
 
@@ -150,6 +152,11 @@ impl ArtifactError {
 }
 
 pub type Result<T, E = ArtifactError> = std::result::Result<T, E>;
+
+/// The note for a leftover of a killed run that a new run removed.
+pub(crate) fn leftover_removed(path: &std::path::Path) -> String {
+    format!("{}: removed (left by an interrupted run)", path.display())
+}
 
 /// Run `f` on a thread pool of `jobs` threads (`None`: rayon's default, all
 /// cores).

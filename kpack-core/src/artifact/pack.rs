@@ -27,7 +27,7 @@ use crate::elf::{ElfView, FATBIN_SECTION};
 use crate::hipk::HipkMetadata;
 use crate::input::{map_file, Mapped};
 use crate::msgpack::Value;
-use crate::offload::{archive_key, classify_binary, code_objects, rewrite, BinaryKind};
+use crate::offload::{archive_key, classify_binary, code_objects, rewrite, BinaryKind, CodeObject};
 
 /// One regular file to handle.
 #[derive(Debug, Clone)]
@@ -170,6 +170,9 @@ impl Packer<'_> {
         })
     }
 
+    /// A fat binary: its host-only form written to the destination, its
+    /// code objects (those `keep_target` takes) recorded where their bytes
+    /// are.
     fn offload(&self, index: usize, job: &FileJob, mapped: Mapped) -> Result<Done> {
         let kernel_name = job
             .kernel_name
@@ -183,28 +186,45 @@ impl Packer<'_> {
         };
         let t = rewrite(&job.src, bytes, &metadata)?;
         write_file(&job.dst, &t.bytes, job.mode)?;
+        let (kept, dropped, spill) = self.locate(index, &cos, bytes)?;
+        drop(cos);
+        let code_objects = refs(kept, mapped, spill)?;
+        Ok(Done {
+            outcome: Outcome::Offloaded(Box::new(Offloaded {
+                kernel_name,
+                source_prefix: job.source_prefix.clone(),
+                code_objects,
+                dropped,
+                wrappers: t.wrappers.len(),
+            })),
+            bytes_out: t.bytes.len() as u64,
+        })
+    }
 
-        // Where each kept code object's bytes are: in the input, or spilled.
-        enum At {
-            Input(usize),
-            Scratch(usize),
-        }
-        let base = bytes.as_ptr() as usize;
+    /// Where the bytes of each code object to keep are: in the input (a
+    /// slice of its map), or, when they had to be decompressed, appended to
+    /// this job's spill file in the scratch directory. Returns the kept code
+    /// objects, how many were left out, and the spill file if any.
+    fn locate(
+        &self,
+        index: usize,
+        cos: &[CodeObject<'_>],
+        input: &[u8],
+    ) -> Result<(Vec<Kept>, usize, Option<PathBuf>)> {
+        let base = input.as_ptr() as usize;
         let mut spill: Option<(BufWriter<File>, PathBuf, usize)> = None;
         let mut kept = Vec::new();
         let mut dropped = 0;
-        for co in &cos {
-            if let Some(keep) = self.keep_target {
-                if !keep(&co.target) {
-                    dropped += 1;
-                    continue;
-                }
+        for co in cos {
+            if self.keep_target.is_some_and(|keep| !keep(&co.target)) {
+                dropped += 1;
+                continue;
             }
             let data: &[u8] = &co.data;
             let in_input = match &co.data {
                 Blob::Borrowed(s) => (s.as_ptr() as usize)
                     .checked_sub(base)
-                    .filter(|off| off + s.len() <= bytes.len()),
+                    .filter(|off| off + s.len() <= input.len()),
                 Blob::Shared(..) => None,
             };
             let at = match in_input {
@@ -223,51 +243,22 @@ impl Packer<'_> {
                     at
                 }
             };
-            kept.push((
-                co.target.clone(),
-                co.triple.clone(),
-                co.bundle,
-                data.len(),
+            kept.push(Kept {
+                target: co.target.clone(),
+                triple: co.triple.clone(),
+                bundle: co.bundle,
+                len: data.len(),
                 at,
-            ));
+            });
         }
-        drop(cos);
-        let scratch_map = match spill {
+        let spilled = match spill {
             Some((mut w, path, _)) => {
                 w.flush().map_err(|e| ArtifactError::io(&path, e))?;
-                drop(w);
-                Some(Arc::new(map_file(&path)?))
+                Some(path)
             }
             None => None,
         };
-        let input_map = Arc::new(mapped);
-        let code_objects = kept
-            .into_iter()
-            .map(|(target, triple, bundle, len, at)| {
-                let (map, offset) = match at {
-                    At::Input(off) => (input_map.clone(), off),
-                    At::Scratch(off) => (scratch_map.clone().expect("scratch map"), off),
-                };
-                CodeRef {
-                    target,
-                    triple,
-                    bundle,
-                    map,
-                    offset,
-                    len,
-                }
-            })
-            .collect();
-        Ok(Done {
-            outcome: Outcome::Offloaded(Box::new(Offloaded {
-                kernel_name,
-                source_prefix: job.source_prefix.clone(),
-                code_objects,
-                dropped,
-                wrappers: t.wrappers.len(),
-            })),
-            bytes_out: t.bytes.len() as u64,
-        })
+        Ok((kept, dropped, spilled))
     }
 
     /// Phase 2: one archive per target. `place(target, prefixes)` says
@@ -281,89 +272,156 @@ impl Packer<'_> {
         family: &(dyn Fn(&str) -> String + Sync),
         place: &Place<'_>,
     ) -> Result<Vec<ArchiveInfo>> {
-        let mut sorted: Vec<&Offloaded> = binaries.to_vec();
-        sorted.sort_by(|a, b| a.kernel_name.cmp(&b.kernel_name));
-        let mut by_target: BTreeMap<&str, Vec<(&Offloaded, &CodeRef)>> = BTreeMap::new();
-        for b in &sorted {
-            for co in &b.code_objects {
-                by_target.entry(&co.target).or_default().push((b, co));
-            }
-        }
-        for list in by_target.values_mut() {
-            list.sort_by(|x, y| {
-                (x.0.kernel_name.as_str(), x.1.bundle).cmp(&(y.0.kernel_name.as_str(), y.1.bundle))
-            });
-        }
-        let work: u64 = by_target
-            .values()
-            .flatten()
+        let targets = by_target(binaries);
+        let work: u64 = targets
+            .iter()
+            .flat_map(|(_, list)| list)
             .map(|(_, co)| co.len as u64)
             .sum();
         self.observer.add_work(work);
-        let targets: Vec<(&str, Vec<(&Offloaded, &CodeRef)>)> = by_target.into_iter().collect();
         let results: Vec<Result<ArchiveInfo>> = targets
             .par_iter()
-            .map(|(target, list)| {
-                let mut prefixes: Vec<String> =
-                    list.iter().filter_map(|(b, _)| b.source_prefix.clone()).collect();
-                prefixes.sort();
-                prefixes.dedup();
-                let (path, shown) = place(target, &prefixes);
-                // Drop each code object's pages from the process once it is
-                // written: they are memory-mapped, and touched pages of a map
-                // count in the RSS (all of a 1.3 GB input otherwise). Maps by
-                // start address, to find the one a written slice is in.
-                let maps: BTreeMap<usize, &Mapped> = list
-                    .iter()
-                    .map(|(_, co)| (co.map.as_ptr() as usize, &*co.map))
-                    .collect();
-                let mut w = ArchiveWriter::new(group, family(target), vec![target.to_string()])
-                    .scheme(self.scheme)
-                    .zstd_level(self.level)
-                    .on_written(move |d| {
-                        if let Some((_, m)) = maps.range(..=d.as_ptr() as usize).next_back() {
-                            m.release_slice(d);
-                        }
-                    });
-                for (b, co) in list {
-                    let mut meta = vec![("target".to_string(), Value::from(co.triple.as_str()))];
-                    if let Some(p) = &b.source_prefix {
-                        meta.push(("source_prefix".to_string(), Value::from(p.as_str())));
-                    }
-                    w.add(
-                        archive_key(&b.kernel_name, co.bundle),
-                        target.to_string(),
-                        co.bytes(),
-                        Some(meta),
-                    )
-                    .map_err(|source| crate::Error::Archive {
-                        path: path.clone(),
-                        source,
-                    })?;
-                }
-                if path.exists() {
-                    return Err(ArtifactError::input(
-                        &path,
-                        "an archive of this name is already in the output (the input has one at the same path)",
-                    ));
-                }
-                if let Some(dir) = path.parent() {
-                    make_dirs(dir)?;
-                }
-                let s = w.write(&path)?;
-                self.observer.advance(s.bytes_in);
-                Ok(ArchiveInfo {
-                    target: target.to_string(),
-                    path: shown,
-                    prefix: prefixes.first().cloned(),
-                    code_objects: s.kernels,
-                    bytes_in: s.bytes_in,
-                    bytes_out: s.bytes_out,
-                })
-            })
+            .map(|(target, list)| self.write_archive(target, list, group, family, place))
             .collect();
         results.into_iter().collect()
     }
+
+    /// The archive of one target: its code objects in the order given.
+    fn write_archive(
+        &self,
+        target: &str,
+        list: &[(&Offloaded, &CodeRef)],
+        group: &str,
+        family: &(dyn Fn(&str) -> String + Sync),
+        place: &Place<'_>,
+    ) -> Result<ArchiveInfo> {
+        let mut prefixes: Vec<String> = list
+            .iter()
+            .filter_map(|(b, _)| b.source_prefix.clone())
+            .collect();
+        prefixes.sort();
+        prefixes.dedup();
+        let (path, shown) = place(target, &prefixes);
+        // Drop each code object's pages from the process once it is
+        // written: they are memory-mapped, and touched pages of a map
+        // count in the RSS (all of a 1.3 GB input otherwise). Maps by
+        // start address, to find the one a written slice is in.
+        let maps: BTreeMap<usize, &Mapped> = list
+            .iter()
+            .map(|(_, co)| (co.map.as_ptr() as usize, &*co.map))
+            .collect();
+        let mut w = ArchiveWriter::new(group, family(target), vec![target.to_string()])
+            .scheme(self.scheme)
+            .zstd_level(self.level)
+            .on_written(move |d| {
+                if let Some((_, m)) = maps.range(..=d.as_ptr() as usize).next_back() {
+                    m.release_slice(d);
+                }
+            });
+        for (b, co) in list {
+            let mut meta = vec![("target".to_string(), Value::from(co.triple.as_str()))];
+            if let Some(p) = &b.source_prefix {
+                meta.push(("source_prefix".to_string(), Value::from(p.as_str())));
+            }
+            w.add(
+                archive_key(&b.kernel_name, co.bundle),
+                target.to_string(),
+                co.bytes(),
+                Some(meta),
+            )
+            .map_err(|source| crate::Error::Archive {
+                path: path.clone(),
+                source,
+            })?;
+        }
+        if path.exists() {
+            return Err(ArtifactError::input(
+                &path,
+                "an archive of this name is already in the output (the input has one at the same path)",
+            ));
+        }
+        if let Some(dir) = path.parent() {
+            make_dirs(dir)?;
+        }
+        let s = w.write(&path)?;
+        self.observer.advance(s.bytes_in);
+        Ok(ArchiveInfo {
+            target: target.to_string(),
+            path: shown,
+            prefix: prefixes.first().cloned(),
+            code_objects: s.kernels,
+            bytes_in: s.bytes_in,
+            bytes_out: s.bytes_out,
+        })
+    }
+}
+
+/// An archive's code objects, each with its binary.
+type Entries<'b> = Vec<(&'b Offloaded, &'b CodeRef)>;
+
+/// The code objects of `binaries` by target (sorted), each target's in the
+/// order of (kernel name, bundle index): the archives do not depend on
+/// which thread offloaded what.
+fn by_target<'b>(binaries: &[&'b Offloaded]) -> Vec<(&'b str, Entries<'b>)> {
+    let mut sorted: Vec<&Offloaded> = binaries.to_vec();
+    sorted.sort_by(|a, b| a.kernel_name.cmp(&b.kernel_name));
+    let mut by_target: BTreeMap<&str, Entries<'b>> = BTreeMap::new();
+    for b in &sorted {
+        for co in &b.code_objects {
+            by_target.entry(&co.target).or_default().push((b, co));
+        }
+    }
+    for list in by_target.values_mut() {
+        list.sort_by(|x, y| {
+            (x.0.kernel_name.as_str(), x.1.bundle).cmp(&(y.0.kernel_name.as_str(), y.1.bundle))
+        });
+    }
+    by_target.into_iter().collect()
+}
+
+/// Where a kept code object's bytes are.
+enum At {
+    /// At this offset in the input.
+    Input(usize),
+    /// At this offset in the job's spill file.
+    Scratch(usize),
+}
+
+/// A code object to keep, before its bytes are mapped.
+struct Kept {
+    target: String,
+    triple: String,
+    bundle: usize,
+    len: usize,
+    at: At,
+}
+
+/// The kept code objects as references into the input's map or the spill
+/// file's.
+fn refs(kept: Vec<Kept>, input: Mapped, spill: Option<PathBuf>) -> Result<Vec<CodeRef>> {
+    let scratch_map = match spill {
+        Some(path) => Some(Arc::new(map_file(&path)?)),
+        None => None,
+    };
+    let input_map = Arc::new(input);
+    let code_objects = kept
+        .into_iter()
+        .map(|k| {
+            let (map, offset) = match k.at {
+                At::Input(off) => (input_map.clone(), off),
+                At::Scratch(off) => (scratch_map.clone().expect("scratch map"), off),
+            };
+            CodeRef {
+                target: k.target,
+                triple: k.triple,
+                bundle: k.bundle,
+                map,
+                offset,
+                len: k.len,
+            }
+        })
+        .collect();
+    Ok(code_objects)
 }
 
 /// Could this file be an ELF file or a static archive? (Reads 8 bytes.)

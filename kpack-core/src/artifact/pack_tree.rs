@@ -5,8 +5,9 @@
 //! `"../" * depth + ".kpack/<group>_@GFXARCH@.kpack"`; archive keys carry
 //! `#<bundle index>`, so the runtime finds them (the reference's did not).
 //!
-//! The output tree is assembled under a staging name beside `output` and
-//! renamed into place when complete.
+//! The output tree is assembled under a staging name beside `output`
+//! ([`StagedDir::new`]) and renamed into place when complete; staging and
+//! scratch directories a killed run left there are removed first.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -14,13 +15,14 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::pack::{FileJob, Outcome, Packer};
+use super::config::arch_matches;
+use super::pack::{Done, FileJob, Offloaded, Outcome, Packer};
 use super::split::search_path;
-use super::tree::{copy_dir_modes, copy_symlink, make_dirs, remove_tree, scan, NodeKind};
-use super::{ArchiveInfo, ArtifactError, Observer, Result};
+use super::tree::{copy_dir_modes, copy_symlink, make_dirs, rel_string, scan, NodeKind};
+use super::{leftover_removed, ArchiveInfo, ArtifactError, Observer, Result};
 use crate::archive::{Scheme, DEFAULT_ZSTD_LEVEL};
 use crate::offload::archive_file_name;
-use crate::output::parent_dir;
+use crate::output::{parent_dir, ScratchDir, StagedDir};
 use crate::target::TargetId;
 
 #[derive(Debug, Clone)]
@@ -75,6 +77,16 @@ pub struct PackTreeSummary {
     pub seconds: f64,
 }
 
+/// Pack the tree `input` into `output`. The plan:
+/// 1. check the options and paths (nothing is written if they are wrong);
+/// 2. stage the output tree beside `output` (removing leftovers of killed
+///    runs there) and take scratch space;
+/// 3. walk the input: directories and symlinks are created in the staged
+///    tree, every regular file becomes a job;
+/// 4. phase 1 ([`Packer::run`]): fat binaries offloaded, other files copied;
+/// 5. phase 2: one archive per target in `.kpack/`;
+/// 6. the input's directory modes, and the staged tree renamed into place
+///    (replacing an existing `output`).
 pub fn pack_tree(
     input: &Path,
     output: &Path,
@@ -82,6 +94,53 @@ pub fn pack_tree(
     observer: &dyn Observer,
 ) -> Result<PackTreeSummary> {
     let start = Instant::now();
+    check_options(input, opts)?;
+    let out_abs = check_paths(input, output, opts)?;
+    let mut s = PackTreeSummary {
+        input: input.display().to_string(),
+        output: output.display().to_string(),
+        group_name: opts.group_name.clone(),
+        ..Default::default()
+    };
+    let stage = StagedDir::new(&out_abs)?;
+    for leftover in stage.swept() {
+        note(&mut s, observer, leftover_removed(leftover));
+    }
+    let scratch = ScratchDir::new(opts.tmp_dir.as_deref().unwrap_or(parent_dir(&out_abs)))?;
+    let tree = stage.path();
+
+    let jobs = walk_input(input, tree, &opts.group_name, &mut s)?;
+    observer.add_work(s.bytes_in);
+    let keep = |t: &str| {
+        TargetId::parse(t).is_ok_and(|t| opts.gfx_arches.iter().any(|a| arch_matches(a, &t)))
+    };
+    let packer = Packer {
+        scheme: opts.scheme,
+        level: opts.level,
+        scratch: scratch.path(),
+        observer,
+        keep_target: if opts.gfx_arches.is_empty() {
+            None
+        } else {
+            Some(&keep)
+        },
+    };
+    let done = packer.run(&jobs)?;
+    let binaries = record_outcomes(&done, &jobs, &mut s, observer);
+    s.archives = write_archives(&packer, &binaries, tree, opts)?;
+    s.bytes_out += s.archives.iter().map(|a| a.bytes_out).sum::<u64>();
+    drop(binaries);
+    drop(done);
+    drop(scratch);
+
+    copy_dir_modes(tree, input)?;
+    stage.commit_replace()?;
+    s.seconds = start.elapsed().as_secs_f64();
+    Ok(s)
+}
+
+/// Step 1: the group name and `--gfx-arches`.
+fn check_options(input: &Path, opts: &PackTreeOptions) -> Result<()> {
     let g = &opts.group_name;
     if g.is_empty() || g.contains('/') || g.starts_with('.') {
         return Err(ArtifactError::input(
@@ -89,11 +148,17 @@ pub fn pack_tree(
             format!("invalid group name {g:?}"),
         ));
     }
-    let keep: Vec<String> = opts.gfx_arches.clone();
-    for a in &keep {
+    for a in &opts.gfx_arches {
         TargetId::parse(a)
             .map_err(|e| ArtifactError::input(input, format!("--gfx-arches: {e}")))?;
     }
+    Ok(())
+}
+
+/// Step 1: the input is a directory whose `.kpack` (if any) is one too, the
+/// output lies outside it and is empty or missing (unless `overwrite`).
+/// Returns the output made absolute; creates its parent.
+fn check_paths(input: &Path, output: &Path, opts: &PackTreeOptions) -> Result<PathBuf> {
     if !input.is_dir() {
         return Err(ArtifactError::input(input, "not a directory"));
     }
@@ -131,26 +196,23 @@ pub fn pack_tree(
             path: output.to_path_buf(),
         });
     }
+    Ok(out_abs)
+}
 
-    let mut s = PackTreeSummary {
-        input: input.display().to_string(),
-        output: output.display().to_string(),
-        group_name: g.clone(),
-        ..Default::default()
-    };
-    let staging = tempfile::Builder::new()
-        .prefix(".kpack-staging-")
-        .tempdir_in(&out_parent)
-        .map_err(|e| ArtifactError::io(&out_parent, e))?;
-    let tree = staging.path().join("tree");
-    make_dirs(&tree)?;
-    let scratch_parent = opts.tmp_dir.as_deref().unwrap_or(&out_parent);
-    make_dirs(scratch_parent)?;
-    let scratch = tempfile::Builder::new()
-        .prefix(".kpack-scratch-")
-        .tempdir_in(scratch_parent)
-        .map_err(|e| ArtifactError::io(scratch_parent, e))?;
+/// A note, shown (`--verbose`) and kept in the summary.
+fn note(s: &mut PackTreeSummary, observer: &dyn Observer, msg: String) {
+    observer.note(&msg);
+    s.notes.push(msg);
+}
 
+/// Step 3: create the directories and symlinks of `input` in `tree`, and
+/// make a job of every regular file (its kernel name: its path in the tree).
+fn walk_input(
+    input: &Path,
+    tree: &Path,
+    group: &str,
+    s: &mut PackTreeSummary,
+) -> Result<Vec<FileJob>> {
     let mut jobs = Vec::new();
     for n in scan(input)? {
         let dst = tree.join(&n.rel);
@@ -166,13 +228,13 @@ pub fn pack_tree(
             NodeKind::File { size } => {
                 s.files += 1;
                 s.bytes_in += size;
-                let rel = super::tree::rel_string(&n.rel);
+                let rel = rel_string(&n.rel);
                 jobs.push(FileJob {
                     src: input.join(&n.rel),
                     size: *size,
                     mode: n.mode,
                     dst,
-                    search_path: search_path(rel.as_deref().unwrap_or(""), g),
+                    search_path: search_path(rel.as_deref().unwrap_or(""), group),
                     kernel_name: rel,
                     source_prefix: None,
                     database: None,
@@ -180,25 +242,18 @@ pub fn pack_tree(
             }
         }
     }
-    observer.add_work(s.bytes_in);
+    Ok(jobs)
+}
 
-    let keep_fn = |t: &str| {
-        TargetId::parse(t).is_ok_and(|t| keep.iter().any(|a| super::config::arch_matches(a, &t)))
-    };
-    let packer = Packer {
-        scheme: opts.scheme,
-        level: opts.level,
-        scratch: scratch.path(),
-        observer,
-        keep_target: if keep.is_empty() {
-            None
-        } else {
-            Some(&keep_fn)
-        },
-    };
-    let done = packer.run(&jobs)?;
+/// Count what phase 1 did to each file; returns the offloaded binaries.
+fn record_outcomes<'d>(
+    done: &'d [Done],
+    jobs: &[FileJob],
+    s: &mut PackTreeSummary,
+    observer: &dyn Observer,
+) -> Vec<&'d Offloaded> {
     let mut binaries = Vec::new();
-    for (d, job) in done.iter().zip(&jobs) {
+    for (d, job) in done.iter().zip(jobs) {
         s.bytes_out += d.bytes_out;
         match &d.outcome {
             Outcome::Offloaded(b) => {
@@ -211,19 +266,28 @@ pub fn pack_tree(
             Outcome::AlreadyOffloaded => {
                 s.already_offloaded += 1;
                 let msg = format!("{}: already offloaded: copied as it is", job.src.display());
-                observer.note(&msg);
-                s.notes.push(msg);
+                note(s, observer, msg);
             }
-            Outcome::LinkInput { note } => {
+            Outcome::LinkInput { note: msg } => {
                 s.link_inputs += 1;
-                if let Some(msg) = note {
-                    observer.note(msg);
-                    s.notes.push(msg.clone());
+                if let Some(msg) = msg {
+                    note(s, observer, msg.clone());
                 }
             }
             Outcome::Copied | Outcome::Database { .. } => {}
         }
     }
+    binaries
+}
+
+/// Step 5: `tree/.kpack/<group>_<target>.kpack` per target.
+fn write_archives(
+    packer: &Packer<'_>,
+    binaries: &[&Offloaded],
+    tree: &Path,
+    opts: &PackTreeOptions,
+) -> Result<Vec<ArchiveInfo>> {
+    let g = &opts.group_name;
     let family = |t: &str| {
         opts.gfx_arch_family
             .clone()
@@ -234,24 +298,81 @@ pub fn pack_tree(
         let name = archive_file_name(g, t);
         (kpack_dir.join(&name), format!(".kpack/{name}"))
     };
-    s.archives = packer.write_archives(&binaries, g, &family, &place)?;
-    s.bytes_out += s.archives.iter().map(|a| a.bytes_out).sum::<u64>();
-    drop(binaries);
-    drop(done);
-    drop(scratch);
-    copy_dir_modes(&tree, input)?;
+    packer.write_archives(binaries, g, &family, &place)
+}
 
-    // Into place.
-    if out_abs.symlink_metadata().is_ok() {
-        let old = staging.path().join("replaced");
-        fs::rename(&out_abs, &old).map_err(|e| ArtifactError::io(&out_abs, e))?;
-        fs::rename(&tree, &out_abs).map_err(|e| ArtifactError::io(&out_abs, e))?;
-        if old.is_dir() {
-            remove_tree(&old)?;
-        }
-    } else {
-        fs::rename(&tree, &out_abs).map_err(|e| ArtifactError::io(&out_abs, e))?;
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::artifact::test_util::{
+        child_dir, entries, hidden_entries, killed_run_leftovers, run_killed_child, snapshot,
+        DieOnAdvance,
+    };
+    use crate::artifact::Silent;
+
+    fn small_tree(dir: &Path) {
+        fs::create_dir_all(dir.join("lib")).unwrap();
+        fs::create_dir_all(dir.join("share/empty")).unwrap();
+        fs::write(dir.join("lib/libx.so.1"), b"not an ELF file").unwrap();
+        std::os::unix::fs::symlink("libx.so.1", dir.join("lib/libx.so")).unwrap();
     }
-    s.seconds = start.elapsed().as_secs_f64();
-    Ok(s)
+
+    /// Staging and scratch directories that a killed pack-tree left beside
+    /// the output are removed by the next pack-tree there, which writes
+    /// the same tree as in a clean directory (also when replacing it).
+    #[test]
+    fn leftovers_of_a_killed_pack_tree_are_removed() {
+        let t = tempfile::tempdir().unwrap();
+        let input = t.path().join("in");
+        small_tree(&input);
+        let clean = t.path().join("clean/out");
+        pack_tree(&input, &clean, &PackTreeOptions::new("g"), &Silent).unwrap();
+        let want = snapshot(&clean);
+        assert_eq!(want["lib/libx.so"].1, b"libx.so.1");
+
+        let parent = t.path().join("again");
+        killed_run_leftovers(&parent);
+        let out = parent.join("out");
+        let s = pack_tree(&input, &out, &PackTreeOptions::new("g"), &Silent).unwrap();
+        assert_eq!(hidden_entries(&parent), Vec::<String>::new());
+        assert_eq!(snapshot(&out), want);
+        assert_eq!(s.notes.len(), 2, "{:?}", s.notes);
+
+        let mut o = PackTreeOptions::new("g");
+        let e = pack_tree(&input, &out, &o, &Silent).unwrap_err();
+        assert!(matches!(e, ArtifactError::OutputExists { .. }), "{e}");
+        fs::write(out.join("stale"), b"from before").unwrap();
+        o.overwrite = true;
+        pack_tree(&input, &out, &o, &Silent).unwrap();
+        assert_eq!(snapshot(&out), want);
+        assert_eq!(hidden_entries(&parent), Vec::<String>::new());
+    }
+
+    /// A pack-tree that dies in the middle leaves only hidden staging and
+    /// scratch directories beside the output; the next one removes them.
+    #[test]
+    fn a_pack_tree_killed_mid_run_is_cleaned_up_by_the_next() {
+        if let Some(dir) = child_dir() {
+            let o = PackTreeOptions::new("g");
+            let r = pack_tree(&dir.join("in"), &dir.join("out/tree"), &o, &DieOnAdvance);
+            panic!("not killed: {:?}", r.map(|_| ()));
+        }
+        let t = tempfile::tempdir().unwrap();
+        let input = t.path().join("in");
+        small_tree(&input);
+        run_killed_child(
+            "artifact::pack_tree::tests::a_pack_tree_killed_mid_run_is_cleaned_up_by_the_next",
+            t.path(),
+        );
+        let parent = t.path().join("out");
+        let left = entries(&parent);
+        assert_eq!(left.len(), 2, "{left:?}");
+        assert!(left.iter().all(|n| n.starts_with(".kpack-")), "{left:?}");
+        let out = parent.join("tree");
+        pack_tree(&input, &out, &PackTreeOptions::new("g"), &Silent).unwrap();
+        assert_eq!(entries(&parent), ["tree"]);
+        let clean = t.path().join("clean");
+        pack_tree(&input, &clean, &PackTreeOptions::new("g"), &Silent).unwrap();
+        assert_eq!(snapshot(&out), snapshot(&clean));
+    }
 }

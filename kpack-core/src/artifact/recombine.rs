@@ -8,8 +8,9 @@
 //! code, generic artifacts that differ between shards, configured
 //! architectures no shard provides), so a failing run writes nothing. The
 //! outputs are then assembled in a staging directory inside the output
-//! directory and renamed into place, group artifacts first and generic
-//! artifacts last.
+//! directory ([`StagedDir::in_dir`]) and renamed into place, group artifacts
+//! first and generic artifacts last; staging directories a killed run left
+//! there are removed first.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -19,15 +20,16 @@ use std::time::Instant;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use super::config::PackagingConfig;
+use super::config::{arch_matches, PackagingConfig};
 use super::manifest::{self, generic_name, read_manifest, OutputName, Suffix, MANIFEST};
 use super::tree::{
     copy_file, copy_symlink, copy_tree, make_dirs, same_bytes, scan, tree_bytes, Node, NodeKind,
 };
-use super::{ArtifactError, Observer, Result};
+use super::{leftover_removed, ArtifactError, Observer, Result};
 use crate::elf::{ElfView, FATBIN_SECTION};
 use crate::input::map_file;
 use crate::offload::verify_file;
+use crate::output::StagedDir;
 use crate::target::TargetId;
 
 #[derive(Debug, Clone)]
@@ -82,6 +84,40 @@ struct Component {
     targets: BTreeMap<String, BTreeMap<String, PathBuf>>,
 }
 
+/// What one component's outputs are made of.
+struct Planned {
+    name: String,
+    /// The generic artifact taken.
+    generic: PathBuf,
+    /// Group -> target -> (shard, artifact dir).
+    groups: BTreeMap<String, BTreeMap<String, (String, PathBuf)>>,
+}
+
+impl RecombineSummary {
+    fn warn(&mut self, observer: &dyn Observer, msg: String) {
+        observer.warn(&msg);
+        self.warnings.push(msg);
+    }
+
+    fn note(&mut self, observer: &dyn Observer, msg: String) {
+        observer.note(&msg);
+        self.notes.push(msg);
+    }
+}
+
+/// Recombine the shards in `input`. The plan: every decision and check
+/// first, nothing written until all pass:
+/// 1. the shards and the split artifacts in each, by component;
+/// 2. the configured architectures that no shard provides;
+/// 3. the components asked for;
+/// 4. per component, the shard its generic artifact comes from and, per
+///    target of a group, the shard its artifact comes from (enforcing the
+///    `validation` options);
+/// 5. the outputs, which must not exist yet;
+///
+/// then the outputs are assembled in a staging directory in the output
+/// directory and renamed into place, group artifacts first and generic
+/// artifacts last.
 pub fn recombine(
     input: &Path,
     config: &PackagingConfig,
@@ -95,16 +131,57 @@ pub fn recombine(
         primary_shard: config.primary_shard.clone(),
         ..Default::default()
     };
-    let warn = |s: &mut RecombineSummary, msg: String| {
-        observer.warn(&msg);
-        s.warnings.push(msg);
-    };
-    let note = |s: &mut RecombineSummary, msg: String| {
-        observer.note(&msg);
-        s.notes.push(msg);
-    };
+    let shards = find_shards(input, config, &mut s)?;
+    let mut components = collect_components(&shards, &mut s, observer)?;
+    check_missing_architectures(&components, config, &mut s, observer)?;
+    select_components(&mut components, &opts.components, input)?;
+    let mut plans = Vec::new();
+    for (name, c) in &components {
+        let (plan, generic_from) = plan_component(name, c, config, input, &mut s, observer)?;
+        plans.push(plan);
+        s.components.push(ComponentSummary {
+            component: name.clone(),
+            generic_from,
+            groups: Vec::new(),
+        });
+    }
+    let mut outputs = check_outputs(&plans, &opts.output_dir)?;
+    observer.add_work(
+        plans
+            .iter()
+            .map(|p| tree_bytes(&p.generic).unwrap_or(0))
+            .sum(),
+    );
 
-    // Shards and their artifacts.
+    let stage = StagedDir::in_dir(&opts.output_dir)?;
+    for leftover in stage.swept() {
+        s.note(observer, leftover_removed(leftover));
+    }
+    let built = assemble(&plans, stage.path(), observer);
+    for (c, r) in s.components.iter_mut().zip(built) {
+        let (groups, bytes) = r?;
+        c.groups = groups;
+        s.bytes_out += bytes;
+    }
+    let (generics, devices): (Vec<&String>, Vec<&String>) =
+        outputs.iter().partition(|o| o.ends_with("_generic"));
+    let order: Vec<&String> = devices.into_iter().chain(generics).collect();
+    stage.commit_entries(&order)?;
+    for o in &order {
+        observer.note(&format!("wrote {}", opts.output_dir.join(o).display()));
+    }
+    outputs.sort();
+    s.outputs = outputs;
+    s.seconds = start.elapsed().as_secs_f64();
+    Ok(s)
+}
+
+/// Step 1: the shard directories (the primary shard must be one).
+fn find_shards(
+    input: &Path,
+    config: &PackagingConfig,
+    s: &mut RecombineSummary,
+) -> Result<Vec<(String, PathBuf)>> {
     let shards = manifest::subdirs(input)?;
     if shards.is_empty() {
         return Err(ArtifactError::input(input, "no shard directories"));
@@ -120,14 +197,22 @@ pub fn recombine(
             ),
         });
     }
+    Ok(shards)
+}
+
+/// Step 1: the split artifacts of every shard, by component (directories
+/// that are not split artifacts are skipped with a warning).
+fn collect_components(
+    shards: &[(String, PathBuf)],
+    s: &mut RecombineSummary,
+    observer: &dyn Observer,
+) -> Result<BTreeMap<String, Component>> {
     let mut components: BTreeMap<String, Component> = BTreeMap::new();
-    for (shard, shard_dir) in &shards {
+    for (shard, shard_dir) in shards {
         for (name, dir) in manifest::subdirs(shard_dir)? {
             let Some(parsed) = OutputName::parse(&name) else {
-                warn(
-                    &mut s,
-                    format!("{}: not a split artifact name: skipped", dir.display()),
-                );
+                let msg = format!("{}: not a split artifact name: skipped", dir.display());
+                s.warn(observer, msg);
                 continue;
             };
             if !dir.join(MANIFEST).is_file() {
@@ -141,18 +226,28 @@ pub fn recombine(
                 Suffix::Target(t) => {
                     c.targets.entry(t).or_default().insert(shard.clone(), dir);
                 }
-                Suffix::Other(x) => warn(
-                    &mut s,
-                    format!(
+                Suffix::Other(x) => {
+                    let msg = format!(
                         "{}: {x:?} is neither \"generic\" nor a target ID: skipped",
                         dir.display()
-                    ),
-                ),
+                    );
+                    s.warn(observer, msg);
+                }
             }
         }
     }
+    Ok(components)
+}
 
-    // Configured architectures nobody provides (over every component).
+/// Step 2: configured architectures that no shard provides, over every
+/// component: an error (`validation.error_on_missing_architecture`) or a
+/// warning.
+fn check_missing_architectures(
+    components: &BTreeMap<String, Component>,
+    config: &PackagingConfig,
+    s: &mut RecombineSummary,
+    observer: &dyn Observer,
+) -> Result<()> {
     let provided: BTreeSet<TargetId> = components
         .values()
         .flat_map(|c| c.targets.keys())
@@ -160,199 +255,233 @@ pub fn recombine(
         .collect();
     for g in &config.architecture_groups {
         for a in &g.architectures {
-            if !provided.iter().any(|t| super::config::arch_matches(a, t)) {
+            if !provided.iter().any(|t| arch_matches(a, t)) {
                 s.missing_architectures.push(a.clone());
             }
         }
     }
-    if !s.missing_architectures.is_empty() {
-        if config.validation.error_on_missing_architecture {
-            return Err(ArtifactError::MissingArchitectures {
-                architectures: s.missing_architectures.clone(),
-            });
-        }
-        let msg = format!(
-            "configured architecture(s) provided by no shard: {}",
-            s.missing_architectures.join(", ")
-        );
-        warn(&mut s, msg);
+    if s.missing_architectures.is_empty() {
+        return Ok(());
     }
+    if config.validation.error_on_missing_architecture {
+        return Err(ArtifactError::MissingArchitectures {
+            architectures: s.missing_architectures.clone(),
+        });
+    }
+    let msg = format!(
+        "configured architecture(s) provided by no shard: {}",
+        s.missing_architectures.join(", ")
+    );
+    s.warn(observer, msg);
+    Ok(())
+}
 
-    // Which components.
-    if !opts.components.is_empty() {
-        for c in &opts.components {
-            if !components.contains_key(c) {
-                return Err(ArtifactError::input(
-                    input,
-                    format!(
-                        "no component {c:?} in any shard (components: {})",
-                        components.keys().cloned().collect::<Vec<_>>().join(", ")
-                    ),
-                ));
-            }
-        }
-        components.retain(|name, _| opts.components.contains(name));
+/// Step 3: keep only the components asked for (all when none is), each of
+/// which must exist.
+fn select_components(
+    components: &mut BTreeMap<String, Component>,
+    wanted: &[String],
+    input: &Path,
+) -> Result<()> {
+    if wanted.is_empty() {
+        return Ok(());
     }
-
-    // Plan each component.
-    struct Planned {
-        name: String,
-        generic: PathBuf,
-        /// Group -> target -> (shard, artifact dir).
-        groups: BTreeMap<String, BTreeMap<String, (String, PathBuf)>>,
-    }
-    let mut plans = Vec::new();
-    for (name, c) in &components {
-        let generic_from = if c.generics.contains_key(&config.primary_shard) {
-            config.primary_shard.clone()
-        } else if let Some(first) = c.generics.keys().next() {
-            let first = first.clone();
-            warn(
-                &mut s,
-                format!(
-                    "component {name}: no generic artifact in primary shard {}: taken from {first}",
-                    config.primary_shard
-                ),
-            );
-            first
-        } else {
+    for c in wanted {
+        if !components.contains_key(c) {
             return Err(ArtifactError::input(
                 input,
-                format!("component {name}: no {} in any shard", generic_name(name)),
+                format!(
+                    "no component {c:?} in any shard (components: {})",
+                    components.keys().cloned().collect::<Vec<_>>().join(", ")
+                ),
             ));
-        };
-        let generic = c.generics[&generic_from].clone();
-        if config.validation.verify_generic_artifacts_match {
-            for (shard, dir) in &c.generics {
-                if *shard == generic_from {
-                    continue;
-                }
-                let differences = compare_generic(&generic, dir)?;
-                if !differences.is_empty() {
-                    return Err(ArtifactError::GenericMismatch {
-                        component: name.clone(),
-                        shards: (generic_from.clone(), shard.clone()),
-                        differences,
-                    });
-                }
-            }
         }
-        let mut groups: BTreeMap<String, BTreeMap<String, (String, PathBuf)>> = BTreeMap::new();
-        for (target, by_shard) in &c.targets {
-            let Some(group) = config.group_of(target) else {
-                let from: Vec<&str> = by_shard.keys().map(String::as_str).collect();
-                let msg = format!("{name}/{target} from {}", from.join(", "));
-                s.unassigned_targets.push(msg.clone());
-                warn(
-                    &mut s,
-                    format!("target in no architecture group, left out: {msg}"),
-                );
-                continue;
-            };
-            let chosen = if by_shard.len() == 1 {
-                by_shard
-                    .iter()
-                    .next()
-                    .map(|(a, b)| (a.clone(), b.clone()))
-                    .expect("one")
-            } else {
-                let (first_shard, first_dir) = by_shard.iter().next().expect("several");
-                let pick = by_shard
-                    .get_key_value(&config.primary_shard)
-                    .unwrap_or((first_shard, first_dir));
-                let mut differing = Vec::new();
-                for (shard, dir) in by_shard {
-                    if shard == pick.0 {
-                        continue;
-                    }
-                    if let Some(d) = compare_trees(pick.1, dir)?.into_iter().next() {
-                        differing.push((shard.clone(), d));
-                    }
-                }
-                let shards: Vec<String> = by_shard.keys().cloned().collect();
-                if differing.is_empty() {
-                    note(
-                        &mut s,
-                        format!(
-                            "{name}/{target}: identical in shards {}: taken from {}",
-                            shards.join(", "),
-                            pick.0
-                        ),
-                    );
-                } else if config.validation.error_on_duplicate_device_code {
-                    let (other, detail) = differing.remove(0);
-                    return Err(ArtifactError::DuplicateDeviceCode {
-                        component: name.clone(),
-                        target: target.clone(),
-                        shards: vec![pick.0.clone(), other],
-                        detail,
-                    });
-                } else {
-                    warn(
-                        &mut s,
-                        format!(
-                            "{name}/{target}: shards {} provide different bytes: taken from {}",
-                            shards.join(", "),
-                            pick.0
-                        ),
-                    );
-                }
-                (pick.0.clone(), pick.1.clone())
-            };
-            groups
-                .entry(group.name.clone())
-                .or_default()
-                .insert(target.clone(), chosen);
-        }
-        plans.push(Planned {
-            name: name.clone(),
-            generic,
-            groups,
-        });
-        s.components.push(ComponentSummary {
-            component: name.clone(),
-            generic_from,
-            groups: Vec::new(),
-        });
     }
+    components.retain(|name, _| wanted.contains(name));
+    Ok(())
+}
 
-    // Outputs must not exist yet.
-    make_dirs(&opts.output_dir)?;
+/// Step 4 for one component: its plan, and the shard its generic artifact
+/// comes from.
+fn plan_component(
+    name: &str,
+    c: &Component,
+    config: &PackagingConfig,
+    input: &Path,
+    s: &mut RecombineSummary,
+    observer: &dyn Observer,
+) -> Result<(Planned, String)> {
+    let generic_from = generic_source(name, c, config, input, s, observer)?;
+    let generic = c.generics[&generic_from].clone();
+    if config.validation.verify_generic_artifacts_match {
+        check_generics_match(name, c, &generic_from)?;
+    }
+    let mut groups: BTreeMap<String, BTreeMap<String, (String, PathBuf)>> = BTreeMap::new();
+    for (target, by_shard) in &c.targets {
+        let Some(group) = config.group_of(target) else {
+            let from: Vec<&str> = by_shard.keys().map(String::as_str).collect();
+            let msg = format!("{name}/{target} from {}", from.join(", "));
+            s.unassigned_targets.push(msg.clone());
+            s.warn(
+                observer,
+                format!("target in no architecture group, left out: {msg}"),
+            );
+            continue;
+        };
+        let chosen = target_source(name, target, by_shard, config, s, observer)?;
+        groups
+            .entry(group.name.clone())
+            .or_default()
+            .insert(target.clone(), chosen);
+    }
+    let plan = Planned {
+        name: name.to_string(),
+        generic,
+        groups,
+    };
+    Ok((plan, generic_from))
+}
+
+/// The shard whose generic artifact a component takes: the primary shard,
+/// else (with a warning) the first that has one.
+fn generic_source(
+    name: &str,
+    c: &Component,
+    config: &PackagingConfig,
+    input: &Path,
+    s: &mut RecombineSummary,
+    observer: &dyn Observer,
+) -> Result<String> {
+    if c.generics.contains_key(&config.primary_shard) {
+        return Ok(config.primary_shard.clone());
+    }
+    let Some(first) = c.generics.keys().next() else {
+        return Err(ArtifactError::input(
+            input,
+            format!("component {name}: no {} in any shard", generic_name(name)),
+        ));
+    };
+    let msg = format!(
+        "component {name}: no generic artifact in primary shard {}: taken from {first}",
+        config.primary_shard
+    );
+    s.warn(observer, msg);
+    Ok(first.clone())
+}
+
+/// `validation.verify_generic_artifacts_match`: every shard's generic
+/// artifact matches the one taken.
+fn check_generics_match(name: &str, c: &Component, taken: &str) -> Result<()> {
+    let generic = &c.generics[taken];
+    for (shard, dir) in &c.generics {
+        if shard == taken {
+            continue;
+        }
+        let differences = compare_generic(generic, dir)?;
+        if !differences.is_empty() {
+            return Err(ArtifactError::GenericMismatch {
+                component: name.to_string(),
+                shards: (taken.to_string(), shard.clone()),
+                differences,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The shard (and artifact) a target of a component is taken from: the only
+/// one, else the primary shard or the first in sorted order. Shards that
+/// provide different bytes are an error
+/// (`validation.error_on_duplicate_device_code`) or a warning.
+fn target_source(
+    name: &str,
+    target: &str,
+    by_shard: &BTreeMap<String, PathBuf>,
+    config: &PackagingConfig,
+    s: &mut RecombineSummary,
+    observer: &dyn Observer,
+) -> Result<(String, PathBuf)> {
+    let (first_shard, first_dir) = by_shard.iter().next().expect("a target has a shard");
+    if by_shard.len() == 1 {
+        return Ok((first_shard.clone(), first_dir.clone()));
+    }
+    let pick = by_shard
+        .get_key_value(&config.primary_shard)
+        .unwrap_or((first_shard, first_dir));
+    let mut differing = Vec::new();
+    for (shard, dir) in by_shard {
+        if shard == pick.0 {
+            continue;
+        }
+        if let Some(d) = compare_trees(pick.1, dir)?.into_iter().next() {
+            differing.push((shard.clone(), d));
+        }
+    }
+    let shards: Vec<String> = by_shard.keys().cloned().collect();
+    if differing.is_empty() {
+        let msg = format!(
+            "{name}/{target}: identical in shards {}: taken from {}",
+            shards.join(", "),
+            pick.0
+        );
+        s.note(observer, msg);
+    } else if config.validation.error_on_duplicate_device_code {
+        let (other, detail) = differing.remove(0);
+        return Err(ArtifactError::DuplicateDeviceCode {
+            component: name.to_string(),
+            target: target.to_string(),
+            shards: vec![pick.0.clone(), other],
+            detail,
+        });
+    } else {
+        let msg = format!(
+            "{name}/{target}: shards {} provide different bytes: taken from {}",
+            shards.join(", "),
+            pick.0
+        );
+        s.warn(observer, msg);
+    }
+    Ok((pick.0.clone(), pick.1.clone()))
+}
+
+/// Step 5: the output names (per component: generic, then its groups),
+/// none of which may exist in `out` (created if missing).
+fn check_outputs(plans: &[Planned], out: &Path) -> Result<Vec<String>> {
+    make_dirs(out)?;
     let mut outputs = Vec::new();
-    for p in &plans {
+    for p in plans {
         outputs.push(generic_name(&p.name));
         for g in p.groups.keys() {
             outputs.push(format!("{}_{g}", p.name));
         }
     }
     for o in &outputs {
-        let path = opts.output_dir.join(o);
+        let path = out.join(o);
         if path.exists() {
             return Err(ArtifactError::OutputExists { path });
         }
     }
-    observer.add_work(
-        plans
-            .iter()
-            .map(|p| tree_bytes(&p.generic).unwrap_or(0))
-            .sum(),
-    );
+    Ok(outputs)
+}
 
-    // Assemble.
-    let staging = tempfile::Builder::new()
-        .prefix(".kpack-staging-")
-        .tempdir_in(&opts.output_dir)
-        .map_err(|e| ArtifactError::io(&opts.output_dir, e))?;
-    let built: Vec<Result<(Vec<GroupSummary>, u64)>> = plans
+/// Assemble every component's outputs in `staging` (in parallel): its
+/// generic artifact copied, one artifact per group merged from its
+/// targets' artifacts. Per component: the group summaries and bytes
+/// written.
+fn assemble(
+    plans: &[Planned],
+    staging: &Path,
+    observer: &dyn Observer,
+) -> Vec<Result<(Vec<GroupSummary>, u64)>> {
+    plans
         .par_iter()
         .map(|p| {
-            let mut bytes = copy_tree(&p.generic, &staging.path().join(generic_name(&p.name)))?;
+            let mut bytes = copy_tree(&p.generic, &staging.join(generic_name(&p.name)))?;
             observer.advance(bytes);
             let mut groups = Vec::new();
             for (g, targets) in &p.groups {
                 let artifact = format!("{}_{g}", p.name);
-                let dir = staging.path().join(&artifact);
-                let (prefixes, n) = merge_targets(&dir, targets)?;
+                let (prefixes, n) = merge_targets(&staging.join(&artifact), targets)?;
                 bytes += n;
                 groups.push(GroupSummary {
                     group: g.clone(),
@@ -366,23 +495,7 @@ pub fn recombine(
             }
             Ok((groups, bytes))
         })
-        .collect();
-    for (c, r) in s.components.iter_mut().zip(built) {
-        let (groups, bytes) = r?;
-        c.groups = groups;
-        s.bytes_out += bytes;
-    }
-    let (generics, devices): (Vec<&String>, Vec<&String>) =
-        outputs.iter().partition(|o| o.ends_with("_generic"));
-    for o in devices.into_iter().chain(generics) {
-        let dest = opts.output_dir.join(o);
-        fs::rename(staging.path().join(o), &dest).map_err(|e| ArtifactError::io(&dest, e))?;
-        observer.note(&format!("wrote {}", dest.display()));
-    }
-    outputs.sort();
-    s.outputs = outputs;
-    s.seconds = start.elapsed().as_secs_f64();
-    Ok(s)
+        .collect()
 }
 
 /// Fail if `dir/rel`, or a directory on the way there, is a symlink
@@ -545,4 +658,133 @@ fn offloaded(path: &Path) -> Option<(Vec<u8>, usize)> {
     drop(m);
     let v = verify_file(path).ok()?;
     Some((v.metadata.encode(), v.co_indices.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::artifact::test_util::{
+        child_dir, entries, hidden_entries, killed_run_leftovers, run_killed_child, small_artifact,
+        snapshot, DieOnAdvance,
+    };
+    use crate::artifact::{split_artifact, Database, Silent, SplitOptions};
+
+    /// Two shards, each the split of an artifact built for its own targets.
+    fn shards(dir: &Path) {
+        for (shard, targets) in [
+            ("s1", ["gfx1100", "gfx1101"]),
+            ("s2", ["gfx942", "gfx1100"]),
+        ] {
+            let input = dir.join("in").join(shard).join("blas_lib_x");
+            small_artifact(&input, &targets);
+            let mut o = SplitOptions::new(dir.join("shards").join(shard));
+            o.databases = vec![Database::Rocblas];
+            split_artifact(&input, "blas_lib", &o, &Silent).unwrap();
+        }
+    }
+
+    fn config() -> PackagingConfig {
+        PackagingConfig::parse(
+            Path::new("c.json"),
+            r#"{"primary_shard": "s1", "architecture_groups": {
+                "gfx110X": {"architectures": ["gfx1100", "gfx1101"]},
+                "gfx94X": {"architectures": ["gfx942"]}}}"#,
+        )
+        .unwrap()
+    }
+
+    fn run(input: &Path, out: &Path) -> Result<RecombineSummary> {
+        let opts = RecombineOptions {
+            output_dir: out.to_path_buf(),
+            components: Vec::new(),
+        };
+        recombine(input, &config(), &opts, &Silent)
+    }
+
+    /// Staging directories that a killed recombine left in the output
+    /// directory are removed by the next recombine into it, which writes the
+    /// same output as one into a clean directory.
+    #[test]
+    fn leftovers_of_a_killed_recombine_are_removed() {
+        let t = tempfile::tempdir().unwrap();
+        shards(t.path());
+        let input = t.path().join("shards");
+        let clean = t.path().join("clean");
+        let s = run(&input, &clean).unwrap();
+        assert_eq!(
+            entries(&clean),
+            ["blas_lib_generic", "blas_lib_gfx110X", "blas_lib_gfx94X"]
+        );
+        assert_eq!(s.components[0].groups[0].targets["gfx1100"], "s1");
+        assert_eq!(s.components[0].groups[1].targets["gfx942"], "s2");
+        let want = snapshot(&clean);
+        let out = t.path().join("out");
+        killed_run_leftovers(&out);
+        let s = run(&input, &out).unwrap();
+        assert!(
+            hidden_entries(&out).is_empty(),
+            "{:?}",
+            hidden_entries(&out)
+        );
+        assert_eq!(snapshot(&out), want);
+        let swept = s.notes.iter().filter(|n| n.contains("interrupted run"));
+        assert_eq!(swept.count(), 2, "{:?}", s.notes);
+    }
+
+    /// A recombine that dies in the middle (after copying its first generic
+    /// artifact) leaves only a hidden staging directory; the next one
+    /// removes it.
+    #[test]
+    fn a_recombine_killed_mid_run_is_cleaned_up_by_the_next() {
+        if let Some(dir) = child_dir() {
+            let opts = RecombineOptions {
+                output_dir: dir.join("out"),
+                components: Vec::new(),
+            };
+            let r = recombine(&dir.join("shards"), &config(), &opts, &DieOnAdvance);
+            panic!("not killed: {:?}", r.map(|_| ()));
+        }
+        let t = tempfile::tempdir().unwrap();
+        shards(t.path());
+        run_killed_child(
+            "artifact::recombine::tests::a_recombine_killed_mid_run_is_cleaned_up_by_the_next",
+            t.path(),
+        );
+        let out = t.path().join("out");
+        let left = entries(&out);
+        assert_eq!(left.len(), 1, "{left:?}");
+        assert!(
+            left[0].starts_with(crate::output::STAGING_PREFIX),
+            "{left:?}"
+        );
+        assert!(out.join(&left[0]).join("blas_lib_generic").is_dir());
+        let input = t.path().join("shards");
+        run(&input, &out).unwrap();
+        assert!(
+            hidden_entries(&out).is_empty(),
+            "{:?}",
+            hidden_entries(&out)
+        );
+        let clean = t.path().join("clean");
+        run(&input, &clean).unwrap();
+        assert_eq!(snapshot(&out), snapshot(&clean));
+    }
+
+    /// A failing recombine writes nothing, not even its output directory.
+    #[test]
+    fn failing_recombine_writes_nothing() {
+        let t = tempfile::tempdir().unwrap();
+        shards(t.path());
+        let input = t.path().join("shards");
+        // gfx1100 from both shards with different bytes.
+        let db = "blas_lib_gfx1100/stage/lib/rocblas/library/TensileLibrary_gfx1100.dat";
+        fs::write(input.join("s2").join(db), b"other").unwrap();
+        let out = t.path().join("out");
+        let e = run(&input, &out).unwrap_err();
+        assert!(
+            matches!(e, ArtifactError::DuplicateDeviceCode { .. }),
+            "{e}"
+        );
+        assert!(!out.exists());
+    }
 }

@@ -3,14 +3,15 @@
 //! `<ap>_<target>` per target (`<P>/.kpack/<ap>_<target>.kpack` plus that
 //! target's database files).
 //!
-//! Staging: all outputs of one input artifact are assembled in one hidden
-//! directory `OUT/.kpack-staging-*`, then renamed into `OUT` one by one,
-//! the per-target artifacts first and the generic artifact last (verify
-//! rejects per-target artifacts without their generic artifact, so an
-//! interrupted commit is never accepted). Replaced outputs (`--overwrite`)
-//! and stale per-target outputs of an earlier run are moved into the
-//! staging directory before the new ones are renamed in, and deleted with
-//! it.
+//! Staging ([`StagedDir::in_dir`]): all outputs of one input artifact are
+//! assembled in one hidden directory `OUT/.kpack-staging-*`, then renamed
+//! into `OUT` one by one, the per-target artifacts first and the generic
+//! artifact last (verify rejects per-target artifacts without their generic
+//! artifact, so an interrupted commit is never accepted). Replaced outputs
+//! (`--overwrite`) and stale per-target outputs of an earlier run are
+//! retired (moved into a staging directory) before the new ones are renamed
+//! in, and deleted with it. Staging and scratch directories left in `OUT`
+//! by a killed run are removed by the next split into `OUT`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -25,11 +26,12 @@ use super::databases::{classify, Claim, Database};
 use super::manifest::{
     self, artifact_prefix, generic_name, read_manifest, OutputName, Suffix, MANIFEST,
 };
-use super::pack::{FileJob, Outcome, Packer};
-use super::tree::{copy_symlink, make_dirs, remove_tree, scan, NodeKind};
-use super::{ArchiveInfo, ArtifactError, Observer, Result};
+use super::pack::{Done, FileJob, Offloaded, Outcome, Packer};
+use super::tree::{copy_dir_modes, copy_symlink, make_dirs, scan, tree_bytes, NodeKind};
+use super::{leftover_removed, ArchiveInfo, ArtifactError, Observer, Result};
 use crate::archive::{Scheme, DEFAULT_ZSTD_LEVEL};
 use crate::offload::{archive_file_name, GFXARCH};
+use crate::output::{ScratchDir, StagedDir};
 
 /// How to split.
 #[derive(Debug, Clone)]
@@ -181,11 +183,45 @@ pub fn split_batch(
     observer: &dyn Observer,
 ) -> Result<SplitSummary> {
     let start = Instant::now();
-    let out_canon = fs::canonicalize(&opts.output_dir).ok();
     let mut summary = SplitSummary {
         output_dir: opts.output_dir.display().to_string(),
         ..Default::default()
     };
+    let inputs = batch_inputs(parent, opts, &mut summary, observer)?;
+    let plans = plan_batch(&inputs, opts, observer)?;
+    check_output_dir(opts)?;
+    observer.add_work(plans.iter().flatten().map(|p| p.bytes).sum());
+    let results = run_batch(plans, opts, observer);
+    for (r, (path, prefix)) in results.into_iter().zip(&inputs) {
+        match r {
+            Some(Ok(a)) => summary.artifacts.push(a),
+            Some(Err(e)) if opts.keep_going => {
+                summary.failed += 1;
+                summary.artifacts.push(ArtifactSummary {
+                    input: path.display().to_string(),
+                    artifact_prefix: prefix.clone(),
+                    status: "failed".into(),
+                    error: Some(e.to_string()),
+                    ..Default::default()
+                });
+            }
+            Some(Err(e)) => return Err(e),
+            None => {}
+        }
+    }
+    finish(&mut summary, start);
+    Ok(summary)
+}
+
+/// The artifacts of a shard directory and their prefixes, in name order
+/// (subdirectories without a manifest are listed as skipped).
+fn batch_inputs(
+    parent: &Path,
+    opts: &SplitOptions,
+    summary: &mut SplitSummary,
+    observer: &dyn Observer,
+) -> Result<Vec<(PathBuf, String)>> {
+    let out_canon = fs::canonicalize(&opts.output_dir).ok();
     let mut inputs: Vec<(PathBuf, String)> = Vec::new();
     for (name, path) in manifest::subdirs(parent)? {
         if out_canon.is_some() && fs::canonicalize(&path).ok() == out_canon {
@@ -221,60 +257,60 @@ pub fn split_batch(
             ));
         }
     }
+    Ok(inputs)
+}
+
+/// A plan per input, or (with `keep_going`) the error that stops it.
+type BatchPlan = std::result::Result<Plan, ArtifactError>;
+
+fn plan_batch(
+    inputs: &[(PathBuf, String)],
+    opts: &SplitOptions,
+    observer: &dyn Observer,
+) -> Result<Vec<BatchPlan>> {
     let mut plans = Vec::new();
-    for (path, prefix) in &inputs {
+    for (path, prefix) in inputs {
         match plan(path, prefix, opts) {
             Ok(p) => plans.push(Ok(p)),
             Err(e) if opts.keep_going => {
                 observer.warn(&format!("{}: {e}", path.display()));
-                plans.push(Err((path.clone(), prefix.clone(), e)));
+                plans.push(Err(e));
             }
             Err(e) => return Err(e),
         }
     }
-    check_output_dir(opts)?;
-    observer.add_work(plans.iter().flatten().map(|p| p.bytes).sum());
+    Ok(plans)
+}
+
+/// Split the planned artifacts in parallel; results in input order, `None`
+/// for those not started because an earlier one failed.
+fn run_batch(
+    plans: Vec<BatchPlan>,
+    opts: &SplitOptions,
+    observer: &dyn Observer,
+) -> Vec<Option<Result<ArtifactSummary>>> {
     let stop = AtomicBool::new(false);
-    // `None`: not started because an earlier artifact failed.
-    let results: Vec<Option<Result<ArtifactSummary>>> = plans
+    plans
         .into_par_iter()
-        .map(|p| match p {
-            Ok(plan) => {
-                if stop.load(Ordering::Relaxed) {
-                    return None;
-                }
-                let r = run(&plan, opts, observer);
-                if let Err(e) = &r {
-                    if opts.keep_going {
-                        observer.warn(&format!("{}: {e}", plan.dir.display()));
-                    } else {
-                        stop.store(true, Ordering::Relaxed);
-                    }
-                }
-                Some(r)
+        .map(|p| {
+            let plan = match p {
+                Ok(plan) => plan,
+                Err(e) => return Some(Err(e)),
+            };
+            if stop.load(Ordering::Relaxed) {
+                return None;
             }
-            Err((_, _, e)) => Some(Err(e)),
+            let r = run(&plan, opts, observer);
+            if let Err(e) = &r {
+                if opts.keep_going {
+                    observer.warn(&format!("{}: {e}", plan.dir.display()));
+                } else {
+                    stop.store(true, Ordering::Relaxed);
+                }
+            }
+            Some(r)
         })
-        .collect();
-    for (r, (path, prefix)) in results.into_iter().zip(&inputs) {
-        match r {
-            Some(Ok(a)) => summary.artifacts.push(a),
-            Some(Err(e)) if opts.keep_going => {
-                summary.failed += 1;
-                summary.artifacts.push(ArtifactSummary {
-                    input: path.display().to_string(),
-                    artifact_prefix: prefix.clone(),
-                    status: "failed".into(),
-                    error: Some(e.to_string()),
-                    ..Default::default()
-                });
-            }
-            Some(Err(e)) => return Err(e),
-            None => {}
-        }
-    }
-    finish(&mut summary, start);
-    Ok(summary)
+        .collect()
 }
 
 fn finish(s: &mut SplitSummary, start: Instant) {
@@ -345,24 +381,7 @@ fn plan(dir: &Path, prefix: &str, opts: &SplitOptions) -> Result<Plan> {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => skipped.push(p),
             Err(e) => return Err(ArtifactError::io(&path, e)),
             Ok(_) => {
-                let real = fs::canonicalize(&path).map_err(|e| ArtifactError::io(&path, e))?;
-                if !real.starts_with(&canon) {
-                    return Err(ArtifactError::input(
-                        &path,
-                        "prefix resolves outside the artifact (symlink)",
-                    ));
-                }
-                if !real.is_dir() {
-                    return Err(ArtifactError::input(
-                        &path,
-                        "manifest prefix is not a directory",
-                    ));
-                }
-                for n in scan(&path)? {
-                    if let NodeKind::File { size } = n.kind {
-                        bytes += size;
-                    }
-                }
+                bytes += prefix_bytes(&path, &canon)?;
                 present.push(p);
             }
         }
@@ -382,6 +401,25 @@ fn plan(dir: &Path, prefix: &str, opts: &SplitOptions) -> Result<Plan> {
         skipped,
         bytes,
     })
+}
+
+/// The bytes of the files below a manifest prefix, after checking that it
+/// is a directory inside the artifact (`artifact` canonical).
+fn prefix_bytes(path: &Path, artifact: &Path) -> Result<u64> {
+    let real = fs::canonicalize(path).map_err(|e| ArtifactError::io(path, e))?;
+    if !real.starts_with(artifact) {
+        return Err(ArtifactError::input(
+            path,
+            "prefix resolves outside the artifact (symlink)",
+        ));
+    }
+    if !real.is_dir() {
+        return Err(ArtifactError::input(
+            path,
+            "manifest prefix is not a directory",
+        ));
+    }
+    tree_bytes(path)
 }
 
 /// `path` made absolute, its longest existing ancestor with symlinks
@@ -431,95 +469,63 @@ pub fn search_path(rel: &str, group: &str) -> String {
     )
 }
 
-fn run(plan: &Plan, opts: &SplitOptions, observer: &dyn Observer) -> Result<ArtifactSummary> {
-    let ap = &plan.prefix;
-    let out = &opts.output_dir;
-    let staging = tempfile::Builder::new()
-        .prefix(".kpack-staging-")
-        .tempdir_in(out)
-        .map_err(|e| ArtifactError::io(out, e))?;
-    let scratch_parent = opts.tmp_dir.as_deref().unwrap_or(out);
-    let scratch = tempfile::Builder::new()
-        .prefix(".kpack-scratch-")
-        .tempdir_in(scratch_parent)
-        .map_err(|e| ArtifactError::io(scratch_parent, e))?;
-    let generic = staging.path().join(generic_name(ap));
-    let arch_dir = |t: &str| staging.path().join(format!("{ap}_{t}"));
-    make_dirs(&generic)?;
+/// Where the outputs of one artifact are assembled: `<root>/<ap>_generic`
+/// and `<root>/<ap>_<target>`.
+struct Layout {
+    root: PathBuf,
+    ap: String,
+}
 
+impl Layout {
+    fn generic(&self) -> PathBuf {
+        self.root.join(generic_name(&self.ap))
+    }
+
+    fn target(&self, t: &str) -> PathBuf {
+        self.root.join(format!("{}_{t}", self.ap))
+    }
+}
+
+/// Per target: the prefixes its artifact gets something in.
+type TargetPrefixes = BTreeMap<String, BTreeSet<String>>;
+
+/// Split one planned artifact. The plan:
+/// 1. stage: a staging directory in the output directory, scratch space;
+/// 2. walk the input's prefixes: directories and symlinks are created in
+///    the staged outputs, every regular file becomes a job;
+/// 3. phase 1 ([`Packer::run`]): fat binaries offloaded, other files copied
+///    (database files to their target's artifact);
+/// 4. phase 2: one archive per target;
+/// 5. manifests and directory modes of the staged outputs;
+/// 6. commit: the outputs renamed into the output directory.
+fn run(plan: &Plan, opts: &SplitOptions, observer: &dyn Observer) -> Result<ArtifactSummary> {
+    let out = &opts.output_dir;
+    let stage = StagedDir::in_dir(out)?;
+    let scratch = ScratchDir::new(opts.tmp_dir.as_deref().unwrap_or(out))?;
     let mut a = ArtifactSummary {
         input: plan.dir.display().to_string(),
-        artifact_prefix: ap.clone(),
+        artifact_prefix: plan.prefix.clone(),
         status: "ok".into(),
         prefixes: plan.prefixes.clone(),
         skipped_prefixes: plan.skipped.clone(),
         ..Default::default()
     };
+    for leftover in stage.swept() {
+        note(&mut a, observer, leftover_removed(leftover));
+    }
     for p in &plan.skipped {
         let msg = format!(
             "{}: manifest prefix {p} does not exist: skipped (left out of the output manifests)",
             plan.dir.display()
         );
-        observer.note(&msg);
-        a.notes.push(msg);
+        note(&mut a, observer, msg);
     }
+    let layout = Layout {
+        root: stage.path().to_path_buf(),
+        ap: plan.prefix.clone(),
+    };
 
-    // Which prefixes each target artifact gets something in.
-    let mut target_prefixes: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut jobs = Vec::new();
-    let mut job_prefix = Vec::new();
-    // Directories that were empty in the input (kept even when empty).
-    for p in &plan.prefixes {
-        let root = plan.dir.join(p);
-        make_dirs(&generic.join(p))?;
-        let nodes = scan(&root)?;
-        for n in &nodes {
-            let rel = n.rel_str(&root)?;
-            let claim = classify(&opts.databases, &rel).map(|(_, c)| c);
-            match &n.kind {
-                NodeKind::Dir => {
-                    a.directories += 1;
-                    make_dirs(&generic.join(p).join(&n.rel))?;
-                }
-                NodeKind::Symlink(target) => {
-                    a.symlinks += 1;
-                    let dst = match &claim {
-                        Some(Claim::Target(t)) => {
-                            target_prefixes
-                                .entry(t.clone())
-                                .or_default()
-                                .insert(p.clone());
-                            arch_dir(t).join(p).join(&n.rel)
-                        }
-                        _ => generic.join(p).join(&n.rel),
-                    };
-                    copy_symlink(target, &dst)?;
-                }
-                NodeKind::File { size } => {
-                    a.files += 1;
-                    a.bytes_in += size;
-                    let database = match &claim {
-                        Some(Claim::Target(t)) => {
-                            Some((t.clone(), arch_dir(t).join(p).join(&n.rel)))
-                        }
-                        _ => None,
-                    };
-                    jobs.push(FileJob {
-                        src: root.join(&n.rel),
-                        size: *size,
-                        mode: n.mode,
-                        dst: generic.join(p).join(&n.rel),
-                        kernel_name: Some(format!("{p}/{rel}")),
-                        search_path: search_path(&rel, ap),
-                        source_prefix: Some(p.clone()),
-                        database,
-                    });
-                    job_prefix.push(p.clone());
-                }
-            }
-        }
-    }
-
+    let (jobs, mut target_prefixes) = walk_input(plan, opts, &layout, &mut a)?;
     let packer = Packer {
         scheme: opts.scheme,
         level: opts.level,
@@ -528,50 +534,8 @@ fn run(plan: &Plan, opts: &SplitOptions, observer: &dyn Observer) -> Result<Arti
         keep_target: None,
     };
     let done = packer.run(&jobs)?;
-    let mut binaries = Vec::new();
-    for ((d, job), p) in done.iter().zip(&jobs).zip(&job_prefix) {
-        a.bytes_out += d.bytes_out;
-        match &d.outcome {
-            Outcome::Copied => {}
-            Outcome::Database { target } => {
-                a.database_files += 1;
-                *a.database_targets.entry(target.clone()).or_default() += 1;
-                target_prefixes
-                    .entry(target.clone())
-                    .or_default()
-                    .insert(p.clone());
-            }
-            Outcome::Offloaded(b) => {
-                a.binaries += 1;
-                a.wrappers += b.wrappers;
-                a.code_objects += b.code_objects.len();
-                binaries.push(b.as_ref());
-            }
-            Outcome::AlreadyOffloaded => {
-                a.already_offloaded += 1;
-                let msg = format!("{}: already offloaded: copied as it is", job.src.display());
-                observer.note(&msg);
-                a.notes.push(msg);
-            }
-            Outcome::LinkInput { note } => {
-                a.link_inputs += 1;
-                if let Some(msg) = note {
-                    observer.note(msg);
-                    a.notes.push(msg.clone());
-                }
-            }
-        }
-    }
-
-    // Archives: in the first sorted prefix that contributed kernels.
-    let place = |target: &str, prefixes: &[String]| {
-        let p = prefixes.first().cloned().unwrap_or_default();
-        let name = archive_file_name(ap, target);
-        let path = arch_dir(target).join(&p).join(".kpack").join(&name);
-        (path, format!("{ap}_{target}/{p}/.kpack/{name}"))
-    };
-    let family = |target: &str| target.to_string();
-    a.archives = packer.write_archives(&binaries, ap, &family, &place)?;
+    let binaries = record_outcomes(&done, &jobs, &mut target_prefixes, &mut a, observer);
+    a.archives = write_archives(&packer, &binaries, &layout)?;
     for ar in &a.archives {
         a.bytes_out += ar.bytes_out;
         let p = ar.prefix.clone().unwrap_or_default();
@@ -584,15 +548,168 @@ fn run(plan: &Plan, opts: &SplitOptions, observer: &dyn Observer) -> Result<Arti
     drop(done);
     drop(scratch);
 
-    // Prune directories that only held files of other artifacts.
-    prune_emptied(&generic, &plan.dir, &plan.prefixes)?;
+    let outputs = finish_outputs(plan, &layout, &target_prefixes)?;
+    commit(stage, plan, opts, outputs, &mut a, observer)?;
+    observer.note(&format!(
+        "{}: {} -> {} ({} binaries, {} code objects, {} database files)",
+        plan.dir.display(),
+        plan.prefix,
+        a.outputs.join(", "),
+        a.binaries,
+        a.code_objects,
+        a.database_files
+    ));
+    Ok(a)
+}
 
-    // Manifests and modes.
+/// A note, shown (`--verbose`) and kept in the summary.
+fn note(a: &mut ArtifactSummary, observer: &dyn Observer, msg: String) {
+    observer.note(&msg);
+    a.notes.push(msg);
+}
+
+/// Step 2: create the directories and symlinks of every prefix in the
+/// staged outputs (a symlink a database handler claims goes to its target's
+/// artifact), and make a job of every regular file.
+fn walk_input(
+    plan: &Plan,
+    opts: &SplitOptions,
+    layout: &Layout,
+    a: &mut ArtifactSummary,
+) -> Result<(Vec<FileJob>, TargetPrefixes)> {
+    let mut target_prefixes = TargetPrefixes::new();
+    let mut jobs = Vec::new();
+    let generic = layout.generic();
+    make_dirs(&generic)?;
+    for p in &plan.prefixes {
+        let root = plan.dir.join(p);
+        make_dirs(&generic.join(p))?;
+        for n in &scan(&root)? {
+            let rel = n.rel_str(&root)?;
+            let target = match classify(&opts.databases, &rel) {
+                Some((_, Claim::Target(t))) => Some(t),
+                _ => None,
+            };
+            match &n.kind {
+                NodeKind::Dir => {
+                    // Kept even when empty.
+                    a.directories += 1;
+                    make_dirs(&generic.join(p).join(&n.rel))?;
+                }
+                NodeKind::Symlink(link) => {
+                    a.symlinks += 1;
+                    let dst = match &target {
+                        Some(t) => {
+                            target_prefixes
+                                .entry(t.clone())
+                                .or_default()
+                                .insert(p.clone());
+                            layout.target(t)
+                        }
+                        None => generic.clone(),
+                    };
+                    copy_symlink(link, &dst.join(p).join(&n.rel))?;
+                }
+                NodeKind::File { size } => {
+                    a.files += 1;
+                    a.bytes_in += size;
+                    jobs.push(FileJob {
+                        src: root.join(&n.rel),
+                        size: *size,
+                        mode: n.mode,
+                        dst: generic.join(p).join(&n.rel),
+                        kernel_name: Some(format!("{p}/{rel}")),
+                        search_path: search_path(&rel, &layout.ap),
+                        source_prefix: Some(p.clone()),
+                        database: target.map(|t| {
+                            let dst = layout.target(&t).join(p).join(&n.rel);
+                            (t, dst)
+                        }),
+                    });
+                }
+            }
+        }
+    }
+    Ok((jobs, target_prefixes))
+}
+
+/// Count what phase 1 did to each file (database files also mark their
+/// prefix in their target's artifact); returns the offloaded binaries.
+fn record_outcomes<'d>(
+    done: &'d [Done],
+    jobs: &[FileJob],
+    target_prefixes: &mut TargetPrefixes,
+    a: &mut ArtifactSummary,
+    observer: &dyn Observer,
+) -> Vec<&'d Offloaded> {
+    let mut binaries = Vec::new();
+    for (d, job) in done.iter().zip(jobs) {
+        a.bytes_out += d.bytes_out;
+        match &d.outcome {
+            Outcome::Copied => {}
+            Outcome::Database { target } => {
+                a.database_files += 1;
+                *a.database_targets.entry(target.clone()).or_default() += 1;
+                let p = job.source_prefix.clone().unwrap_or_default();
+                target_prefixes.entry(target.clone()).or_default().insert(p);
+            }
+            Outcome::Offloaded(b) => {
+                a.binaries += 1;
+                a.wrappers += b.wrappers;
+                a.code_objects += b.code_objects.len();
+                binaries.push(b.as_ref());
+            }
+            Outcome::AlreadyOffloaded => {
+                a.already_offloaded += 1;
+                let msg = format!("{}: already offloaded: copied as it is", job.src.display());
+                note(a, observer, msg);
+            }
+            Outcome::LinkInput { note: msg } => {
+                a.link_inputs += 1;
+                if let Some(msg) = msg {
+                    note(a, observer, msg.clone());
+                }
+            }
+        }
+    }
+    binaries
+}
+
+/// Step 4: one archive per target, in
+/// `<ap>_<target>/<P>/.kpack/<ap>_<target>.kpack` where `P` is the first
+/// (sorted) prefix that contributed code objects.
+fn write_archives(
+    packer: &Packer<'_>,
+    binaries: &[&Offloaded],
+    layout: &Layout,
+) -> Result<Vec<ArchiveInfo>> {
+    let ap = &layout.ap;
+    let place = |target: &str, prefixes: &[String]| {
+        let p = prefixes.first().cloned().unwrap_or_default();
+        let name = archive_file_name(ap, target);
+        let path = layout.target(target).join(&p).join(".kpack").join(&name);
+        (path, format!("{ap}_{target}/{p}/.kpack/{name}"))
+    };
+    let family = |target: &str| target.to_string();
+    packer.write_archives(binaries, ap, &family, &place)
+}
+
+/// Step 5: prune the directories of the generic output that only held
+/// files of per-target outputs, write every output's manifest (the input's
+/// prefixes it has something in, in manifest order) and give its
+/// directories the input's modes. Returns the output names, sorted.
+fn finish_outputs(
+    plan: &Plan,
+    layout: &Layout,
+    target_prefixes: &TargetPrefixes,
+) -> Result<Vec<String>> {
+    let generic = layout.generic();
+    prune_emptied(&generic, &plan.dir, &plan.prefixes)?;
     manifest::write_manifest(&generic, &plan.prefixes)?;
-    super::tree::copy_dir_modes(&generic, &plan.dir)?;
-    let mut outputs = vec![generic_name(ap)];
-    for (t, ps) in &target_prefixes {
-        let dir = arch_dir(t);
+    copy_dir_modes(&generic, &plan.dir)?;
+    let mut outputs = vec![generic_name(&layout.ap)];
+    for (t, ps) in target_prefixes {
+        let dir = layout.target(t);
         let listed: Vec<String> = plan
             .prefixes
             .iter()
@@ -600,12 +717,25 @@ fn run(plan: &Plan, opts: &SplitOptions, observer: &dyn Observer) -> Result<Arti
             .cloned()
             .collect();
         manifest::write_manifest(&dir, &listed)?;
-        super::tree::copy_dir_modes(&dir, &plan.dir)?;
-        outputs.push(format!("{ap}_{t}"));
+        copy_dir_modes(&dir, &plan.dir)?;
+        outputs.push(format!("{}_{t}", layout.ap));
     }
     outputs.sort();
+    Ok(outputs)
+}
 
-    // Commit: old outputs out of the way, per-target artifacts in, generic last.
+/// Step 6: outputs of an earlier run of this prefix out of the way
+/// (`--overwrite`: replaced, or removed when this run does not produce
+/// them), the per-target outputs in, the generic output last.
+fn commit(
+    mut stage: StagedDir,
+    plan: &Plan,
+    opts: &SplitOptions,
+    outputs: Vec<String>,
+    a: &mut ArtifactSummary,
+    observer: &dyn Observer,
+) -> Result<()> {
+    let out = &opts.output_dir;
     if !opts.overwrite {
         for name in &outputs {
             if out.join(name).exists() {
@@ -615,11 +745,8 @@ fn run(plan: &Plan, opts: &SplitOptions, observer: &dyn Observer) -> Result<Arti
             }
         }
     }
-    let trash = staging.path().join(".replaced");
-    for name in existing_outputs(out, ap)? {
-        make_dirs(&trash)?;
-        fs::rename(out.join(&name), trash.join(&name))
-            .map_err(|e| ArtifactError::io(out.join(&name), e))?;
+    for name in existing_outputs(out, &plan.prefix)? {
+        stage.retire(&name)?;
         let msg = if outputs.contains(&name) {
             format!("{}: replaced", out.join(&name).display())
         } else {
@@ -628,33 +755,18 @@ fn run(plan: &Plan, opts: &SplitOptions, observer: &dyn Observer) -> Result<Arti
                 out.join(&name).display()
             )
         };
-        observer.note(&msg);
-        a.notes.push(msg);
+        note(a, observer, msg);
         a.replaced.push(name);
     }
-    let generic_out = generic_name(ap);
-    for name in outputs
+    let generic = generic_name(&plan.prefix);
+    let order: Vec<&String> = outputs
         .iter()
-        .filter(|n| **n != generic_out)
-        .chain([&generic_out])
-    {
-        let dest = out.join(name);
-        fs::rename(staging.path().join(name), &dest).map_err(|e| ArtifactError::io(&dest, e))?;
-    }
+        .filter(|n| **n != generic)
+        .chain([&generic])
+        .collect();
+    stage.commit_entries(&order)?;
     a.outputs = outputs;
-    if trash.exists() {
-        remove_tree(&trash)?;
-    }
-    observer.note(&format!(
-        "{}: {} -> {} ({} binaries, {} code objects, {} database files)",
-        plan.dir.display(),
-        ap,
-        a.outputs.join(", "),
-        a.binaries,
-        a.code_objects,
-        a.database_files
-    ));
-    Ok(a)
+    Ok(())
 }
 
 /// Remove directories below the prefixes of `generic` that are empty now
@@ -689,6 +801,140 @@ fn prune_emptied(generic: &Path, input: &Path, prefixes: &[String]) -> Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::artifact::test_util::{
+        child_dir, entries, hidden_entries, killed_run_leftovers, run_killed_child, small_artifact,
+        snapshot, DieOnAdvance,
+    };
+    use crate::artifact::Silent;
+
+    fn options(out: &Path) -> SplitOptions {
+        let mut o = SplitOptions::new(out);
+        o.databases = vec![Database::Rocblas];
+        o
+    }
+
+    /// Staging and scratch directories that a killed split left in the
+    /// output directory are removed by the next split into it, which
+    /// writes the same output as a split into a clean directory.
+    #[test]
+    fn leftovers_of_a_killed_split_are_removed() {
+        let t = tempfile::tempdir().unwrap();
+        let input = t.path().join("in/blas_lib_gfx110X");
+        small_artifact(&input, &["gfx1100", "gfx942"]);
+        let clean = t.path().join("clean");
+        split_artifact(&input, "blas_lib", &options(&clean), &Silent).unwrap();
+        let want = snapshot(&clean);
+        assert_eq!(
+            want.keys().filter(|k| !k.contains('/')).collect::<Vec<_>>(),
+            ["blas_lib_generic", "blas_lib_gfx1100", "blas_lib_gfx942"]
+        );
+
+        let out = t.path().join("out");
+        killed_run_leftovers(&out);
+        let s = split_artifact(&input, "blas_lib", &options(&out), &Silent).unwrap();
+        assert!(
+            hidden_entries(&out).is_empty(),
+            "{:?}",
+            hidden_entries(&out)
+        );
+        assert_eq!(snapshot(&out), want);
+        let notes = &s.artifacts[0].notes;
+        assert_eq!(
+            notes
+                .iter()
+                .filter(|n| n.contains("removed (left by an interrupted run)"))
+                .count(),
+            2,
+            "{notes:?}"
+        );
+    }
+
+    /// A split that dies in the middle (after its first file) leaves only
+    /// hidden staging and scratch directories; the next split removes them
+    /// and writes what a split into a clean directory writes.
+    #[test]
+    fn a_split_killed_mid_run_is_cleaned_up_by_the_next() {
+        if let Some(dir) = child_dir() {
+            let input = dir.join("in/blas_lib_x");
+            let r = split_artifact(
+                &input,
+                "blas_lib",
+                &options(&dir.join("out")),
+                &DieOnAdvance,
+            );
+            panic!("not killed: {:?}", r.map(|_| ()));
+        }
+        let t = tempfile::tempdir().unwrap();
+        let input = t.path().join("in/blas_lib_x");
+        small_artifact(&input, &["gfx1100", "gfx942"]);
+        let clean = t.path().join("clean");
+        split_artifact(&input, "blas_lib", &options(&clean), &Silent).unwrap();
+
+        run_killed_child(
+            "artifact::split::tests::a_split_killed_mid_run_is_cleaned_up_by_the_next",
+            t.path(),
+        );
+        let out = t.path().join("out");
+        let left = entries(&out);
+        assert_eq!(left.len(), 2, "{left:?}");
+        assert!(
+            left[0].starts_with(crate::output::SCRATCH_PREFIX),
+            "{left:?}"
+        );
+        assert!(
+            left[1].starts_with(crate::output::STAGING_PREFIX),
+            "{left:?}"
+        );
+        assert!(out.join(&left[1]).join("blas_lib_generic").is_dir());
+
+        split_artifact(&input, "blas_lib", &options(&out), &Silent).unwrap();
+        assert!(
+            hidden_entries(&out).is_empty(),
+            "{:?}",
+            hidden_entries(&out)
+        );
+        assert_eq!(snapshot(&out), snapshot(&clean));
+    }
+
+    /// `--overwrite` replaces the outputs of an earlier split of the same
+    /// prefix (and removes those this run does not produce); other
+    /// prefixes' outputs stay.
+    #[test]
+    fn overwrite_replaces_and_removes_earlier_outputs() {
+        let t = tempfile::tempdir().unwrap();
+        let input = t.path().join("in/blas_lib_gfx110X");
+        small_artifact(&input, &["gfx1100", "gfx942"]);
+        let out = t.path().join("out");
+        for stale in ["blas_lib_gfx90a", "blas_lib_generic", "other_generic"] {
+            fs::create_dir_all(out.join(stale)).unwrap();
+            fs::write(out.join(stale).join("old"), b"o").unwrap();
+        }
+        let e = split_artifact(&input, "blas_lib", &options(&out), &Silent).unwrap_err();
+        assert!(e.to_string().contains("already exists"), "{e}");
+        let mut o = options(&out);
+        o.overwrite = true;
+        let s = split_artifact(&input, "blas_lib", &o, &Silent).unwrap();
+        assert_eq!(
+            s.artifacts[0].replaced,
+            ["blas_lib_generic", "blas_lib_gfx90a"]
+        );
+        assert_eq!(
+            entries(&out),
+            [
+                "blas_lib_generic",
+                "blas_lib_gfx1100",
+                "blas_lib_gfx942",
+                "other_generic"
+            ]
+        );
+        assert!(!out.join("blas_lib_generic/old").exists());
+        assert!(out.join("other_generic/old").exists());
+        assert_eq!(
+            fs::read_to_string(out.join(format!("blas_lib_gfx942/{MANIFEST}"))).unwrap(),
+            "stage\n"
+        );
+    }
 
     #[test]
     fn search_paths() {

@@ -249,23 +249,6 @@ pub fn same_bytes(a: &Path, b: &Path) -> Result<bool> {
     }
 }
 
-/// Remove a directory tree, making read-only directories writable first.
-pub fn remove_tree(dir: &Path) -> Result<()> {
-    match fs::remove_dir_all(dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(_) => {
-            let mut dirs = vec![PathBuf::new()];
-            collect_dirs(dir, Path::new(""), &mut dirs)?;
-            for rel in &dirs {
-                let d = dir.join(rel);
-                let _ = fs::set_permissions(&d, fs::Permissions::from_mode(0o755));
-            }
-            fs::remove_dir_all(dir).map_err(|e| ArtifactError::io(dir, e))
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -294,6 +277,6 @@ mod tests {
         copy_tree(r, &out).unwrap();
         assert_eq!(fs::read_link(out.join("link")).unwrap(), Path::new("a/z"));
         assert_eq!(fs::read(out.join("b/y")).unwrap(), b"b");
-        remove_tree(&out).unwrap();
+        crate::output::remove_tree(&out).unwrap();
     }
 }

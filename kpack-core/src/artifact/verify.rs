@@ -36,6 +36,7 @@ use crate::elf::{ElfView, FATBIN_SECTION};
 use crate::input::map_file;
 use crate::loader::{Config, Loader};
 use crate::offload::verify_file;
+use crate::output;
 use crate::target::TargetId;
 
 /// EM_AMDGPU: device code objects are ELF files too.
@@ -105,6 +106,31 @@ struct Served {
     names: BTreeMap<String, BTreeSet<String>>,
 }
 
+/// Problems (the artifacts are wrong) and warnings found so far.
+#[derive(Default)]
+struct Findings {
+    problems: Vec<String>,
+    warnings: Vec<String>,
+}
+
+/// The per-artifact checks' results, by component.
+#[derive(Default)]
+struct Checked {
+    /// Component -> its generic artifact (index) and offloaded binaries.
+    generics: BTreeMap<String, (usize, Vec<Binary>)>,
+    /// Component -> its device artifacts (index) and what each serves.
+    devices: BTreeMap<String, Vec<(usize, Served)>>,
+}
+
+/// Verify the artifacts in `dir`. The plan:
+/// 1. leftovers of interrupted runs (warnings);
+/// 2. the artifacts, their roles (from their names) and manifests;
+/// 3. each artifact on its own: its layout, then the generic or device
+///    checks;
+/// 4. every component's artifacts fit together;
+/// 5. every wrapper of every offloaded binary resolves through the loader,
+///    with the generic artifact installed together with each device
+///    artifact of its component.
 pub fn verify_artifacts(
     dir: &Path,
     opts: &VerifyOptions,
@@ -114,26 +140,86 @@ pub fn verify_artifacts(
         artifacts_dir: dir.display().to_string(),
         ..Default::default()
     };
-    let mut problems: Vec<String> = Vec::new();
-    let mut warnings: Vec<String> = Vec::new();
+    let mut found = Findings::default();
+    check_leftovers(dir, &mut found)?;
+    let artifacts = find_artifacts(dir, opts, &mut found)?;
+    report.artifacts = artifacts.len();
+    observer.note(&format!(
+        "{}: {} artifact(s)",
+        dir.display(),
+        artifacts.len()
+    ));
+    let checked = check_each(&artifacts, opts, &mut report, &mut found);
+    let components: BTreeSet<&String> = artifacts.iter().map(|a| &a.component).collect();
+    report.components = components.len();
+    check_components(&artifacts, &checked, &mut found);
+    for (component, (gi, binaries)) in &checked.generics {
+        if binaries.is_empty() {
+            continue;
+        }
+        let Some(devs) = checked.devices.get(component) else {
+            continue;
+        };
+        let g = &artifacts[*gi];
+        resolve_component(
+            component,
+            g,
+            binaries,
+            devs,
+            &artifacts,
+            &mut report,
+            &mut found,
+        )?;
+    }
 
-    // Leftovers of interrupted runs.
+    let Findings {
+        mut problems,
+        mut warnings,
+    } = found;
+    problems.sort();
+    problems.dedup();
+    warnings.sort();
+    warnings.dedup();
+    for w in &warnings {
+        observer.warn(w);
+    }
+    report.problems = problems;
+    report.warnings = warnings;
+    Ok(report)
+}
+
+/// Step 1: hidden `.kpack-*` entries are leftovers of interrupted runs (or
+/// the staging directories of runs in progress): never artifacts.
+fn check_leftovers(dir: &Path, found: &mut Findings) -> Result<()> {
     for e in fs::read_dir(dir).map_err(|e| ArtifactError::io(dir, e))? {
         let e = e.map_err(|e| ArtifactError::io(dir, e))?;
         let name = e.file_name().to_string_lossy().into_owned();
-        if name.starts_with(".kpack-") {
-            warnings.push(format!(
+        if !name.starts_with(".kpack-") {
+            continue;
+        }
+        let w = if output::in_use(&e.path()) {
+            format!(
+                "{}: staging directory of a kpack run in progress (not an artifact)",
+                e.path().display()
+            )
+        } else {
+            format!(
                 "{}: leftover staging directory of an interrupted run (not an artifact; safe to delete)",
                 e.path().display()
-            ));
-        }
+            )
+        };
+        found.warnings.push(w);
     }
+    Ok(())
+}
 
-    // Artifacts and their roles.
+/// Step 2: the artifacts of `dir` with their roles and manifest prefixes;
+/// directories whose name or manifest is wrong are problems.
+fn find_artifacts(dir: &Path, opts: &VerifyOptions, found: &mut Findings) -> Result<Vec<Artifact>> {
     let mut artifacts = Vec::new();
     for (name, path) in super::manifest::subdirs(dir)? {
         let Some(parsed) = OutputName::parse(&name) else {
-            problems.push(format!(
+            found.problems.push(format!(
                 "{}: not an artifact name (<component>_generic or <component>_<{}>)",
                 path.display(),
                 if opts.config.is_some() {
@@ -144,31 +230,17 @@ pub fn verify_artifacts(
             ));
             continue;
         };
-        let role = match (&parsed.suffix, &opts.config) {
-            (Suffix::Generic, _) => Role::Generic,
-            (Suffix::Target(t), None) => Role::Device(t.clone()),
-            (Suffix::Target(g) | Suffix::Other(g), Some(c)) if c.group(g).is_some() => {
-                Role::Device(g.clone())
-            }
-            (Suffix::Target(s) | Suffix::Other(s), Some(_)) => {
-                problems.push(format!(
-                    "{}: {s:?} is neither \"generic\" nor a group of the packaging config",
-                    path.display()
-                ));
-                continue;
-            }
-            (Suffix::Other(s), None) => {
-                problems.push(format!(
-                    "{}: {s:?} is neither \"generic\" nor a target ID (recombined artifacts need --config)",
-                    path.display()
-                ));
+        let role = match role_of(&parsed.suffix, opts.config.as_ref()) {
+            Ok(r) => r,
+            Err(why) => {
+                found.problems.push(format!("{}: {why}", path.display()));
                 continue;
             }
         };
         let prefixes = match read_manifest(&path) {
             Ok(p) => p,
             Err(e) => {
-                problems.push(e.to_string());
+                found.problems.push(e.to_string());
                 continue;
             }
         };
@@ -180,62 +252,83 @@ pub fn verify_artifacts(
             prefixes,
         });
     }
-    report.artifacts = artifacts.len();
-    observer.note(&format!(
-        "{}: {} artifact(s)",
-        dir.display(),
-        artifacts.len()
-    ));
+    Ok(artifacts)
+}
 
-    // Per-artifact checks.
-    let mut generics: BTreeMap<String, (usize, Vec<Binary>)> = BTreeMap::new();
-    let mut devices: BTreeMap<String, Vec<(usize, Served)>> = BTreeMap::new();
+/// An artifact's role from its name's suffix: generic, or a device artifact
+/// of a target (split) or of a group of `config` (recombined).
+fn role_of(suffix: &Suffix, config: Option<&PackagingConfig>) -> std::result::Result<Role, String> {
+    match (suffix, config) {
+        (Suffix::Generic, _) => Ok(Role::Generic),
+        (Suffix::Target(t), None) => Ok(Role::Device(t.clone())),
+        (Suffix::Target(g) | Suffix::Other(g), Some(c)) if c.group(g).is_some() => {
+            Ok(Role::Device(g.clone()))
+        }
+        (Suffix::Target(s) | Suffix::Other(s), Some(_)) => Err(format!(
+            "{s:?} is neither \"generic\" nor a group of the packaging config"
+        )),
+        (Suffix::Other(s), None) => Err(format!(
+            "{s:?} is neither \"generic\" nor a target ID (recombined artifacts need --config)"
+        )),
+    }
+}
+
+/// Step 3: the layout of every artifact, then the checks of its role.
+fn check_each(
+    artifacts: &[Artifact],
+    opts: &VerifyOptions,
+    report: &mut VerifyReport,
+    found: &mut Findings,
+) -> Checked {
+    let mut checked = Checked::default();
     let mut targets: BTreeSet<String> = BTreeSet::new();
     for (i, a) in artifacts.iter().enumerate() {
-        let nodes = match layout(a, &mut problems) {
-            Some(n) => n,
-            None => continue,
+        let Some(nodes) = layout(a, &mut found.problems) else {
+            continue;
         };
         match &a.role {
             Role::Generic => {
-                let binaries = check_generic(a, &nodes, &mut problems);
+                let binaries = check_generic(a, &nodes, &mut found.problems);
                 report.offloaded_binaries += binaries.len();
-                generics.insert(a.component.clone(), (i, binaries));
+                checked.generics.insert(a.component.clone(), (i, binaries));
             }
             Role::Device(what) => {
                 let allowed = |t: &str| match &opts.config {
                     None => t == what,
                     Some(c) => c.group(what).is_some_and(|g| g.contains(t)),
                 };
-                let served = check_device(a, &nodes, &allowed, &mut report, &mut problems);
+                let served = check_device(a, &nodes, &allowed, report, &mut found.problems);
                 targets.extend(served.names.keys().cloned());
-                devices
+                checked
+                    .devices
                     .entry(a.component.clone())
                     .or_default()
                     .push((i, served));
             }
         }
     }
-    let components: BTreeSet<&String> = artifacts.iter().map(|a| &a.component).collect();
-    report.components = components.len();
     report.targets = targets.into_iter().collect();
+    checked
+}
 
-    // Every component's artifacts fit together.
-    for (component, devs) in &devices {
-        if !generics.contains_key(component) {
+/// Step 4: no device artifact without its generic artifact, no offloaded
+/// binary without a device artifact for its code objects.
+fn check_components(artifacts: &[Artifact], checked: &Checked, found: &mut Findings) {
+    for (component, devs) in &checked.devices {
+        if !checked.generics.contains_key(component) {
             let names: Vec<&str> = devs
                 .iter()
                 .map(|(i, _)| artifacts[*i].name.as_str())
                 .collect();
-            problems.push(format!(
+            found.problems.push(format!(
                 "component {component}: {} without {component}_generic (an interrupted split?)",
                 names.join(", ")
             ));
         }
     }
-    for (component, (i, binaries)) in &generics {
-        if !binaries.is_empty() && !devices.contains_key(component) {
-            problems.push(format!(
+    for (component, (i, binaries)) in &checked.generics {
+        if !binaries.is_empty() && !checked.devices.contains_key(component) {
+            found.problems.push(format!(
                 "{}: {} offloaded binar{} but no per-target artifact of component {component} holds their code objects",
                 artifacts[*i].dir.display(),
                 binaries.len(),
@@ -243,86 +336,93 @@ pub fn verify_artifacts(
             ));
         }
     }
+}
 
-    // Resolution through the loader, in the installed layout.
-    for (component, (gi, binaries)) in &generics {
-        if binaries.is_empty() {
+/// Step 5 for one component: install its generic artifact `g` with each of
+/// its device artifacts and load every wrapper of every binary for every
+/// target served; a binary found in no device artifact is a problem.
+fn resolve_component(
+    component: &str,
+    g: &Artifact,
+    binaries: &[Binary],
+    devs: &[(usize, Served)],
+    artifacts: &[Artifact],
+    report: &mut VerifyReport,
+    found: &mut Findings,
+) -> Result<()> {
+    let mut found_anywhere: BTreeSet<String> = BTreeSet::new();
+    for (di, served) in devs {
+        let d = &artifacts[*di];
+        let root = tempfile::Builder::new()
+            .prefix(".kpack-verify-")
+            .tempdir()
+            .map_err(|e| ArtifactError::io(std::env::temp_dir(), e))?;
+        if let Err(e) = install_links(&[g, d], root.path(), &mut found.problems) {
+            found.problems.push(e.to_string());
             continue;
         }
-        let Some(devs) = devices.get(component) else {
-            continue;
-        };
-        let mut found_anywhere: BTreeSet<&str> = BTreeSet::new();
-        for (di, served) in devs {
-            let (g, d) = (&artifacts[*gi], &artifacts[*di]);
-            let root = tempfile::Builder::new()
-                .prefix(".kpack-verify-")
-                .tempdir()
-                .map_err(|e| ArtifactError::io(std::env::temp_dir(), e))?;
-            if let Err(e) = install_links(&[g, d], root.path(), &mut problems) {
-                problems.push(e.to_string());
-                continue;
-            }
-            let loader = Loader::new(Config::default());
-            let mut tasks = Vec::new();
-            for b in binaries {
-                for (target, names) in &served.names {
-                    if names.contains(&b.kernel_name) {
-                        found_anywhere.insert(&b.kernel_name);
-                        for &co in &b.co_indices {
-                            tasks.push((b, target.as_str(), co));
-                        }
-                    } else {
-                        warnings.push(format!(
-                            "{}: no code object for {target} in {} (built for fewer targets?)",
-                            b.shown, d.name
-                        ));
-                    }
+        let mut tasks = Vec::new();
+        for b in binaries {
+            for (target, names) in &served.names {
+                if names.contains(&b.kernel_name) {
+                    found_anywhere.insert(b.kernel_name.clone());
+                    tasks.extend(b.co_indices.iter().map(|&co| (b, target.as_str(), co)));
+                } else {
+                    found.warnings.push(format!(
+                        "{}: no code object for {target} in {} (built for fewer targets?)",
+                        b.shown, d.name
+                    ));
                 }
             }
-            let results: Vec<Option<String>> = tasks
-                .par_iter()
-                .map(|(b, target, co)| {
-                    let path = root.path().join(&b.rel);
-                    let Ok(co32) = u32::try_from(*co) else {
-                        return Some(format!("{}: wrapper code object index {co} does not fit in u32", b.shown));
-                    };
-                    match loader.load_code_object(&b.metadata, &path, co32, &[target]) {
-                        Ok(bytes) if bytes.starts_with(b"\x7fELF") => None,
-                        Ok(_) => Some(format!(
-                            "{}: code object {}#{co} for {target} (installed with {}) is not an ELF file",
-                            b.shown, b.kernel_name, d.name
-                        )),
-                        Err(e) => Some(format!(
-                            "{}: wrapper with co_index {co} does not resolve for {target} when installed with {}: {e}",
-                            b.shown, d.name
-                        )),
-                    }
-                })
-                .collect();
-            report.wrappers_resolved += results.iter().filter(|r| r.is_none()).count();
-            problems.extend(results.into_iter().flatten());
         }
-        for b in binaries {
-            if !found_anywhere.contains(b.kernel_name.as_str()) {
-                problems.push(format!(
-                    "{}: no archive of component {component} has code objects of {} (kernel name) for any target",
-                    b.shown, b.kernel_name
-                ));
-            }
+        let loader = Loader::new(Config::default());
+        let results: Vec<Option<String>> = tasks
+            .par_iter()
+            .map(|(b, target, co)| load_wrapper(&loader, root.path(), b, target, *co, &d.name))
+            .collect();
+        report.wrappers_resolved += results.iter().filter(|r| r.is_none()).count();
+        found.problems.extend(results.into_iter().flatten());
+    }
+    for b in binaries {
+        if !found_anywhere.contains(&b.kernel_name) {
+            found.problems.push(format!(
+                "{}: no archive of component {component} has code objects of {} (kernel name) for any target",
+                b.shown, b.kernel_name
+            ));
         }
     }
+    Ok(())
+}
 
-    problems.sort();
-    problems.dedup();
-    warnings.sort();
-    warnings.dedup();
-    for w in &warnings {
-        observer.warn(w);
+/// Load code object `co` of binary `b` for `target` through the loader, in
+/// the install tree `root` (where `device` was installed): the problem, if
+/// it does not load or is not an ELF file.
+fn load_wrapper(
+    loader: &Loader,
+    root: &Path,
+    b: &Binary,
+    target: &str,
+    co: u64,
+    device: &str,
+) -> Option<String> {
+    let path = root.join(&b.rel);
+    let Ok(co32) = u32::try_from(co) else {
+        return Some(format!(
+            "{}: wrapper code object index {co} does not fit in u32",
+            b.shown
+        ));
+    };
+    match loader.load_code_object(&b.metadata, &path, co32, &[target]) {
+        Ok(bytes) if bytes.starts_with(b"\x7fELF") => None,
+        Ok(_) => Some(format!(
+            "{}: code object {}#{co} for {target} (installed with {device}) is not an ELF file",
+            b.shown, b.kernel_name
+        )),
+        Err(e) => Some(format!(
+            "{}: wrapper with co_index {co} does not resolve for {target} when installed with {device}: {e}",
+            b.shown
+        )),
     }
-    report.problems = problems;
-    report.warnings = warnings;
-    Ok(report)
 }
 
 /// The nodes below each prefix (prefix, node), after checking that the
@@ -374,6 +474,8 @@ fn layout(a: &Artifact, problems: &mut Vec<String>) -> Option<Vec<(String, Node)
     ok.then_some(nodes)
 }
 
+/// The checks of a generic artifact (every file, in parallel); returns its
+/// offloaded binaries.
 fn check_generic(
     a: &Artifact,
     nodes: &[(String, Node)],
@@ -385,55 +487,7 @@ fn check_generic(
         .collect();
     let results: Vec<(Option<Binary>, Vec<String>)> = files
         .par_iter()
-        .map(|(p, n)| {
-            let path = a.dir.join(p).join(&n.rel);
-            let shown = format!("{}/{p}/{}", a.name, n.rel.display());
-            let mut bad = Vec::new();
-            let mapped = match map_file(&path) {
-                Ok(m) => m,
-                Err(e) => return (None, vec![e.to_string()]),
-            };
-            if mapped.starts_with(crate::archive::MAGIC)
-                || path.extension().is_some_and(|e| e == "kpack")
-            {
-                bad.push(format!("{shown}: a .kpack archive in a generic artifact"));
-                return (None, bad);
-            }
-            if !mapped.starts_with(b"\x7fELF") {
-                return (None, bad);
-            }
-            let Ok(elf) = ElfView::parse(&mapped) else {
-                return (None, bad);
-            };
-            let Ok(Some(section)) = elf.section(FATBIN_SECTION) else {
-                return (None, bad);
-            };
-            if !section.is_nobits() {
-                bad.push(format!(
-                    "{shown}: still carries device code (PROGBITS {FATBIN_SECTION}): not offloaded"
-                ));
-                return (None, bad);
-            }
-            drop(mapped);
-            match verify_file(&path) {
-                Ok(v) => (
-                    Some(Binary {
-                        rel: n.rel.clone(),
-                        shown,
-                        metadata: v.metadata.encode(),
-                        kernel_name: v.metadata.kernel_name.clone(),
-                        co_indices: v.co_indices.clone(),
-                    }),
-                    bad,
-                ),
-                Err(e) => {
-                    bad.push(format!(
-                        "{shown}: NOBITS {FATBIN_SECTION} but not a valid offloaded binary: {e}"
-                    ));
-                    (None, bad)
-                }
-            }
-        })
+        .map(|(p, n)| check_generic_file(a, p, n))
         .collect();
     let mut binaries = Vec::new();
     for (b, bad) in results {
@@ -443,6 +497,66 @@ fn check_generic(
     binaries
 }
 
+/// One file of a generic artifact: no archive, no device code left; an
+/// offloaded binary must pass the ELF verifier (and is returned).
+fn check_generic_file(a: &Artifact, p: &str, n: &Node) -> (Option<Binary>, Vec<String>) {
+    let path = a.dir.join(p).join(&n.rel);
+    let shown = format!("{}/{p}/{}", a.name, n.rel.display());
+    let mut bad = Vec::new();
+    let mapped = match map_file(&path) {
+        Ok(m) => m,
+        Err(e) => return (None, vec![e.to_string()]),
+    };
+    if mapped.starts_with(crate::archive::MAGIC) || path.extension().is_some_and(|e| e == "kpack") {
+        bad.push(format!("{shown}: a .kpack archive in a generic artifact"));
+        return (None, bad);
+    }
+    if !mapped.starts_with(b"\x7fELF") {
+        return (None, bad);
+    }
+    let Ok(elf) = ElfView::parse(&mapped) else {
+        return (None, bad);
+    };
+    let Ok(Some(section)) = elf.section(FATBIN_SECTION) else {
+        return (None, bad);
+    };
+    if !section.is_nobits() {
+        bad.push(format!(
+            "{shown}: still carries device code (PROGBITS {FATBIN_SECTION}): not offloaded"
+        ));
+        return (None, bad);
+    }
+    drop(mapped);
+    match verify_file(&path) {
+        Ok(v) => {
+            let b = Binary {
+                rel: n.rel.clone(),
+                shown,
+                metadata: v.metadata.encode(),
+                kernel_name: v.metadata.kernel_name.clone(),
+                co_indices: v.co_indices.clone(),
+            };
+            (Some(b), bad)
+        }
+        Err(e) => {
+            bad.push(format!(
+                "{shown}: NOBITS {FATBIN_SECTION} but not a valid offloaded binary: {e}"
+            ));
+            (None, bad)
+        }
+    }
+}
+
+/// What one entry of a device artifact is.
+struct Found {
+    /// An archive that checked out: (gfx_arches, kernel names, code objects).
+    archive: Option<(Vec<String>, BTreeSet<String>, usize)>,
+    database: bool,
+    bad: Vec<String>,
+}
+
+/// The checks of a device artifact (every entry, in parallel); returns what
+/// it serves.
 fn check_device(
     a: &Artifact,
     nodes: &[(String, Node)],
@@ -455,59 +569,9 @@ fn check_device(
         .iter()
         .filter(|(_, n)| !matches!(n.kind, NodeKind::Dir))
         .collect();
-    struct Found {
-        archive: Option<(Vec<String>, BTreeSet<String>, usize)>,
-        database: bool,
-        bad: Vec<String>,
-    }
     let results: Vec<Found> = entries
         .par_iter()
-        .map(|(p, n)| {
-            let path = a.dir.join(p).join(&n.rel);
-            let shown = format!("{}/{p}/{}", a.name, n.rel.display());
-            let rel = rel_string(&n.rel).unwrap_or_default();
-            let name = n.rel.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-            let mut f = Found {
-                archive: None,
-                database: false,
-                bad: Vec::new(),
-            };
-            let is_file = matches!(n.kind, NodeKind::File { .. });
-            if is_file && name.ends_with(".kpack") {
-                match check_archive(&path, &shown, &a.component, &name, allowed) {
-                    Ok(x) => f.archive = Some(x),
-                    Err(mut bad) => f.bad.append(&mut bad),
-                }
-                return f;
-            }
-            if is_file {
-                if let Ok(m) = map_file(&path) {
-                    if let Ok(elf) = ElfView::parse(&m) {
-                        if elf.machine() != EM_AMDGPU {
-                            f.bad.push(format!(
-                                "{shown}: a host binary in a per-target artifact (only archives and database files belong there)"
-                            ));
-                            return f;
-                        }
-                    }
-                }
-            }
-            let claim = Database::ALL.iter().find_map(|d| match d.claim(&rel) {
-                Claim::No => None,
-                c => Some(c),
-            });
-            match claim {
-                Some(Claim::Target(t)) if allowed(&t) => f.database = true,
-                Some(Claim::Target(t)) => f.bad.push(format!(
-                    "{shown}: a database file of {t}, which does not belong in {}",
-                    a.name
-                )),
-                _ => f.bad.push(format!(
-                    "{shown}: neither a .kpack archive nor a database file of a target: does not belong in a per-target artifact"
-                )),
-            }
-            f
-        })
+        .map(|(p, n)| check_device_entry(a, p, n, allowed))
         .collect();
     for r in results {
         problems.extend(r.bad);
@@ -527,6 +591,64 @@ fn check_device(
         }
     }
     served
+}
+
+/// One file or symlink of a device artifact: an archive of its own
+/// target(s), or a database file of one; no host binary.
+fn check_device_entry(
+    a: &Artifact,
+    p: &str,
+    n: &Node,
+    allowed: &(dyn Fn(&str) -> bool + Sync),
+) -> Found {
+    let path = a.dir.join(p).join(&n.rel);
+    let shown = format!("{}/{p}/{}", a.name, n.rel.display());
+    let rel = rel_string(&n.rel).unwrap_or_default();
+    let name = n
+        .rel
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut f = Found {
+        archive: None,
+        database: false,
+        bad: Vec::new(),
+    };
+    let is_file = matches!(n.kind, NodeKind::File { .. });
+    if is_file && name.ends_with(".kpack") {
+        match check_archive(&path, &shown, &a.component, &name, allowed) {
+            Ok(x) => f.archive = Some(x),
+            Err(mut bad) => f.bad.append(&mut bad),
+        }
+        return f;
+    }
+    if is_file {
+        if let Ok(m) = map_file(&path) {
+            if let Ok(elf) = ElfView::parse(&m) {
+                if elf.machine() != EM_AMDGPU {
+                    f.bad.push(format!(
+                        "{shown}: a host binary in a per-target artifact (only archives and database files belong there)"
+                    ));
+                    return f;
+                }
+            }
+        }
+    }
+    let claim = Database::ALL.iter().find_map(|d| match d.claim(&rel) {
+        Claim::No => None,
+        c => Some(c),
+    });
+    match claim {
+        Some(Claim::Target(t)) if allowed(&t) => f.database = true,
+        Some(Claim::Target(t)) => f.bad.push(format!(
+            "{shown}: a database file of {t}, which does not belong in {}",
+            a.name
+        )),
+        _ => f.bad.push(format!(
+            "{shown}: neither a .kpack archive nor a database file of a target: does not belong in a per-target artifact"
+        )),
+    }
+    f
 }
 
 /// Check one archive: its name, its targets, and that every code object
@@ -597,10 +719,20 @@ fn check_archive(
 /// prefix of each into the root, with symlinks to the files instead of
 /// copies. Two different files at one path are a problem.
 fn install_links(artifacts: &[&Artifact], root: &Path, problems: &mut Vec<String>) -> Result<()> {
+    let names: Vec<&str> = artifacts.iter().map(|a| a.name.as_str()).collect();
+    let installing = names.join(" and ");
+    // Where each installed file or symlink came from.
     let mut placed: BTreeMap<PathBuf, String> = BTreeMap::new();
+    let origin = |placed: &BTreeMap<PathBuf, String>, rel: &Path| {
+        placed
+            .get(rel)
+            .cloned()
+            .unwrap_or_else(|| "another prefix".to_string())
+    };
     for a in artifacts {
         for p in &a.prefixes {
             let src_root = a.dir.join(p);
+            let from = format!("{}/{p}", a.name);
             // Directories that collided with a file or symlink: nothing
             // below them is installed (it would go through a symlink).
             let mut blocked: Vec<PathBuf> = Vec::new();
@@ -609,58 +741,76 @@ fn install_links(artifacts: &[&Artifact], root: &Path, problems: &mut Vec<String
                     continue;
                 }
                 let dst = root.join(&n.rel);
-                let from = format!("{}/{p}", a.name);
-                match &n.kind {
-                    NodeKind::Dir => {
-                        if fs::symlink_metadata(&dst).is_ok_and(|m| !m.is_dir()) {
-                            problems.push(format!(
-                                "installing {}: {} is a directory in {from} but not in {}",
-                                artifacts
-                                    .iter()
-                                    .map(|a| a.name.as_str())
-                                    .collect::<Vec<_>>()
-                                    .join(" and "),
-                                n.rel.display(),
-                                placed
-                                    .get(&n.rel)
-                                    .map(String::as_str)
-                                    .unwrap_or("another prefix")
-                            ));
-                            blocked.push(n.rel.clone());
-                            continue;
-                        }
-                        make_dirs(&dst)?;
+                if n.kind == NodeKind::Dir {
+                    if fs::symlink_metadata(&dst).is_ok_and(|m| !m.is_dir()) {
+                        problems.push(format!(
+                            "installing {installing}: {} is a directory in {from} but not in {}",
+                            n.rel.display(),
+                            origin(&placed, &n.rel)
+                        ));
+                        blocked.push(n.rel.clone());
+                        continue;
                     }
-                    NodeKind::Symlink(_) | NodeKind::File { .. } => {
-                        if dst.symlink_metadata().is_ok() {
-                            problems.push(format!(
-                                "installing {}: {} comes from both {} and {from}",
-                                artifacts
-                                    .iter()
-                                    .map(|a| a.name.as_str())
-                                    .collect::<Vec<_>>()
-                                    .join(" and "),
-                                n.rel.display(),
-                                placed
-                                    .get(&n.rel)
-                                    .map(String::as_str)
-                                    .unwrap_or("another prefix")
-                            ));
-                            continue;
-                        }
-                        match &n.kind {
-                            NodeKind::Symlink(t) => copy_symlink(t, &dst)?,
-                            _ => {
-                                let src = fs::canonicalize(src_root.join(&n.rel))
-                                    .map_err(|e| ArtifactError::io(src_root.join(&n.rel), e))?;
-                                copy_symlink(&src, &dst)?;
-                            }
-                        }
-                        placed.insert(n.rel.clone(), from);
+                    make_dirs(&dst)?;
+                    continue;
+                }
+                if dst.symlink_metadata().is_ok() {
+                    problems.push(format!(
+                        "installing {installing}: {} comes from both {} and {from}",
+                        n.rel.display(),
+                        origin(&placed, &n.rel)
+                    ));
+                    continue;
+                }
+                match &n.kind {
+                    NodeKind::Symlink(t) => copy_symlink(t, &dst)?,
+                    _ => {
+                        let src = fs::canonicalize(src_root.join(&n.rel))
+                            .map_err(|e| ArtifactError::io(src_root.join(&n.rel), e))?;
+                        copy_symlink(&src, &dst)?;
                     }
                 }
+                placed.insert(n.rel.clone(), from.clone());
             }
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::artifact::test_util::{killed_run_leftovers, small_artifact};
+    use crate::artifact::{split_artifact, Silent, SplitOptions};
+    use crate::output::StagedDir;
+
+    /// Hidden staging directories are never artifacts: those of killed runs
+    /// are reported as leftovers, those of runs in progress as such.
+    #[test]
+    fn staging_directories_are_not_artifacts() {
+        let t = tempfile::tempdir().unwrap();
+        let input = t.path().join("in/blas_lib_x");
+        small_artifact(&input, &["gfx1100"]);
+        let out = t.path().join("out");
+        let mut o = SplitOptions::new(&out);
+        o.databases = vec![Database::Rocblas];
+        split_artifact(&input, "blas_lib", &o, &Silent).unwrap();
+        let live = StagedDir::in_dir(&out).unwrap();
+        fs::create_dir(live.path().join("blas_lib_gfx942")).unwrap();
+        killed_run_leftovers(&out);
+        let r = verify_artifacts(&out, &VerifyOptions::default(), &Silent).unwrap();
+        assert!(r.ok(), "{:?}", r.problems);
+        assert_eq!(r.artifacts, 2);
+        assert_eq!(r.database_files, 1);
+        let leftovers = r.warnings.iter().filter(|w| w.contains("leftover staging"));
+        assert_eq!(leftovers.count(), 2, "{:?}", r.warnings);
+        let live_name = live.path().display().to_string();
+        assert!(
+            r.warnings
+                .iter()
+                .any(|w| w.starts_with(&live_name) && w.contains("in progress")),
+            "{:?}",
+            r.warnings
+        );
+    }
 }
