@@ -49,6 +49,9 @@ pub enum Class {
     /// `.hip_fatbin` NOBITS but HIPF wrappers): offloading or verifying it
     /// reports this problem.
     Inconsistent(String),
+    /// An AMDGPU code object (`.hsaco`, a kernel database's `.co`): device
+    /// code on its own, not a host binary.
+    CodeObject,
     /// A raw offload bundle file (plain or compressed).
     Bundle,
     /// A `.kpack` archive.
@@ -62,6 +65,27 @@ impl Class {
     pub fn is_link_input(&self) -> bool {
         matches!(self, Class::Relocatable { .. } | Class::StaticArchive)
     }
+
+    /// Host code: a binary or link input for the CPU, with device code or
+    /// without.
+    pub fn is_host_code(&self) -> bool {
+        matches!(
+            self,
+            Class::Fat
+                | Class::Offloaded
+                | Class::HostOnly
+                | Class::DebugOnly
+                | Class::Relocatable { .. }
+                | Class::StaticArchive
+                | Class::Inconsistent(_)
+        )
+    }
+}
+
+/// Could a file that starts with `head` (its first 8 bytes or fewer) be a
+/// host binary or a link input? A cheap test before mapping the file.
+pub fn could_be_binary(head: &[u8]) -> bool {
+    head.starts_with(&object::elf::ELFMAG) || head.starts_with(STATIC_ARCHIVE_MAGIC)
 }
 
 /// What `bytes` (a whole file) is.
@@ -154,6 +178,9 @@ impl<'a> HostBinary<'a> {
 
     /// See [`classify`].
     pub fn class(&self) -> Class {
+        if self.elf.machine() == object::elf::EM_AMDGPU {
+            return Class::CodeObject;
+        }
         if self.elf.elf_type() == ElfType::Relocatable {
             return Class::Relocatable {
                 device_code: self.elf.section_index(FATBIN_SECTION).is_some(),

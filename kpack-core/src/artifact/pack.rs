@@ -22,12 +22,12 @@ use rayon::prelude::*;
 use super::tree::{copy_file, make_dirs, write_file};
 use super::{ArchiveInfo, ArtifactError, Observer, Result};
 use crate::archive::{ArchiveWriter, Scheme};
+use crate::binary::{classify, could_be_binary, Class};
 use crate::bundle::Blob;
-use crate::elf::{ElfView, FATBIN_SECTION};
 use crate::hipk::HipkMetadata;
 use crate::input::{map_file, Mapped};
 use crate::msgpack::Value;
-use crate::offload::{archive_key, classify_binary, code_objects, rewrite, BinaryKind, CodeObject};
+use crate::offload::{archive_key, code_objects, rewrite, CodeObject};
 
 /// One regular file to handle.
 #[derive(Debug, Clone)]
@@ -87,6 +87,9 @@ pub enum Outcome {
     LinkInput {
         note: Option<String>,
     },
+    /// A debug-info file (`objcopy --only-keep-debug`): no device code,
+    /// copied as it is.
+    DebugOnly,
 }
 
 pub struct Done {
@@ -127,30 +130,28 @@ impl Packer<'_> {
     }
 
     fn process(&self, index: usize, job: &FileJob) -> Result<Done> {
-        if maybe_binary(&job.src)? {
+        if could_be_binary(&read_head(&job.src)?) {
             let mapped = map_file(&job.src)?;
-            match classify_binary(&mapped) {
-                BinaryKind::Fat => return self.offload(index, job, mapped),
-                BinaryKind::Offloaded if job.database.is_none() => {
-                    let n = copy_file(&job.src, &job.dst, job.mode)?;
-                    return Ok(Done {
-                        outcome: Outcome::AlreadyOffloaded,
-                        bytes_out: n,
-                    });
-                }
-                BinaryKind::LinkInput if job.database.is_none() => {
-                    let note = carries_device_code(&mapped).then(|| {
+            let unchanged = |outcome| -> Result<Done> {
+                let bytes_out = copy_file(&job.src, &job.dst, job.mode)?;
+                Ok(Done { outcome, bytes_out })
+            };
+            match classify(&mapped) {
+                // Device code with something wrong: offloading reports what.
+                Class::Fat | Class::Inconsistent(_) => return self.offload(index, job, mapped),
+                _ if job.database.is_some() => {}
+                Class::Offloaded => return unchanged(Outcome::AlreadyOffloaded),
+                Class::DebugOnly => return unchanged(Outcome::DebugOnly),
+                Class::Relocatable { device_code } => {
+                    let note = device_code.then(|| {
                         format!(
                             "{}: a link input (relocatable object) with device code: copied unchanged",
                             job.src.display()
                         )
                     });
-                    let n = copy_file(&job.src, &job.dst, job.mode)?;
-                    return Ok(Done {
-                        outcome: Outcome::LinkInput { note },
-                        bytes_out: n,
-                    });
+                    return unchanged(Outcome::LinkInput { note });
                 }
+                Class::StaticArchive => return unchanged(Outcome::LinkInput { note: None }),
                 _ => {}
             }
         }
@@ -424,26 +425,11 @@ fn refs(kept: Vec<Kept>, input: Mapped, spill: Option<PathBuf>) -> Result<Vec<Co
     Ok(code_objects)
 }
 
-/// Could this file be an ELF file or a static archive? (Reads 8 bytes.)
-fn maybe_binary(path: &Path) -> Result<bool> {
-    let mut head = [0u8; 8];
-    let mut f = File::open(path).map_err(|e| ArtifactError::io(path, e))?;
-    let mut n = 0;
-    while n < head.len() {
-        match f
-            .read(&mut head[n..])
-            .map_err(|e| ArtifactError::io(path, e))?
-        {
-            0 => break,
-            k => n += k,
-        }
-    }
-    Ok(head[..n].starts_with(b"\x7fELF") || head[..n].starts_with(b"!<arch>\n"))
-}
-
-fn carries_device_code(bytes: &[u8]) -> bool {
-    ElfView::parse(bytes)
-        .ok()
-        .and_then(|e| e.section(FATBIN_SECTION).ok().flatten())
-        .is_some()
+/// The first 8 bytes of a file (fewer if it is shorter).
+fn read_head(path: &Path) -> Result<Vec<u8>> {
+    let mut head = Vec::with_capacity(8);
+    File::open(path)
+        .and_then(|f| f.take(8).read_to_end(&mut head))
+        .map_err(|e| ArtifactError::io(path, e))?;
+    Ok(head)
 }

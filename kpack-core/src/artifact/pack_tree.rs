@@ -66,6 +66,8 @@ pub struct PackTreeSummary {
     pub binaries: usize,
     pub wrappers: usize,
     pub already_offloaded: usize,
+    /// Debug-info files (`objcopy --only-keep-debug`), copied as they are.
+    pub debug_only: usize,
     pub link_inputs: usize,
     pub code_objects: usize,
     /// Code objects of targets left out by `gfx_arches`.
@@ -262,6 +264,14 @@ fn record_outcomes<'d>(
                 s.code_objects += b.code_objects.len();
                 s.dropped_code_objects += b.dropped;
                 binaries.push(b.as_ref());
+            }
+            Outcome::DebugOnly => {
+                s.debug_only += 1;
+                let msg = format!(
+                    "{}: a debug-info file (NOBITS .hip_fatbin): copied as it is",
+                    job.src.display()
+                );
+                note(s, observer, msg);
             }
             Outcome::AlreadyOffloaded => {
                 s.already_offloaded += 1;

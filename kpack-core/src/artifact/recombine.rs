@@ -26,7 +26,7 @@ use super::tree::{
     copy_file, copy_symlink, copy_tree, make_dirs, same_bytes, scan, tree_bytes, Node, NodeKind,
 };
 use super::{leftover_removed, ArtifactError, Observer, Result};
-use crate::elf::{ElfView, FATBIN_SECTION};
+use crate::binary::{classify, Class};
 use crate::input::map_file;
 use crate::offload::verify_file;
 use crate::output::StagedDir;
@@ -650,12 +650,9 @@ fn compare(a: &Path, b: &Path, offloaded_by_metadata: bool) -> Result<Vec<String
 
 /// The HIPK metadata and wrapper count of an offloaded binary.
 fn offloaded(path: &Path) -> Option<(Vec<u8>, usize)> {
-    let m = map_file(path).ok()?;
-    let elf = ElfView::parse(&m).ok()?;
-    if !elf.section(FATBIN_SECTION).ok()??.is_nobits() {
+    if classify(&map_file(path).ok()?) != Class::Offloaded {
         return None;
     }
-    drop(m);
     let v = verify_file(path).ok()?;
     Some((v.metadata.encode(), v.co_indices.len()))
 }

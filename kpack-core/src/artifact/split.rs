@@ -128,6 +128,8 @@ pub struct ArtifactSummary {
     pub binaries: usize,
     pub wrappers: usize,
     pub already_offloaded: usize,
+    /// Debug-info files (`objcopy --only-keep-debug`), copied as they are.
+    pub debug_only: usize,
     pub link_inputs: usize,
     pub code_objects: usize,
     pub database_files: usize,
@@ -658,6 +660,14 @@ fn record_outcomes<'d>(
                 a.wrappers += b.wrappers;
                 a.code_objects += b.code_objects.len();
                 binaries.push(b.as_ref());
+            }
+            Outcome::DebugOnly => {
+                a.debug_only += 1;
+                let msg = format!(
+                    "{}: a debug-info file (NOBITS .hip_fatbin): copied as it is",
+                    job.src.display()
+                );
+                note(a, observer, msg);
             }
             Outcome::AlreadyOffloaded => {
                 a.already_offloaded += 1;

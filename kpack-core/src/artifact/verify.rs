@@ -32,15 +32,13 @@ use super::manifest::{read_manifest, OutputName, Suffix, MANIFEST};
 use super::tree::{copy_symlink, make_dirs, rel_string, scan, Node, NodeKind};
 use super::{ArtifactError, Observer, Result};
 use crate::archive::Archive;
-use crate::elf::{ElfView, FATBIN_SECTION};
+use crate::binary::{classify, Class};
+use crate::elf::FATBIN_SECTION;
 use crate::input::map_file;
 use crate::loader::{Config, Loader};
 use crate::offload::verify_file;
 use crate::output;
 use crate::target::TargetId;
-
-/// EM_AMDGPU: device code objects are ELF files too.
-const EM_AMDGPU: u16 = 224;
 
 #[derive(Debug, Clone, Default)]
 pub struct VerifyOptions {
@@ -511,20 +509,17 @@ fn check_generic_file(a: &Artifact, p: &str, n: &Node) -> (Option<Binary>, Vec<S
         bad.push(format!("{shown}: a .kpack archive in a generic artifact"));
         return (None, bad);
     }
-    if !mapped.starts_with(b"\x7fELF") {
-        return (None, bad);
-    }
-    let Ok(elf) = ElfView::parse(&mapped) else {
-        return (None, bad);
-    };
-    let Ok(Some(section)) = elf.section(FATBIN_SECTION) else {
-        return (None, bad);
-    };
-    if !section.is_nobits() {
-        bad.push(format!(
-            "{shown}: still carries device code (PROGBITS {FATBIN_SECTION}): not offloaded"
-        ));
-        return (None, bad);
+    match classify(&mapped) {
+        Class::Fat => {
+            bad.push(format!(
+                "{shown}: still carries device code (PROGBITS {FATBIN_SECTION}): not offloaded"
+            ));
+            return (None, bad);
+        }
+        Class::Offloaded | Class::Inconsistent(_) => {}
+        // Debug-info files (TheRock's `*_dbg` artifacts) have no device
+        // code to offload; anything else is not a binary to check.
+        _ => return (None, bad),
     }
     drop(mapped);
     match verify_file(&path) {
@@ -622,27 +617,21 @@ fn check_device_entry(
         }
         return f;
     }
-    if is_file {
-        if let Ok(m) = map_file(&path) {
-            if let Ok(elf) = ElfView::parse(&m) {
-                if elf.machine() != EM_AMDGPU {
-                    f.bad.push(format!(
-                        "{shown}: a host binary in a per-target artifact (only archives and database files belong there)"
-                    ));
-                    return f;
-                }
-            }
-        }
-    }
+    // A file a database handler claims is a database file, whatever it
+    // holds (MIOpen's per-target CK libraries are host libraries).
     let claim = Database::ALL.iter().find_map(|d| match d.claim(&rel) {
         Claim::No => None,
         c => Some(c),
     });
+    let host_code = || is_file && map_file(&path).is_ok_and(|m| classify(&m).is_host_code());
     match claim {
         Some(Claim::Target(t)) if allowed(&t) => f.database = true,
         Some(Claim::Target(t)) => f.bad.push(format!(
             "{shown}: a database file of {t}, which does not belong in {}",
             a.name
+        )),
+        _ if host_code() => f.bad.push(format!(
+            "{shown}: a host binary in a per-target artifact (only archives and database files belong there)"
         )),
         _ => f.bad.push(format!(
             "{shown}: neither a .kpack archive nor a database file of a target: does not belong in a per-target artifact"

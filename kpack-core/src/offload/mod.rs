@@ -263,6 +263,12 @@ fn pass_through(input: &Path, bytes: &[u8]) -> Result<Option<(Outcome, &'static 
         ),
         Class::Inconsistent(why) => return Err(request(input, why)),
         Class::HostOnly => return Err(transform_error(input, TransformError::NotFat)),
+        Class::CodeObject => {
+            return Err(request(
+                input,
+                "an AMDGPU code object (device code on its own), not a host binary",
+            ))
+        }
         Class::Bundle | Class::Archive | Class::Other => {
             return Err(HostBinary::parse(bytes).err().map_or_else(
                 || request(input, "not a host binary"),
@@ -393,30 +399,6 @@ pub fn rewrite(
         what: format!("internal error: the rewritten binary fails verification: {e}"),
     })?;
     Ok(t)
-}
-
-/// Is this file a fat binary kpack can offload, one already offloaded, or
-/// something else? (A view of [`crate::binary::classify`] for the artifact
-/// pipeline.)
-pub fn classify_binary(bytes: &[u8]) -> BinaryKind {
-    match classify(bytes) {
-        // Device code with something wrong: offloading it reports what.
-        Class::Fat | Class::Inconsistent(_) => BinaryKind::Fat,
-        Class::Offloaded => BinaryKind::Offloaded,
-        Class::Relocatable { .. } | Class::StaticArchive => BinaryKind::LinkInput,
-        Class::DebugOnly => BinaryKind::DebugOnly,
-        Class::HostOnly | Class::Bundle | Class::Archive | Class::Other => BinaryKind::Other,
-    }
-}
-
-/// See [`classify_binary`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BinaryKind {
-    Fat,
-    Offloaded,
-    LinkInput,
-    DebugOnly,
-    Other,
 }
 
 fn same_file(a: &Path, b: &Path) -> bool {
