@@ -301,3 +301,78 @@ pub fn dir_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
     v.sort();
     v
 }
+
+/// eu-elflint's complaints, without the file name.
+pub fn elflint(path: &Path) -> BTreeSet<String> {
+    let out = Command::new("eu-elflint")
+        .arg("--gnu-ld")
+        .arg(path)
+        .output()
+        .expect("eu-elflint (elfutils)");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .chain(String::from_utf8_lossy(&out.stderr).lines())
+        .map(|l| l.split_once(": ").map_or(l, |x| x.1).to_string())
+        .filter(|l| l != "No errors")
+        .collect()
+}
+
+/// eu-elflint reports nothing new compared with the original, readelf
+/// reads every header quietly, and `kpack verify-elf` accepts the result.
+pub fn assert_tools_accept(original: &Path, rewritten: &Path) {
+    let before = elflint(original);
+    let after = elflint(rewritten);
+    let new: Vec<_> = after.difference(&before).collect();
+    assert!(
+        new.is_empty(),
+        "{}: eu-elflint reports new problems: {new:?}",
+        rewritten.display()
+    );
+    let out = Command::new("readelf")
+        .arg("-a")
+        .arg("-W")
+        .arg(rewritten)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.trim().is_empty(),
+        "{}: readelf complains: {err}",
+        rewritten.display()
+    );
+    kpack_ok(&[&"verify-elf", &rewritten]);
+}
+
+/// One wrapper as the stand-in HIP runtime saw it (a line of its log:
+/// magic, version, reserved1, the bytes at the wrapper's pointer).
+pub struct Registered {
+    pub magic: u32,
+    pub version: u32,
+    pub co_index: u64,
+    pub metadata: kpack_core::hipk::HipkMetadata,
+}
+
+/// The wrappers logged by the stand-in HIP runtime (`integration/hip`'s
+/// `hipstub.c`, the tests' LD_PRELOAD shim) to `log`; each pointer must
+/// reach HIPK metadata.
+pub fn read_registrations(log: &Path) -> Vec<Registered> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let p: Vec<&str> = l.split(' ').collect();
+            let hex = p[3];
+            let bytes: Vec<u8> = (0..hex.len() / 2)
+                .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+                .collect();
+            Registered {
+                magic: u32::from_str_radix(p[0], 16).unwrap(),
+                version: p[1].parse().unwrap(),
+                co_index: p[2].parse().unwrap(),
+                metadata: kpack_core::hipk::HipkMetadata::decode(&bytes)
+                    .expect("wrapper points at HIPK metadata"),
+            }
+        })
+        .collect()
+}

@@ -3,13 +3,12 @@
 //! (through the HIPK metadata and the archives) to exactly the code objects
 //! clang-offload-bundler extracts from the original.
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
 use kpack_core::archive::Archive;
-use kpack_core::hipk::{HipkMetadata, HIPK_MAGIC};
+use kpack_core::hipk::HIPK_MAGIC;
 use kpack_e2e::*;
 use serde_json::Value;
 
@@ -43,46 +42,6 @@ fn offload_to(input: &Path, dir: tempfile::TempDir) -> Offloaded {
 
 fn offload(input: &Path) -> Offloaded {
     offload_to(input, tempfile::tempdir().unwrap())
-}
-
-/// eu-elflint's complaints, without the file name.
-fn elflint(path: &Path) -> BTreeSet<String> {
-    let out = Command::new("eu-elflint")
-        .arg("--gnu-ld")
-        .arg(path)
-        .output()
-        .expect("eu-elflint (elfutils)");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .chain(String::from_utf8_lossy(&out.stderr).lines())
-        .map(|l| l.split_once(": ").map_or(l, |x| x.1).to_string())
-        .filter(|l| l != "No errors")
-        .collect()
-}
-
-fn assert_tools_accept(original: &Path, rewritten: &Path) {
-    let before = elflint(original);
-    let after = elflint(rewritten);
-    let new: Vec<_> = after.difference(&before).collect();
-    assert!(
-        new.is_empty(),
-        "{}: eu-elflint reports new problems: {new:?}",
-        rewritten.display()
-    );
-    let out = Command::new("readelf")
-        .arg("-a")
-        .arg("-W")
-        .arg(rewritten)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.trim().is_empty(),
-        "{}: readelf complains: {err}",
-        rewritten.display()
-    );
-    kpack_ok(&[&"verify-elf", &rewritten]);
 }
 
 /// Runs the host code of a fixture (through dlcheck for a library), with
@@ -156,13 +115,6 @@ void __hipRegisterTexture(void) {}
     .clone()
 }
 
-struct Registered {
-    magic: u32,
-    version: u32,
-    co_index: u64,
-    metadata: HipkMetadata,
-}
-
 fn registered(f: &Fixture, binary: &Path) -> Vec<Registered> {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
@@ -175,23 +127,7 @@ fn registered(f: &Fixture, binary: &Path) -> Vec<Registered> {
     if let Some(check) = &f.host_check {
         assert_eq!(out, check.value.to_string(), "{}: host code result", f.name);
     }
-    std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| {
-            let p: Vec<&str> = l.split(' ').collect();
-            let hex = p[3];
-            let bytes: Vec<u8> = (0..hex.len() / 2)
-                .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
-                .collect();
-            Registered {
-                magic: u32::from_str_radix(p[0], 16).unwrap(),
-                version: p[1].parse().unwrap(),
-                co_index: p[2].parse().unwrap(),
-                metadata: HipkMetadata::decode(&bytes).expect("wrapper points at HIPK metadata"),
-            }
-        })
-        .collect()
+    read_registrations(&log)
 }
 
 /// Everything the issue asks of one offloaded fixture.

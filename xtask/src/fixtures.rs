@@ -14,7 +14,7 @@ use std::path::Path;
 use std::borrow::Cow;
 
 use anyhow::{bail, Context, Result};
-use kpack_testkit::manifest::{self, Entry, HostCheck, Kind, Manifest};
+use kpack_testkit::manifest::{self, Entry, Host, HostCheck, Kind, Manifest};
 use kpack_testkit::shards;
 use xshell::{cmd, Shell};
 
@@ -59,6 +59,9 @@ pub struct Fixture {
     /// Shared libraries: `DT_SONAME`, if not the file name.
     pub soname: Option<&'static str>,
     pub kind: Kind,
+    /// What the host code is built for (foreign hosts: compiled by clang,
+    /// linked by the host's GNU toolchain, see [`Fixture::cross_commands`]).
+    pub host: Host,
     /// Offload target IDs; every bundle holds exactly these.
     pub targets: &'static [&'static str],
     pub build: Build,
@@ -93,6 +96,7 @@ pub const FIXTURES: &[Fixture] = &[
         name: "libvadd.so",
         soname: None,
         kind: Kind::Shared,
+        host: Host::X86_64Linux,
         targets: &["gfx1100", "gfx1101", "gfx942"],
         build: Build::Single {
             sources: &["vadd.hip"],
@@ -109,6 +113,7 @@ pub const FIXTURES: &[Fixture] = &[
         name: "vadd_pie",
         soname: None,
         kind: Kind::Pie,
+        host: Host::X86_64Linux,
         targets: &["gfx1100", "gfx942"],
         build: Build::Single {
             sources: &["vadd.hip", "vadd_main.cpp"],
@@ -125,6 +130,7 @@ pub const FIXTURES: &[Fixture] = &[
         name: "vadd_nopie",
         soname: None,
         kind: Kind::Exec,
+        host: Host::X86_64Linux,
         targets: &["gfx1100", "gfx942"],
         build: Build::Single {
             sources: &["vadd.hip", "vadd_main.cpp"],
@@ -141,6 +147,7 @@ pub const FIXTURES: &[Fixture] = &[
         name: "libvadd_compressed.so",
         soname: None,
         kind: Kind::Shared,
+        host: Host::X86_64Linux,
         targets: &["gfx1100", "gfx1101", "gfx942"],
         build: Build::Single {
             sources: &["vadd.hip"],
@@ -157,6 +164,7 @@ pub const FIXTURES: &[Fixture] = &[
         name: "librdc.so",
         soname: None,
         kind: Kind::Shared,
+        host: Host::X86_64Linux,
         targets: &["gfx1100", "gfx942"],
         build: Build::Single {
             sources: &["rdc_a.hip", "rdc_b.hip", "rdc_c.hip"],
@@ -173,6 +181,7 @@ pub const FIXTURES: &[Fixture] = &[
         name: "libmulti.so",
         soname: None,
         kind: Kind::Shared,
+        host: Host::X86_64Linux,
         targets: &["gfx1100", "gfx942"],
         build: Build::PerObject {
             units: &[
@@ -205,6 +214,7 @@ pub const FIXTURES: &[Fixture] = &[
         name: "libwide.so",
         soname: None,
         kind: Kind::Shared,
+        host: Host::X86_64Linux,
         targets: &[
             "gfx900",
             "gfx906",
@@ -230,6 +240,7 @@ pub const FIXTURES: &[Fixture] = &[
         name: "libvadd_relr.so",
         soname: None,
         kind: Kind::Shared,
+        host: Host::X86_64Linux,
         targets: &["gfx1100", "gfx942"],
         build: Build::Single {
             sources: &["vadd.hip"],
@@ -246,6 +257,7 @@ pub const FIXTURES: &[Fixture] = &[
         name: "libhostonly.so",
         soname: None,
         kind: Kind::Shared,
+        host: Host::X86_64Linux,
         targets: &[],
         build: Build::Single {
             sources: &["hostonly.cpp"],
@@ -260,6 +272,93 @@ pub const FIXTURES: &[Fixture] = &[
     },
 ];
 
+/// Targets of the large foreign fixtures: twelve code objects per unit,
+/// so that `.hip_fatbin` spans several whole 64 KiB pages.
+const MANY_TARGETS: &[&str] = &[
+    "gfx900", "gfx906", "gfx908", "gfx90a", "gfx942", "gfx1030", "gfx1100", "gfx1101", "gfx1102",
+    "gfx1151", "gfx1200", "gfx1201",
+];
+
+const FOUR_UNITS: &[Unit] = &[
+    Unit {
+        source: "vadd.hip",
+        compress: false,
+    },
+    Unit {
+        source: "stencil.hip",
+        compress: false,
+    },
+    Unit {
+        source: "histogram.hip",
+        compress: false,
+    },
+    Unit {
+        source: "reduce.hip",
+        compress: false,
+    },
+];
+
+/// The fixtures of one foreign host (AArch64, ppc64le): a small library,
+/// a large one whose `.hip_fatbin` spans several 64 KiB pages (GNU ld's
+/// segment alignment there) without starting on one, and a PIE executable
+/// with the stand-in HIP runtime linked in. Names are `<host dir>/<file>`.
+pub fn foreign_fixtures(host: Host) -> Vec<Fixture> {
+    let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+    let d = host.dir();
+    let lib = |file: &'static str, targets, units, bundles, description| Fixture {
+        name: leak(format!("{d}/{file}")),
+        soname: Some(file),
+        kind: Kind::Shared,
+        host,
+        targets,
+        build: Build::PerObject { units },
+        bundles,
+        wrappers: bundles,
+        compressed_bundles: 0,
+        relr: false,
+        host_check: VADD_CHECK,
+        description,
+    };
+    vec![
+        lib(
+            "libvadd.so",
+            &["gfx1100", "gfx942"],
+            &FOUR_UNITS[..1],
+            1,
+            "linked by GNU ld: .hip_fatbin smaller than a 64 KiB page",
+        ),
+        lib(
+            "libbig.so",
+            MANY_TARGETS,
+            FOUR_UNITS,
+            4,
+            "linked by GNU ld: four bundles of twelve targets over several 64 KiB pages",
+        ),
+        Fixture {
+            name: leak(format!("{d}/vadd_pie")),
+            soname: None,
+            kind: Kind::Pie,
+            host,
+            targets: &["gfx1100", "gfx942"],
+            build: Build::Single {
+                sources: &["vadd.hip", "vadd_main.cpp", "hipstub.c"],
+                flags: &[],
+            },
+            bundles: 1,
+            wrappers: 1,
+            compressed_bundles: 0,
+            relr: false,
+            host_check: None,
+            description: "PIE executable with the stand-in HIP runtime linked in",
+        },
+    ]
+}
+
+/// Hosts other than this machine's.
+pub fn foreign_hosts() -> impl Iterator<Item = Host> {
+    Host::ALL.into_iter().filter(|h| !h.is_native())
+}
+
 /// How the fat binaries of each shard of the pipeline tests' tree
 /// ([`shards::FAT_BINARIES`]: the file names are the contract) are built,
 /// for the shard's targets.
@@ -268,6 +367,7 @@ fn shard_fixture(file: &str, targets: &'static [&'static str]) -> Fixture {
         name,
         soname: Some(soname),
         kind: Kind::Shared,
+        host: Host::X86_64Linux,
         targets,
         build,
         bundles: 1,
@@ -343,6 +443,7 @@ pub const SAMPLE: Fixture = Fixture {
     name: "libkpack_sample.so",
     soname: None,
     kind: Kind::Shared,
+    host: Host::X86_64Linux,
     targets: &["gfx1100", "gfx942"],
     build: Build::Single {
         sources: &["sample.hip"],
@@ -373,6 +474,9 @@ impl Fixture {
     /// The commands that build the fixture into `out_dir` (relative to the
     /// workspace root, where they run), in order.
     pub fn commands(&self, out_dir: &str) -> Vec<Vec<String>> {
+        if !self.host.is_native() {
+            return self.cross_commands(out_dir);
+        }
         let output = format!("{out_dir}/{}", self.name);
         match &self.build {
             Build::Single { sources, flags } => {
@@ -418,11 +522,60 @@ impl Fixture {
         }
     }
 
+    /// A foreign host's build: clang-19 compiles each source for the
+    /// host's triple (C sources: the host's gcc), the host's gcc (GNU ld)
+    /// links.
+    fn cross_commands(&self, out_dir: &str) -> Vec<Vec<String>> {
+        let host = self.host;
+        let obj_dir = format!("{out_dir}/obj/{}", self.name);
+        let target = format!("--target={}", host.triple());
+        let mut link = vec![host.tool("gcc")];
+        let mut commands = Vec::new();
+        let (sources, flags): (Vec<&str>, &[&str]) = match &self.build {
+            Build::Single { sources, flags } => (sources.to_vec(), flags),
+            Build::PerObject { units } => (units.iter().map(|u| u.source).collect(), &[]),
+        };
+        for source in sources {
+            let (stem, ext) = source.rsplit_once('.').expect("sources have extensions");
+            let object = format!("{obj_dir}/{stem}.o");
+            let mut c = if ext == "c" {
+                vec![host.tool("gcc")]
+            } else {
+                strings(&[CLANGXX, &target])
+            };
+            c.extend(strings(COMMON_FLAGS));
+            c.extend(strings(self.code_model()));
+            if ext == "hip" {
+                c.extend(self.offload_flags());
+            }
+            c.extend(strings(flags));
+            c.extend(strings(&["-c", "-o", &object]));
+            if ext != "c" {
+                c.extend(strings(&["-x", if ext == "hip" { "hip" } else { "c++" }]));
+            }
+            c.push(hip_path(source));
+            commands.push(c);
+            link.push(object);
+        }
+        match self.kind {
+            Kind::Shared => link.extend([
+                "-shared".into(),
+                format!("-Wl,-soname,{}", self.soname.unwrap_or(self.name)),
+            ]),
+            Kind::Pie => link.push("-pie".into()),
+            Kind::Exec => link.push("-no-pie".into()),
+        }
+        link.extend(strings(&["-o", &format!("{out_dir}/{}", self.name)]));
+        commands.push(link);
+        commands
+    }
+
     /// The checked properties, in one line.
     fn expectation(&self) -> String {
         format!(
-            "kind={} targets={} bundles={} wrappers={} compressed={} relr={} host_check={}",
+            "kind={} host={:?} targets={} bundles={} wrappers={} compressed={} relr={} host_check={}",
             self.kind.as_str(),
+            self.host,
             self.targets.join(","),
             self.bundles,
             self.wrappers,
@@ -524,6 +677,24 @@ impl Job {
         }
     }
 
+    /// A foreign host's loader: dlopen()s a library, calls `int SYMBOL(void)`
+    /// and stands in for the HIP runtime (`hipstub.c`).
+    fn crossload(host: Host) -> Job {
+        let output = format!("{FIXTURES_DIR}/{}", host.loader());
+        let sources = [hip_path("crossload.c"), hip_path("hipstub.c")];
+        let mut c = vec![host.tool("gcc")];
+        c.extend(strings(&["-O2", "-Wall", "-rdynamic", "-o", &output]));
+        c.extend(sources.iter().cloned());
+        c.push("-ldl".into());
+        Job {
+            name: host.loader(),
+            inputs: sources.to_vec(),
+            commands: vec![c],
+            output,
+            expect: String::new(),
+        }
+    }
+
     /// Stamp text without the output hash: compiler, inputs, commands.
     fn recipe(&self, sh: &Shell, compiler: &str, headers: &[String]) -> Result<String> {
         let mut s = format!("compiler {compiler}\nexpect {}\n", self.expect);
@@ -581,13 +752,26 @@ pub fn build_all(sh: &Shell, root: &Path, force: bool) -> Result<()> {
         force,
         |_| Ok(()),
     )?;
-    let dlcheck_path = root.join(&dlcheck.output);
+    let fixtures_dir = root.join(FIXTURES_DIR);
+    for host in foreign_hosts() {
+        let job = Job::crossload(host);
+        build_job(sh, &job, &compiler, &headers, &stamps, force, |_| Ok(()))?;
+    }
 
     let mut summary = Vec::new();
     for fixture in FIXTURES {
         let job = Job::for_fixture(fixture, FIXTURES_DIR, fixture.name.to_owned());
         let outcome = build_job(sh, &job, &compiler, &headers, &stamps, force, |path| {
-            verify::check(sh, &root.join(path), fixture, &dlcheck_path)
+            verify::check(sh, &root.join(path), fixture, &fixtures_dir)
+        })?;
+        let size = std::fs::metadata(root.join(&job.output))?.len();
+        summary.push((fixture.name.to_owned(), fixture, outcome, size));
+    }
+    let foreign: Vec<Fixture> = foreign_hosts().flat_map(foreign_fixtures).collect();
+    for fixture in &foreign {
+        let job = Job::for_fixture(fixture, FIXTURES_DIR, fixture.name.to_owned());
+        let outcome = build_job(sh, &job, &compiler, &headers, &stamps, force, |path| {
+            verify::check(sh, &root.join(path), fixture, &fixtures_dir)
         })?;
         let size = std::fs::metadata(root.join(&job.output))?.len();
         summary.push((fixture.name.to_owned(), fixture, outcome, size));
@@ -597,7 +781,7 @@ pub fn build_all(sh: &Shell, root: &Path, force: bool) -> Result<()> {
         let name = format!("{shard}/{}", fixture.name);
         let job = Job::for_fixture(fixture, &format!("{FIXTURES_DIR}/{shard}"), name.clone());
         let outcome = build_job(sh, &job, &compiler, &headers, &stamps, force, |path| {
-            verify::check(sh, &root.join(path), fixture, &dlcheck_path)
+            verify::check(sh, &root.join(path), fixture, &fixtures_dir)
         })?;
         let size = std::fs::metadata(root.join(&job.output))?.len();
         summary.push((name, fixture, outcome, size));
@@ -617,8 +801,7 @@ pub fn refresh_sample(sh: &Shell, root: &Path) -> Result<()> {
     let job = Job::for_fixture(&SAMPLE, SAMPLE_DIR, SAMPLE.name.to_owned());
     job.run(sh)?;
     let path = root.join(&job.output);
-    let dlcheck = root.join(FIXTURES_DIR).join(DLCHECK);
-    verify::check(sh, &path, &SAMPLE, &dlcheck)?;
+    verify::check(sh, &path, &SAMPLE, &root.join(FIXTURES_DIR))?;
     let size = std::fs::metadata(&path)?.len();
     if size > SAMPLE_MAX_BYTES {
         bail!(
@@ -711,6 +894,7 @@ impl Fixture {
             host_check: self.host_check.clone(),
             sources: self.sources(),
             description: self.description.to_owned(),
+            host: self.host,
         }
     }
 }
@@ -726,6 +910,10 @@ pub fn fixtures_manifest() -> Manifest {
         shard_binaries: shard_fixtures()
             .iter()
             .map(|(shard, f)| f.entry(format!("{shard}/{}", f.name)))
+            .collect(),
+        foreign: foreign_hosts()
+            .flat_map(foreign_fixtures)
+            .map(|f| f.entry(f.name.to_owned()))
             .collect(),
     }
 }

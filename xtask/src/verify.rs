@@ -9,7 +9,7 @@ use anyhow::{bail, ensure, Context, Result};
 use object::elf::{ET_DYN, ET_EXEC};
 use object::read::elf::{ElfFile64, FileHeader};
 use object::{Endianness, Object, ObjectSection};
-use xshell::{cmd, Shell};
+use xshell::Shell;
 
 use kpack_testkit::manifest::Kind;
 use kpack_testkit::oracle::{bundler_triples, split_bundles, target_of};
@@ -20,7 +20,10 @@ const CCOB_MAGIC: &[u8] = b"CCOB";
 /// Size of one `__CudaFatBinaryWrapper` in `.hipFatBinSegment`.
 const WRAPPER_SIZE: u64 = 24;
 
-pub fn check(sh: &Shell, path: &Path, fixture: &Fixture, dlcheck: &Path) -> Result<()> {
+/// Check the fixture at `path`; its host code runs through the loader of
+/// its host in `fixtures_dir` (`dlcheck`, or `<host>/crossload` under
+/// qemu-user).
+pub fn check(sh: &Shell, path: &Path, fixture: &Fixture, fixtures_dir: &Path) -> Result<()> {
     let data = sh.read_binary_file(path)?;
     let elf = ElfFile64::<Endianness>::parse(&*data).context("not a 64-bit ELF file")?;
 
@@ -87,12 +90,24 @@ pub fn check(sh: &Shell, path: &Path, fixture: &Fixture, dlcheck: &Path) -> Resu
         fixture.relr
     );
 
+    ensure!(
+        elf.elf_header().e_machine(elf.endian()) == fixture.host.e_machine(),
+        "machine {}, expected {:?}",
+        elf.elf_header().e_machine(elf.endian()),
+        fixture.host
+    );
+    let host = fixture.host;
     match (fixture.kind, &fixture.host_check) {
-        (Kind::Pie | Kind::Exec, _) => cmd!(sh, "{path}").quiet().run()?,
+        (Kind::Pie | Kind::Exec, _) => {
+            run(host.command(path))?;
+        }
         (Kind::Shared, Some(check)) => {
             let symbol = &*check.symbol;
-            let out = cmd!(sh, "{dlcheck} {path} {symbol}").quiet().read()?;
-            let value: i32 = out.trim().parse().context("dlcheck output")?;
+            let loader = fixtures_dir.join(host.loader());
+            let mut c = host.command(&loader);
+            c.arg(path).arg(symbol);
+            let out = run(c)?;
+            let value: i32 = out.trim().parse().context("loader output")?;
             ensure!(
                 value == check.value,
                 "{symbol}() returned {value}, expected {}",
@@ -102,4 +117,16 @@ pub fn check(sh: &Shell, path: &Path, fixture: &Fixture, dlcheck: &Path) -> Resu
         (Kind::Shared, None) => {}
     }
     Ok(())
+}
+
+/// Run a command; its stdout, or an error with its stderr.
+fn run(mut c: std::process::Command) -> Result<String> {
+    let out = c.output().with_context(|| format!("running {c:?}"))?;
+    ensure!(
+        out.status.success(),
+        "{c:?} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }

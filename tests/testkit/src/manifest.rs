@@ -33,6 +33,96 @@ impl Kind {
     }
 }
 
+/// The machine a fixture's host code is built for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Host {
+    /// x86-64 Linux (clang++-19 and lld-19): runs on this machine.
+    #[default]
+    X86_64Linux,
+    /// AArch64 Linux: clang-19 compiles, Debian's `aarch64-linux-gnu-gcc`
+    /// (GNU ld, 64 KiB segment alignment) links, `qemu-aarch64` runs.
+    Aarch64Linux,
+    /// Little-endian POWER Linux: clang-19 compiles,
+    /// `powerpc64le-linux-gnu-gcc` links, `qemu-ppc64le` runs.
+    Ppc64leLinux,
+}
+
+impl Host {
+    /// Every host, native first.
+    pub const ALL: [Host; 3] = [Host::X86_64Linux, Host::Aarch64Linux, Host::Ppc64leLinux];
+
+    /// The GNU triple (clang's `--target`, the cross tools' prefix).
+    pub fn triple(self) -> &'static str {
+        match self {
+            Host::X86_64Linux => "x86_64-linux-gnu",
+            Host::Aarch64Linux => "aarch64-linux-gnu",
+            Host::Ppc64leLinux => "powerpc64le-linux-gnu",
+        }
+    }
+
+    /// Short name, used as the fixtures' directory for foreign hosts.
+    pub fn dir(self) -> &'static str {
+        match self {
+            Host::X86_64Linux => "x86_64",
+            Host::Aarch64Linux => "aarch64",
+            Host::Ppc64leLinux => "ppc64le",
+        }
+    }
+
+    pub fn is_native(self) -> bool {
+        self == Host::X86_64Linux
+    }
+
+    /// `e_machine` of its ELF files.
+    pub fn e_machine(self) -> u16 {
+        match self {
+            Host::X86_64Linux => 62,
+            Host::Aarch64Linux => 183,
+            Host::Ppc64leLinux => 21,
+        }
+    }
+
+    /// A cross tool of this host's binutils/gcc (`strip`, `objcopy`,
+    /// `gcc`...), or the native one.
+    pub fn tool(self, name: &str) -> String {
+        if self.is_native() {
+            name.to_owned()
+        } else {
+            format!("{}-{name}", self.triple())
+        }
+    }
+
+    /// The program (below the fixtures directory) that dlopen()s a library
+    /// built for this host and calls `int SYMBOL(void)`: `dlcheck` here,
+    /// `<dir>/crossload` elsewhere (with a stand-in for the HIP runtime's
+    /// registration that logs the wrappers to `$KPACK_SHIM_LOG`).
+    pub fn loader(self) -> String {
+        if self.is_native() {
+            "dlcheck".to_owned()
+        } else {
+            format!("{}/crossload", self.dir())
+        }
+    }
+
+    /// A command running `program` built for this host: directly here,
+    /// through qemu-user with the cross sysroot elsewhere.
+    pub fn command(self, program: &Path) -> std::process::Command {
+        if self.is_native() {
+            return std::process::Command::new(program);
+        }
+        let qemu = match self {
+            Host::Aarch64Linux => "qemu-aarch64",
+            _ => "qemu-ppc64le",
+        };
+        let mut c = std::process::Command::new(qemu);
+        c.arg("-L")
+            .arg(format!("/usr/{}", self.triple()))
+            .arg(program);
+        c
+    }
+}
+
 /// A host function `extern "C" int symbol(void)` of a library and the
 /// value it returns (called through the `dlcheck` helper).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,6 +156,9 @@ pub struct Entry {
     /// Sources, relative to the workspace root.
     pub sources: Vec<String>,
     pub description: String,
+    /// What the host code is built for.
+    #[serde(default)]
+    pub host: Host,
 }
 
 impl Entry {
@@ -92,6 +185,9 @@ pub struct Manifest {
     /// The fat binaries of the pipeline tests' shard tree
     /// ([`crate::shards`]), one directory per shard.
     pub shard_binaries: Vec<Entry>,
+    /// Fixtures for other hosts (AArch64, ppc64le), one directory per host
+    /// ([`Host::dir`]); their host code runs under qemu-user.
+    pub foreign: Vec<Entry>,
 }
 
 impl Manifest {
@@ -114,7 +210,10 @@ impl Manifest {
 
     /// Every entry, fixtures first.
     pub fn entries(&self) -> impl Iterator<Item = &Entry> {
-        self.fixtures.iter().chain(&self.shard_binaries)
+        self.fixtures
+            .iter()
+            .chain(&self.shard_binaries)
+            .chain(&self.foreign)
     }
 
     /// The entry named `name`, and its path below `dir`.
@@ -144,6 +243,7 @@ mod tests {
             }),
             sources: vec!["integration/hip/vadd.hip".into()],
             description: "d".into(),
+            host: Host::default(),
         }
     }
 
@@ -153,10 +253,15 @@ mod tests {
             dlcheck: "dlcheck".into(),
             fixtures: vec![entry("liba.so")],
             shard_binaries: vec![entry("s/libb.so.1")],
+            foreign: vec![Entry {
+                host: Host::Aarch64Linux,
+                ..entry("aarch64/libc.so")
+            }],
         };
         let json = m.to_json();
         assert_eq!(serde_json::from_str::<Manifest>(&json).unwrap(), m);
         assert!(json.contains("\"kind\": \"shared\""));
+        assert!(json.contains("\"host\": \"aarch64-linux\""));
         let extra = json.replacen("\"dlcheck\"", "\"extra\": 1, \"dlcheck\"", 1);
         assert!(serde_json::from_str::<Manifest>(&extra).is_err());
         assert_eq!(m.shard_binaries[0].file_name(), "libb.so.1");

@@ -154,8 +154,10 @@ pub fn bundler_unbundle(bundle: &Path, scratch: &Path) -> Result<Vec<(String, Ve
 /// (empty if there is no such section).
 pub fn objcopy_section(binary: &Path, section: &str, scratch: &Path) -> Result<Vec<u8>> {
     let out = scratch.join(format!("section{}.bin", section.replace('.', "_")));
+    // LLVM's objcopy reads ELF of every machine (GNU objcopy here only
+    // x86's).
     output(
-        Command::new("objcopy")
+        Command::new(llvm_bin().join("llvm-objcopy"))
             .args(["-O", "binary", "--only-section", section])
             .arg(binary)
             .arg(&out),

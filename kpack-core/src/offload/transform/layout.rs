@@ -373,7 +373,9 @@ fn segments(input: &Input, plan: &Plan, grow: usize) -> Result<Vec<ProgramHeader
 
 /// X1 (up to the end of the kept pages in the file, in memory up to the
 /// end of the removed pages) and, when X goes on after the removed pages,
-/// X2.
+/// X2. A part that holds no code is not executable (GNU ld puts
+/// `.hip_fatbin` in the text segment; after the split, one part may hold
+/// only data such as `.eh_frame`).
 fn split_x(input: &Input, plan: &Plan, grow: usize) -> Vec<ProgramHeader> {
     let x = input.x;
     let (x_off, x_vaddr) = (x.p_offset(LE), x.p_vaddr(LE));
@@ -391,7 +393,21 @@ fn split_x(input: &Input, plan: &Plan, grow: usize) -> Vec<ProgramHeader> {
         .set(LE, x.p_paddr(LE).wrapping_add(cut_addr_end - x_vaddr));
     x2.p_filesz.set(LE, x_off + x.p_filesz(LE) - plan.cut.end);
     x2.p_memsz.set(LE, x_vaddr + x.p_memsz(LE) - cut_addr_end);
+    for part in [&mut x1, &mut x2] {
+        let (start, end) = (part.p_vaddr(LE), part.p_vaddr(LE) + part.p_memsz(LE));
+        if !holds_code(&input.elf, start, end) {
+            part.p_flags.set(LE, part.p_flags(LE) & !elf::PF_X);
+        }
+    }
     vec![x1, x2]
+}
+
+/// Does an executable section lie in `[start, end)`?
+fn holds_code(elf: &ElfView, start: u64, end: u64) -> bool {
+    elf.shdrs().iter().any(|s| {
+        let (addr, size) = (s.sh_addr(LE), s.sh_size(LE));
+        s.sh_flags(LE) & u64::from(elf::SHF_EXECINSTR) != 0 && addr < end && addr + size > start
+    })
 }
 
 /// The new section headers (without the metadata's, appended later):
