@@ -489,7 +489,7 @@ mod make {
 fn regenerate_malformed_corpus() {
     use kpack_core::archive::Scheme;
     use kpack_core::elf::{Headers, SectionHeader, SHDR_SIZE};
-    use kpack_core::msgpack::{encode, Value};
+    use kpack_core::msgpack::{self, encode, Value};
     use make::*;
 
     let root = corpus();
@@ -686,11 +686,11 @@ fn regenerate_malformed_corpus() {
             &ntoc,
             "blobs",
             Some(Value::Array(vec![
-                Value::str_map([
+                msgpack::str_map([
                     ("offset", Value::from(64u64)),
                     ("size", Value::from(1u64 << 30)),
                 ]),
-                Value::str_map([("offset", Value::from(64u64)), ("size", Value::from(1u64))]),
+                msgpack::str_map([("offset", Value::from(64u64)), ("size", Value::from(1u64))]),
             ])),
         )),
     );
@@ -810,21 +810,21 @@ fn regenerate_malformed_corpus() {
     );
     w(
         "metadata/no-kernel-name.so",
-        &with_meta(&encode(&Value::str_map([(
+        &with_meta(&encode(&msgpack::str_map([(
             "kpack_search_paths",
             Value::Array(vec![Value::from("x".to_string())]),
         )]))),
     );
     w(
         "metadata/no-search-paths.so",
-        &with_meta(&encode(&Value::str_map([
+        &with_meta(&encode(&msgpack::str_map([
             ("kpack_search_paths", Value::Array(vec![])),
             ("kernel_name", Value::from("k".to_string())),
         ]))),
     );
     w(
         "metadata/kernel-name-not-str.so",
-        &with_meta(&encode(&Value::str_map([
+        &with_meta(&encode(&msgpack::str_map([
             (
                 "kpack_search_paths",
                 Value::Array(vec![Value::from("x".to_string())]),
@@ -834,7 +834,7 @@ fn regenerate_malformed_corpus() {
     );
     w(
         "metadata/search-path-not-str.so",
-        &with_meta(&encode(&Value::str_map([
+        &with_meta(&encode(&msgpack::str_map([
             ("kpack_search_paths", Value::Array(vec![Value::Nil])),
             ("kernel_name", Value::from("k".to_string())),
         ]))),

@@ -24,6 +24,7 @@
 //! default, SPEC §3).
 
 mod reader;
+mod toc;
 mod writer;
 
 use std::fmt;
