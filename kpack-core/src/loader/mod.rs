@@ -5,11 +5,16 @@
 //! This is the whole search logic of `kpack_load_code_object`, as a safe
 //! Rust API; the C API in `kpack-cxx` only checks pointers and maps errors.
 //!
-//! - [`Config`] holds the environment (`ROCM_KPACK_*`), read once.
-//! - [`Loader`] is the cache: archives are opened lazily, once, keyed by
-//!   canonical path, and shared between threads (`Loader` is `Send + Sync`).
-//! - [`discover_binary_path`] finds the file mapped at an address (Linux:
-//!   `/proc/self/maps`); [`find_mapping`] is its pure parser.
+//! - `config`: [`Config`] holds the environment (`ROCM_KPACK_*`), read
+//!   once.
+//! - this module: [`Loader`] is the cache: archives are opened lazily,
+//!   once, keyed by canonical path, and shared between threads (`Loader` is
+//!   `Send + Sync`); [`Loader::load_with`] runs SPEC §4's steps.
+//! - `search`: the candidate archive paths, the archive cache and the walk
+//!   over targets and candidates (steps 4 to 6).
+//! - `discover`: [`discover_binary_path`] finds the file mapped at an
+//!   address (Linux: `/proc/self/maps`); [`find_mapping`] is its pure
+//!   parser.
 //!
 //! Search order (SPEC §4 step 6): for each requested architecture in order,
 //! for each compatible target (most specific first), for each candidate
