@@ -725,23 +725,23 @@ mod tests {
     fn toc_offset_out_of_range() {
         let mut b = noop_bytes();
         let len = b.len() as u64;
-        b[8..16].copy_from_slice(&(len + 1).to_le_bytes());
+        bytes::put_u64(&mut b, 8, len + 1);
         assert!(matches!(
             open_err(b.clone()),
             ArchiveError::TocOffsetOutOfRange { toc_offset, file_len } if toc_offset == len + 1 && file_len == len
         ));
-        b[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+        bytes::put_u64(&mut b, 8, u64::MAX);
         assert!(matches!(
             open_err(b.clone()),
             ArchiveError::TocOffsetOutOfRange { .. }
         ));
-        b[8..16].copy_from_slice(&10u64.to_le_bytes());
+        bytes::put_u64(&mut b, 8, 10u64);
         assert!(matches!(
             open_err(b.clone()),
             ArchiveError::TocOffsetOutOfRange { toc_offset: 10, .. }
         ));
         // TOC offset at the very end: an empty TOC.
-        b[8..16].copy_from_slice(&len.to_le_bytes());
+        bytes::put_u64(&mut b, 8, len);
         assert!(matches!(
             open_err(b),
             ArchiveError::TocParse {
@@ -1087,7 +1087,7 @@ mod tests {
     fn frame_lengths_and_counts() {
         // frame_len of frame 1 runs past the blob: found on the first read.
         let mut b = zstd_bytes();
-        b[68 + 4 + 41..68 + 4 + 41 + 4].copy_from_slice(&1000u32.to_le_bytes());
+        bytes::put_u32(&mut b, 68 + 4 + 41, 1000);
         let a = Archive::from_bytes(b).unwrap();
         for _ in 0..2 {
             assert!(matches!(
@@ -1102,7 +1102,7 @@ mod tests {
         }
         // More frames claimed than the blob holds.
         let mut b = zstd_bytes();
-        b[64..68].copy_from_slice(&4u32.to_le_bytes());
+        bytes::put_u32(&mut b, 64, 4);
         let a = Archive::from_bytes(b).unwrap();
         assert!(matches!(
             a.kernel("lib/libhip.so#0", "gfx1100"),
@@ -1110,11 +1110,11 @@ mod tests {
         ));
         // Too many frames.
         let mut b = zstd_bytes();
-        b[64..68].copy_from_slice(&(MAX_FRAMES as u32 + 1).to_le_bytes());
+        bytes::put_u32(&mut b, 64, MAX_FRAMES as u32 + 1);
         assert!(matches!(open_err(b), ArchiveError::TooManyFrames { .. }));
         // Fewer frames than ordinals.
         let mut b = zstd_bytes();
-        b[64..68].copy_from_slice(&2u32.to_le_bytes());
+        bytes::put_u32(&mut b, 64, 2);
         assert!(matches!(
             open_err(b),
             ArchiveError::OrdinalOutOfRange {

@@ -486,7 +486,7 @@ mod tests {
         w.add("k#0", "gfx1100", vec![7u8; 4000], None).unwrap();
         w.add("k#1", "gfx1100", vec![8u8; 4000], None).unwrap();
         let mut bytes = w.to_vec().unwrap();
-        let len0 = u32::from_le_bytes(bytes[68..72].try_into().unwrap()) as usize;
+        let len0 = crate::bytes::u32_at(&bytes, 68).unwrap() as usize;
         bytes[72 + len0 - 1] ^= 0xff;
         std::fs::write(&bad, &bytes).unwrap();
         let bin = dir.path().join("x");
