@@ -532,4 +532,3 @@ impl Observer for Reporter {
         }
     }
 }
-
