@@ -7,6 +7,11 @@
 //! writes it byte for byte as the reference (Python `msgpack.packb(...,
 //! use_bin_type=True)`) does, [`HipkMetadata::decode`] accepts any key order.
 
+use std::io::Read;
+
+use serde::ser::{Serialize, SerializeMap, Serializer};
+
+use crate::bytes;
 use crate::msgpack::{self, DecodeError, Value};
 
 /// Wrapper magic of an inline fat binary: `"FPIH"` little-endian.
@@ -24,6 +29,8 @@ pub const MAX_METADATA_SIZE: usize = 64 * 1024;
 pub const KEY_SEARCH_PATHS: &str = "kpack_search_paths";
 /// Key of the kernel name in the metadata map.
 pub const KEY_KERNEL_NAME: &str = "kernel_name";
+/// Stands for a target ID in search paths (`lib_@GFXARCH@.kpack`).
+pub const GFXARCH: &str = "@GFXARCH@";
 
 /// One `__CudaFatBinaryWrapper` (24 bytes, little-endian).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,25 +48,23 @@ pub struct Wrapper {
 impl Wrapper {
     /// Decode a wrapper record. Any bytes are a wrapper; check
     /// [`Wrapper::is_hipf`] / [`Wrapper::is_hipk`].
-    pub fn parse(bytes: &[u8; WRAPPER_SIZE]) -> Wrapper {
-        let u32_at =
-            |o: usize| u32::from_le_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]]);
-        let u64_at = |o: usize| u64::from(u32_at(o)) | (u64::from(u32_at(o + 4)) << 32);
+    pub fn parse(b: &[u8; WRAPPER_SIZE]) -> Wrapper {
+        // Every field lies inside the 24 bytes: the reads cannot fail.
         Wrapper {
-            magic: u32_at(0),
-            version: u32_at(4),
-            binary: u64_at(8),
-            reserved1: u64_at(16),
+            magic: bytes::u32_at(b, 0).unwrap_or_default(),
+            version: bytes::u32_at(b, 4).unwrap_or_default(),
+            binary: bytes::u64_at(b, 8).unwrap_or_default(),
+            reserved1: bytes::u64_at(b, 16).unwrap_or_default(),
         }
     }
 
     /// Encode the wrapper record.
     pub fn to_bytes(&self) -> [u8; WRAPPER_SIZE] {
         let mut b = [0u8; WRAPPER_SIZE];
-        b[0..4].copy_from_slice(&self.magic.to_le_bytes());
-        b[4..8].copy_from_slice(&self.version.to_le_bytes());
-        b[8..16].copy_from_slice(&self.binary.to_le_bytes());
-        b[16..24].copy_from_slice(&self.reserved1.to_le_bytes());
+        bytes::put_u32(&mut b, 0, self.magic);
+        bytes::put_u32(&mut b, 4, self.version);
+        bytes::put_u64(&mut b, 8, self.binary);
+        bytes::put_u64(&mut b, 16, self.reserved1);
         b
     }
 
@@ -107,82 +112,90 @@ impl HipkMetadata {
     /// Encode as the reference does: keys `kpack_search_paths` then
     /// `kernel_name`.
     pub fn encode(&self) -> Vec<u8> {
-        msgpack::encode(&Value::str_map([
-            (
-                KEY_SEARCH_PATHS,
-                Value::Array(
-                    self.search_paths
-                        .iter()
-                        .map(|p| Value::from(p.as_str()))
-                        .collect(),
-                ),
-            ),
-            (KEY_KERNEL_NAME, Value::from(self.kernel_name.as_str())),
-        ]))
+        msgpack::to_vec(&Wire(self))
     }
 
     /// Decode metadata starting at `bytes[0]`. Only the first
     /// [`MAX_METADATA_SIZE`] bytes are looked at; bytes after the map are
-    /// ignored (the runtime gets a pointer, not a length). Keys may come in
-    /// any order and unknown keys are ignored; `kernel_name` must be a str and
-    /// `kpack_search_paths` an array of at least one str.
+    /// ignored (the runtime gets a pointer, not a length). See
+    /// [`HipkMetadata::read`].
     pub fn decode(bytes: &[u8]) -> Result<HipkMetadata, HipkError> {
-        let bytes = &bytes[..bytes.len().min(MAX_METADATA_SIZE)];
-        let (value, _) = msgpack::decode_prefix(bytes)?;
-        let Value::Map(_) = value else {
+        HipkMetadata::read(bytes)
+    }
+
+    /// Decode metadata from the stream `rd`, in one pass, reading exactly
+    /// the map's bytes (never one after it) and at most
+    /// [`MAX_METADATA_SIZE`] bytes in all: the C API reads it through a
+    /// pointer with no length. Keys may come in any order and unknown keys
+    /// are ignored (the first of a repeated key counts); `kernel_name` must
+    /// be a str and `kpack_search_paths` an array of at least one str.
+    pub fn read(rd: impl Read) -> Result<HipkMetadata, HipkError> {
+        let (value, _) = msgpack::read(rd.take(MAX_METADATA_SIZE as u64))?;
+        if value.as_map().is_none() {
             return Err(HipkError::NotAMap {
-                found: value.type_name(),
+                found: msgpack::type_name(&value),
             });
-        };
-        let kernel_name = match value.get(KEY_KERNEL_NAME) {
-            None => {
-                return Err(HipkError::MissingField {
-                    field: KEY_KERNEL_NAME,
-                })
-            }
-            Some(Value::Str(s)) => s.clone(),
-            Some(other) => {
-                return Err(HipkError::WrongType {
-                    field: KEY_KERNEL_NAME.into(),
-                    expected: "str",
-                    found: other.type_name(),
-                })
-            }
-        };
-        let paths = match value.get(KEY_SEARCH_PATHS) {
-            None => {
-                return Err(HipkError::MissingField {
-                    field: KEY_SEARCH_PATHS,
-                })
-            }
-            Some(Value::Array(a)) => a,
-            Some(other) => {
-                return Err(HipkError::WrongType {
-                    field: KEY_SEARCH_PATHS.into(),
-                    expected: "array of str",
-                    found: other.type_name(),
-                })
-            }
-        };
-        if paths.is_empty() {
-            return Err(HipkError::NoSearchPaths);
         }
-        let search_paths = paths
-            .iter()
-            .enumerate()
-            .map(|(i, p)| match p {
-                Value::Str(s) => Ok(s.clone()),
-                other => Err(HipkError::WrongType {
+        Ok(HipkMetadata {
+            kernel_name: kernel_name(&value)?,
+            search_paths: search_paths(&value)?,
+        })
+    }
+}
+
+/// The field `key` of the metadata map `map`.
+fn field<'v>(map: &'v Value, key: &'static str) -> Result<&'v Value, HipkError> {
+    msgpack::get(map, key).ok_or(HipkError::MissingField { field: key })
+}
+
+fn kernel_name(map: &Value) -> Result<String, HipkError> {
+    let v = field(map, KEY_KERNEL_NAME)?;
+    v.as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| HipkError::WrongType {
+            field: KEY_KERNEL_NAME.into(),
+            expected: "str",
+            found: msgpack::type_name(v),
+        })
+}
+
+fn search_paths(map: &Value) -> Result<Vec<String>, HipkError> {
+    let paths = match field(map, KEY_SEARCH_PATHS)? {
+        Value::Array(a) if a.is_empty() => return Err(HipkError::NoSearchPaths),
+        Value::Array(a) => a,
+        other => {
+            return Err(HipkError::WrongType {
+                field: KEY_SEARCH_PATHS.into(),
+                expected: "array of str",
+                found: msgpack::type_name(other),
+            })
+        }
+    };
+    paths
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            p.as_str()
+                .map(str::to_owned)
+                .ok_or_else(|| HipkError::WrongType {
                     field: format!("{KEY_SEARCH_PATHS}[{i}]"),
                     expected: "str",
-                    found: other.type_name(),
-                }),
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(HipkMetadata {
-            kernel_name,
-            search_paths,
+                    found: msgpack::type_name(p),
+                })
         })
+        .collect()
+}
+
+/// The metadata as MessagePack writes it: a map of the two keys, search
+/// paths first (the reference's order).
+struct Wire<'a>(&'a HipkMetadata);
+
+impl Serialize for Wire<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(2))?;
+        m.serialize_entry(KEY_SEARCH_PATHS, &self.0.search_paths)?;
+        m.serialize_entry(KEY_KERNEL_NAME, &self.0.kernel_name)?;
+        m.end()
     }
 }
 
@@ -236,7 +249,7 @@ mod tests {
 
     #[test]
     fn decode_any_order_and_unknown_keys() {
-        let v = Value::str_map([
+        let v = msgpack::str_map([
             ("extra", Value::from(7i64)),
             ("kernel_name", "k".into()),
             ("kpack_search_paths", Value::Array(vec!["p".into()])),
@@ -263,7 +276,7 @@ mod tests {
             Err(HipkError::NotAMap { found: "array" })
         );
         assert_eq!(
-            HipkMetadata::decode(&enc(Value::str_map([(
+            HipkMetadata::decode(&enc(msgpack::str_map([(
                 "kpack_search_paths",
                 Value::Array(vec!["p".into()])
             )]))),
@@ -272,27 +285,27 @@ mod tests {
             })
         );
         assert_eq!(
-            HipkMetadata::decode(&enc(Value::str_map([("kernel_name", Value::from("k"))]))),
+            HipkMetadata::decode(&enc(msgpack::str_map([("kernel_name", Value::from("k"))]))),
             Err(HipkError::MissingField {
                 field: "kpack_search_paths"
             })
         );
         assert!(matches!(
-            HipkMetadata::decode(&enc(Value::str_map([
-                ("kernel_name", Value::Bin(b"k".to_vec())),
+            HipkMetadata::decode(&enc(msgpack::str_map([
+                ("kernel_name", Value::Binary(b"k".to_vec())),
                 ("kpack_search_paths", Value::Array(vec!["p".into()])),
             ]))),
             Err(HipkError::WrongType { found: "bin", .. })
         ));
         assert_eq!(
-            HipkMetadata::decode(&enc(Value::str_map([
+            HipkMetadata::decode(&enc(msgpack::str_map([
                 ("kernel_name", Value::from("k")),
                 ("kpack_search_paths", Value::Array(vec![])),
             ]))),
             Err(HipkError::NoSearchPaths)
         );
         assert_eq!(
-            HipkMetadata::decode(&enc(Value::str_map([
+            HipkMetadata::decode(&enc(msgpack::str_map([
                 ("kernel_name", Value::from("k")),
                 (
                     "kpack_search_paths",
@@ -306,7 +319,7 @@ mod tests {
             })
         );
         assert!(matches!(
-            HipkMetadata::decode(&enc(Value::str_map([
+            HipkMetadata::decode(&enc(msgpack::str_map([
                 ("kernel_name", Value::from("k")),
                 ("kpack_search_paths", Value::from("p")),
             ]))),

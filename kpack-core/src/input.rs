@@ -11,6 +11,8 @@ use crate::error::{Result, WithPath};
 pub struct Mapped {
     path: PathBuf,
     map: Option<memmap2::Mmap>,
+    /// Kept open by [`map_file_with_handle`], for [`Mapped::array_at`].
+    file: Option<File>,
 }
 
 impl Mapped {
@@ -60,6 +62,28 @@ impl Mapped {
     }
 }
 
+impl Mapped {
+    /// The `N` bytes at `pos`, or `None` past the end. Read through the
+    /// file (`pread`) when it was kept open ([`map_file_with_handle`]),
+    /// otherwise from the map: a reader of a few bytes here and there across
+    /// a large file (the frame index of an archive) is spared a page fault
+    /// per read, each mapping the 64 KiB around it (the kernel's
+    /// fault-around) into the process.
+    pub fn array_at<const N: usize>(&self, pos: u64) -> Option<[u8; N]> {
+        #[cfg(unix)]
+        if let Some(file) = &self.file {
+            use std::os::unix::fs::FileExt;
+            let mut b = [0u8; N];
+            if pos.checked_add(N as u64)? <= self.len() as u64
+                && file.read_exact_at(&mut b, pos).is_ok()
+            {
+                return Some(b);
+            }
+        }
+        crate::bytes::array_at(self.bytes(), pos)
+    }
+}
+
 impl Deref for Mapped {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
@@ -73,6 +97,16 @@ impl Deref for Mapped {
 /// SIGBUS on access): replace files by renaming, as package managers and
 /// kpack itself do.
 pub fn map_file(path: &Path) -> Result<Mapped> {
+    map(path, false)
+}
+
+/// [`map_file`], keeping the file open for [`Mapped::array_at`] (one more
+/// descriptor for as long as the map lives).
+pub fn map_file_with_handle(path: &Path) -> Result<Mapped> {
+    map(path, true)
+}
+
+fn map(path: &Path, keep_open: bool) -> Result<Mapped> {
     let file = File::open(path).with_path(path)?;
     let len = file.metadata().with_path(path)?.len();
     let map = if len == 0 {
@@ -89,5 +123,6 @@ pub fn map_file(path: &Path) -> Result<Mapped> {
     Ok(Mapped {
         path: path.to_path_buf(),
         map,
+        file: keep_open.then_some(file),
     })
 }

@@ -1,252 +1,53 @@
-//! The MessagePack subset used by kpack: archive TOCs (§3) and HIPK metadata
-//! (§2.2).
+//! MessagePack, kpack's one layer over `rmp`: archive TOCs (SPEC §3) and
+//! HIPK metadata (§2.2).
 //!
-//! - [`Value`] is a small owned document model; maps keep their entries in
+//! - [`Value`] is `rmpv`'s document model; maps keep their entries in
 //!   order, so a decoded map re-encodes to the same bytes.
-//! - [`decode`] / [`decode_prefix`] parse untrusted bytes and never panic:
-//!   every length is checked against the bytes that remain before anything is
-//!   allocated, and nesting is limited to [`MAX_DEPTH`] levels.
-//! - [`encode`] writes exactly what Python's
+//! - [`decode`], [`decode_prefix`] and [`read`] parse untrusted bytes and
+//!   never panic: nesting is limited to [`MAX_DEPTH`] levels, nothing is
+//!   allocated for a claimed length before its bytes have been read (an
+//!   `array32 0xffffffff` of 5 bytes allocates nothing), strings must be
+//!   UTF-8, and extension types and the never-used marker `0xc1` are
+//!   rejected. [`read`] takes a stream and reads exactly the bytes the value
+//!   has, one pass, nothing after it.
+//! - [`encode`] and [`to_vec`] write what Python's
 //!   `msgpack.packb(obj, use_bin_type=True)` writes for the same object: the
-//!   smallest integer, string, binary, array and map forms, strings as `str`,
-//!   byte strings as `bin`, map entries in insertion order, floats as
-//!   float64 (or float32 for [`Value::F32`]).
+//!   smallest integer, string, binary, array and map forms (`rmp`'s
+//!   writers), strings as `str`, byte strings as `bin`, map entries in the
+//!   order given.
 //!
-//! Extension types (`fixext*`, `ext*`) and the never-used marker `0xc1` are
-//! rejected with an error.
+//! The decoder walks markers with `rmp`'s low-level reader instead of
+//! calling `rmpv::decode::read_value`, because that one reads `0xc1` as nil,
+//! keeps invalid UTF-8, accepts extension types and cannot say where in the
+//! input a problem is.
 
-use std::fmt;
+use std::io::{self, Read};
+
+use rmp::decode::RmpRead;
+use rmp::Marker;
+pub use rmpv::Value;
 
 /// Maximum nesting depth of arrays and maps accepted by the decoder.
 pub const MAX_DEPTH: usize = 64;
 
-/// A MessagePack value.
-///
-/// Integers: the decoder returns [`Value::UInt`] for every non-negative
-/// integer and [`Value::Int`] for every negative one; the `From` conversions
-/// follow the same rule. The encoder accepts either variant for any value and
-/// always picks the smallest encoding, so `Int(5)` and `UInt(5)` encode alike.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Value {
-    Nil,
-    Bool(bool),
-    /// A signed integer (negative, when produced by the decoder).
-    Int(i64),
-    /// A non-negative integer.
-    UInt(u64),
-    F32(f32),
-    F64(f64),
-    /// A `str`: always valid UTF-8.
-    Str(String),
-    /// A `bin`.
-    Bin(Vec<u8>),
-    Array(Vec<Value>),
-    /// A map, entries in the order they were written.
-    Map(Vec<(Value, Value)>),
-}
-
-impl Value {
-    /// The kind of value, for error messages ("int", "str", "map", ...).
-    pub fn type_name(&self) -> &'static str {
-        match self {
-            Value::Nil => "nil",
-            Value::Bool(_) => "bool",
-            Value::Int(_) | Value::UInt(_) => "int",
-            Value::F32(_) | Value::F64(_) => "float",
-            Value::Str(_) => "str",
-            Value::Bin(_) => "bin",
-            Value::Array(_) => "array",
-            Value::Map(_) => "map",
-        }
-    }
-
-    /// The string, if this is a `str`.
-    pub fn as_str(&self) -> Option<&str> {
-        match self {
-            Value::Str(s) => Some(s),
-            _ => None,
-        }
-    }
-
-    /// The integer as `u64`, if this is an integer in `u64` range.
-    pub fn as_u64(&self) -> Option<u64> {
-        match *self {
-            Value::UInt(u) => Some(u),
-            Value::Int(i) => u64::try_from(i).ok(),
-            _ => None,
-        }
-    }
-
-    /// The integer as `i64`, if this is an integer in `i64` range.
-    pub fn as_i64(&self) -> Option<i64> {
-        match *self {
-            Value::Int(i) => Some(i),
-            Value::UInt(u) => i64::try_from(u).ok(),
-            _ => None,
-        }
-    }
-
-    /// Whether this is an integer (of any range).
-    pub fn is_int(&self) -> bool {
-        matches!(self, Value::Int(_) | Value::UInt(_))
-    }
-
-    /// The elements, if this is an array.
-    pub fn as_array(&self) -> Option<&[Value]> {
-        match self {
-            Value::Array(a) => Some(a),
-            _ => None,
-        }
-    }
-
-    /// The entries, if this is a map.
-    pub fn as_map(&self) -> Option<&[(Value, Value)]> {
-        match self {
-            Value::Map(m) => Some(m),
-            _ => None,
-        }
-    }
-
-    /// The value of the first entry whose key is the string `key`, if this is
-    /// a map. `None` for a non-map or a missing key.
-    pub fn get(&self, key: &str) -> Option<&Value> {
-        self.as_map()?
-            .iter()
-            .find(|(k, _)| k.as_str() == Some(key))
-            .map(|(_, v)| v)
-    }
-
-    /// A map with string keys, in the given order.
-    pub fn str_map<K: Into<String>>(entries: impl IntoIterator<Item = (K, Value)>) -> Value {
-        Value::Map(
-            entries
-                .into_iter()
-                .map(|(k, v)| (Value::Str(k.into()), v))
-                .collect(),
-        )
-    }
-}
-
-impl From<bool> for Value {
-    fn from(b: bool) -> Self {
-        Value::Bool(b)
-    }
-}
-impl From<u64> for Value {
-    fn from(u: u64) -> Self {
-        Value::UInt(u)
-    }
-}
-impl From<u32> for Value {
-    fn from(u: u32) -> Self {
-        Value::UInt(u.into())
-    }
-}
-impl From<usize> for Value {
-    fn from(u: usize) -> Self {
-        // usize is at most 64 bits on every supported platform.
-        Value::UInt(u as u64)
-    }
-}
-impl From<i64> for Value {
-    fn from(i: i64) -> Self {
-        match u64::try_from(i) {
-            Ok(u) => Value::UInt(u),
-            Err(_) => Value::Int(i),
-        }
-    }
-}
-impl From<i32> for Value {
-    fn from(i: i32) -> Self {
-        Value::from(i64::from(i))
-    }
-}
-impl From<f64> for Value {
-    fn from(f: f64) -> Self {
-        Value::F64(f)
-    }
-}
-impl From<String> for Value {
-    fn from(s: String) -> Self {
-        Value::Str(s)
-    }
-}
-impl From<&str> for Value {
-    fn from(s: &str) -> Self {
-        Value::Str(s.to_owned())
-    }
-}
-impl From<Vec<u8>> for Value {
-    fn from(b: Vec<u8>) -> Self {
-        Value::Bin(b)
-    }
-}
-impl From<Vec<Value>> for Value {
-    fn from(a: Vec<Value>) -> Self {
-        Value::Array(a)
-    }
-}
-
-impl fmt::Display for Value {
-    /// A compact, Python-like rendering (for listings and messages).
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Value::Nil => f.write_str("nil"),
-            Value::Bool(b) => write!(f, "{b}"),
-            Value::Int(i) => write!(f, "{i}"),
-            Value::UInt(u) => write!(f, "{u}"),
-            Value::F32(x) => write!(f, "{x}"),
-            Value::F64(x) => write!(f, "{x}"),
-            Value::Str(s) => write!(f, "{s:?}"),
-            Value::Bin(b) => {
-                f.write_str("b\"")?;
-                for byte in b {
-                    write!(f, "\\x{byte:02x}")?;
-                }
-                f.write_str("\"")
-            }
-            Value::Array(a) => {
-                f.write_str("[")?;
-                for (i, v) in a.iter().enumerate() {
-                    if i > 0 {
-                        f.write_str(", ")?;
-                    }
-                    write!(f, "{v}")?;
-                }
-                f.write_str("]")
-            }
-            Value::Map(m) => {
-                f.write_str("{")?;
-                for (i, (k, v)) in m.iter().enumerate() {
-                    if i > 0 {
-                        f.write_str(", ")?;
-                    }
-                    write!(f, "{k}: {v}")?;
-                }
-                f.write_str("}")
-            }
-        }
-    }
-}
-
 /// Why bytes are not a (supported) MessagePack value. `offset` is the byte
-/// offset, within the decoded slice, of the item at fault.
+/// offset, within the decoded input, of the item at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
-    #[error("MessagePack data ends early at byte {offset}: {needed} more bytes needed")]
-    Truncated { offset: usize, needed: u64 },
+    #[error("MessagePack data ends early at byte {offset}")]
+    Truncated { offset: u64 },
     #[error("byte 0x{marker:02x} at byte {offset} is not a MessagePack type marker")]
-    InvalidMarker { offset: usize, marker: u8 },
+    InvalidMarker { offset: u64, marker: u8 },
     #[error(
         "MessagePack extension type (marker 0x{marker:02x}) at byte {offset} is not supported"
     )]
-    UnsupportedExt { offset: usize, marker: u8 },
+    UnsupportedExt { offset: u64, marker: u8 },
     #[error("MessagePack string at byte {offset} is not valid UTF-8")]
-    InvalidUtf8 { offset: usize },
+    InvalidUtf8 { offset: u64 },
     #[error("MessagePack nesting deeper than {limit} levels at byte {offset}")]
-    TooDeep { offset: usize, limit: usize },
+    TooDeep { offset: u64, limit: usize },
     #[error("{count} unexpected bytes after the MessagePack value, at byte {offset}")]
-    TrailingBytes { offset: usize, count: usize },
+    TrailingBytes { offset: u64, count: u64 },
 }
 
 /// Decode one value that must span all of `bytes`.
@@ -254,8 +55,8 @@ pub fn decode(bytes: &[u8]) -> Result<Value, DecodeError> {
     let (value, used) = decode_prefix(bytes)?;
     if used != bytes.len() {
         return Err(DecodeError::TrailingBytes {
-            offset: used,
-            count: bytes.len() - used,
+            offset: used as u64,
+            count: (bytes.len() - used) as u64,
         });
     }
     Ok(value)
@@ -264,323 +65,191 @@ pub fn decode(bytes: &[u8]) -> Result<Value, DecodeError> {
 /// Decode the value at the start of `bytes`; returns it and the number of
 /// bytes it used. Bytes after it are ignored.
 pub fn decode_prefix(bytes: &[u8]) -> Result<(Value, usize), DecodeError> {
-    let mut d = Decoder { bytes, pos: 0 };
+    let (value, used) = read(bytes)?;
+    // `used` <= bytes.len(): the reader cannot hand out more.
+    Ok((value, used as usize))
+}
+
+/// Decode the value at the start of stream `rd`, reading exactly its bytes
+/// (a byte after the value is never asked for); returns it and the number
+/// of bytes it used. An I/O error or the end of the stream inside the value
+/// is [`DecodeError::Truncated`].
+pub fn read(rd: impl Read) -> Result<(Value, u64), DecodeError> {
+    let mut d = Decoder { rd, pos: 0 };
     let value = d.value(0)?;
     Ok((value, d.pos))
 }
 
-struct Decoder<'a> {
-    bytes: &'a [u8],
-    pos: usize,
-}
-
-impl<'a> Decoder<'a> {
-    fn remaining(&self) -> usize {
-        self.bytes.len() - self.pos
-    }
-
-    /// Take `n` bytes, or fail with `Truncated` reporting `at`.
-    fn take(&mut self, n: u64, at: usize) -> Result<&'a [u8], DecodeError> {
-        let rem = self.remaining();
-        match usize::try_from(n) {
-            Ok(n) if n <= rem => {
-                let s = &self.bytes[self.pos..self.pos + n];
-                self.pos += n;
-                Ok(s)
-            }
-            _ => Err(DecodeError::Truncated {
-                offset: at,
-                needed: n - rem as u64,
-            }),
-        }
-    }
-
-    fn array<const N: usize>(&mut self, at: usize) -> Result<[u8; N], DecodeError> {
-        let s = self.take(N as u64, at)?;
-        let mut a = [0u8; N];
-        a.copy_from_slice(s);
-        Ok(a)
-    }
-
-    fn u8(&mut self, at: usize) -> Result<u8, DecodeError> {
-        Ok(self.array::<1>(at)?[0])
-    }
-    fn u16(&mut self, at: usize) -> Result<u16, DecodeError> {
-        Ok(u16::from_be_bytes(self.array(at)?))
-    }
-    fn u32(&mut self, at: usize) -> Result<u32, DecodeError> {
-        Ok(u32::from_be_bytes(self.array(at)?))
-    }
-    fn u64(&mut self, at: usize) -> Result<u64, DecodeError> {
-        Ok(u64::from_be_bytes(self.array(at)?))
-    }
-
-    fn str(&mut self, len: u64, at: usize) -> Result<Value, DecodeError> {
-        let s = self.take(len, at)?;
-        match std::str::from_utf8(s) {
-            Ok(s) => Ok(Value::Str(s.to_owned())),
-            Err(_) => Err(DecodeError::InvalidUtf8 { offset: at }),
-        }
-    }
-
-    fn bin(&mut self, len: u64, at: usize) -> Result<Value, DecodeError> {
-        Ok(Value::Bin(self.take(len, at)?.to_vec()))
-    }
-
-    fn seq(&mut self, len: u64, at: usize, depth: usize) -> Result<Value, DecodeError> {
-        if depth >= MAX_DEPTH {
-            return Err(DecodeError::TooDeep {
-                offset: at,
-                limit: MAX_DEPTH,
-            });
-        }
-        // Every element takes at least one byte: a count beyond the remaining
-        // bytes cannot be satisfied, so don't allocate for it.
-        if len > self.remaining() as u64 {
-            return Err(DecodeError::Truncated {
-                offset: at,
-                needed: len - self.remaining() as u64,
-            });
-        }
-        let mut items = Vec::with_capacity(len as usize);
-        for i in 0..len {
-            // Truncated: the elements not started need a byte each too, so
-            // that a caller growing its window by `needed` (the C API's
-            // metadata reader) gets there in few steps, not one per element.
-            let v = self
-                .value(depth + 1)
-                .map_err(|e| more_needed(e, len - i - 1))?;
-            items.push(v);
-        }
-        Ok(Value::Array(items))
-    }
-
-    fn map(&mut self, len: u64, at: usize, depth: usize) -> Result<Value, DecodeError> {
-        if depth >= MAX_DEPTH {
-            return Err(DecodeError::TooDeep {
-                offset: at,
-                limit: MAX_DEPTH,
-            });
-        }
-        // Every entry takes at least two bytes.
-        let max = self.remaining() as u64 / 2;
-        if len > max {
-            let needed = len.saturating_mul(2) - self.remaining() as u64;
-            return Err(DecodeError::Truncated { offset: at, needed });
-        }
-        let mut entries = Vec::with_capacity(len as usize);
-        for i in 0..len {
-            // As in `seq`: entries not started need two bytes each, a value
-            // not started one.
-            let rest = (len - i - 1).saturating_mul(2);
-            let k = self
-                .value(depth + 1)
-                .map_err(|e| more_needed(e, rest.saturating_add(1)))?;
-            let v = self.value(depth + 1).map_err(|e| more_needed(e, rest))?;
-            entries.push((k, v));
-        }
-        Ok(Value::Map(entries))
-    }
-
-    fn value(&mut self, depth: usize) -> Result<Value, DecodeError> {
-        let at = self.pos;
-        let marker = self.u8(at)?;
-        Ok(match marker {
-            0x00..=0x7f => Value::UInt(u64::from(marker)),
-            0x80..=0x8f => return self.map(u64::from(marker & 0x0f), at, depth),
-            0x90..=0x9f => return self.seq(u64::from(marker & 0x0f), at, depth),
-            0xa0..=0xbf => return self.str(u64::from(marker & 0x1f), at),
-            0xc0 => Value::Nil,
-            0xc1 => return Err(DecodeError::InvalidMarker { offset: at, marker }),
-            0xc2 => Value::Bool(false),
-            0xc3 => Value::Bool(true),
-            0xc4 => {
-                let n = self.u8(at)?;
-                return self.bin(n.into(), at);
-            }
-            0xc5 => {
-                let n = self.u16(at)?;
-                return self.bin(n.into(), at);
-            }
-            0xc6 => {
-                let n = self.u32(at)?;
-                return self.bin(n.into(), at);
-            }
-            0xc7..=0xc9 | 0xd4..=0xd8 => {
-                return Err(DecodeError::UnsupportedExt { offset: at, marker })
-            }
-            0xca => Value::F32(f32::from_bits(self.u32(at)?)),
-            0xcb => Value::F64(f64::from_bits(self.u64(at)?)),
-            0xcc => Value::UInt(self.u8(at)?.into()),
-            0xcd => Value::UInt(self.u16(at)?.into()),
-            0xce => Value::UInt(self.u32(at)?.into()),
-            0xcf => Value::UInt(self.u64(at)?),
-            0xd0 => Value::from(i64::from(self.u8(at)? as i8)),
-            0xd1 => Value::from(i64::from(self.u16(at)? as i16)),
-            0xd2 => Value::from(i64::from(self.u32(at)? as i32)),
-            0xd3 => Value::from(self.u64(at)? as i64),
-            0xd9 => {
-                let n = self.u8(at)?;
-                return self.str(n.into(), at);
-            }
-            0xda => {
-                let n = self.u16(at)?;
-                return self.str(n.into(), at);
-            }
-            0xdb => {
-                let n = self.u32(at)?;
-                return self.str(n.into(), at);
-            }
-            0xdc => {
-                let n = self.u16(at)?;
-                return self.seq(n.into(), at, depth);
-            }
-            0xdd => {
-                let n = self.u32(at)?;
-                return self.seq(n.into(), at, depth);
-            }
-            0xde => {
-                let n = self.u16(at)?;
-                return self.map(n.into(), at, depth);
-            }
-            0xdf => {
-                let n = self.u32(at)?;
-                return self.map(n.into(), at, depth);
-            }
-            0xe0..=0xff => Value::Int(i64::from(marker as i8)),
-        })
-    }
-}
-
-/// A `Truncated` error needing `more` bytes beyond what it already says.
-fn more_needed(e: DecodeError, more: u64) -> DecodeError {
-    match e {
-        DecodeError::Truncated { offset, needed } => DecodeError::Truncated {
-            offset,
-            needed: needed.saturating_add(more),
-        },
-        e => e,
-    }
-}
-
 /// Encode `value` as Python's `msgpack.packb(value, use_bin_type=True)` does.
-///
-/// Strings, binaries, arrays and maps longer than `u32::MAX` (which
-/// MessagePack cannot represent) are a programming error and panic.
 pub fn encode(value: &Value) -> Vec<u8> {
     let mut out = Vec::new();
-    encode_into(value, &mut out);
+    // Writing to a Vec cannot fail; rmpv writes lengths as u32 (MessagePack
+    // has no longer ones), which no value kpack builds comes near.
+    rmpv::encode::write_value(&mut out, value).expect("writing to a Vec");
     out
 }
 
-/// Append the encoding of `value` to `out` (see [`encode`]).
-pub fn encode_into(value: &Value, out: &mut Vec<u8>) {
+/// Encode a typed value (a `serde::Serialize`; structs as maps of their
+/// field names) as [`encode`] would encode the same document.
+pub fn to_vec<T: serde::Serialize + ?Sized>(value: &T) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut ser = rmp_serde::Serializer::new(&mut out).with_struct_map();
+    // Only I/O can fail, and writing to a Vec does not; kpack's schemas
+    // serialize no type MessagePack lacks.
+    value.serialize(&mut ser).expect("writing to a Vec");
+    out
+}
+
+/// A map with string keys, in the given order.
+pub fn str_map<K: Into<String>>(entries: impl IntoIterator<Item = (K, Value)>) -> Value {
+    Value::Map(
+        entries
+            .into_iter()
+            .map(|(k, v)| (Value::from(k.into()), v))
+            .collect(),
+    )
+}
+
+/// The value of the first entry whose key is the string `key`, if `map` is
+/// a map. `None` for a non-map or a missing key.
+pub fn get<'v>(map: &'v Value, key: &str) -> Option<&'v Value> {
+    map.as_map()?
+        .iter()
+        .find(|(k, _)| k.as_str() == Some(key))
+        .map(|(_, v)| v)
+}
+
+/// The kind of `value`, for error messages ("int", "str", "map", ...).
+pub fn type_name(value: &Value) -> &'static str {
     match value {
-        Value::Nil => out.push(0xc0),
-        Value::Bool(false) => out.push(0xc2),
-        Value::Bool(true) => out.push(0xc3),
-        Value::UInt(u) => encode_uint(*u, out),
-        Value::Int(i) => match u64::try_from(*i) {
-            Ok(u) => encode_uint(u, out),
-            Err(_) => encode_negative(*i, out),
-        },
-        Value::F32(x) => {
-            out.push(0xca);
-            out.extend_from_slice(&x.to_bits().to_be_bytes());
-        }
-        Value::F64(x) => {
-            out.push(0xcb);
-            out.extend_from_slice(&x.to_bits().to_be_bytes());
-        }
-        Value::Str(s) => {
-            let n = s.len();
-            if n < 32 {
-                out.push(0xa0 | n as u8);
-            } else {
-                encode_len(n, [0xd9, 0xda, 0xdb], out);
-            }
-            out.extend_from_slice(s.as_bytes());
-        }
-        Value::Bin(b) => {
-            encode_len(b.len(), [0xc4, 0xc5, 0xc6], out);
-            out.extend_from_slice(b);
-        }
-        Value::Array(a) => {
-            if a.len() < 16 {
-                out.push(0x90 | a.len() as u8);
-            } else {
-                encode_len16(a.len(), [0xdc, 0xdd], out);
-            }
-            for v in a {
-                encode_into(v, out);
-            }
-        }
-        Value::Map(m) => {
-            if m.len() < 16 {
-                out.push(0x80 | m.len() as u8);
-            } else {
-                encode_len16(m.len(), [0xde, 0xdf], out);
-            }
-            for (k, v) in m {
-                encode_into(k, out);
-                encode_into(v, out);
-            }
-        }
+        Value::Nil => "nil",
+        Value::Boolean(_) => "bool",
+        Value::Integer(_) => "int",
+        Value::F32(_) | Value::F64(_) => "float",
+        Value::String(_) => "str",
+        Value::Binary(_) => "bin",
+        Value::Array(_) => "array",
+        Value::Map(_) => "map",
+        Value::Ext(..) => "ext",
     }
 }
 
-fn encode_uint(u: u64, out: &mut Vec<u8>) {
-    if u < 0x80 {
-        out.push(u as u8);
-    } else if let Ok(b) = u8::try_from(u) {
-        out.extend_from_slice(&[0xcc, b]);
-    } else if let Ok(h) = u16::try_from(u) {
-        out.push(0xcd);
-        out.extend_from_slice(&h.to_be_bytes());
-    } else if let Ok(w) = u32::try_from(u) {
-        out.push(0xce);
-        out.extend_from_slice(&w.to_be_bytes());
-    } else {
-        out.push(0xcf);
-        out.extend_from_slice(&u.to_be_bytes());
+/// The error for an item at `at` whose bytes end early.
+fn truncated<E>(at: u64) -> impl Fn(E) -> DecodeError + Copy {
+    move |_| DecodeError::Truncated { offset: at }
+}
+
+/// A reader that counts the bytes it handed out.
+struct Decoder<R> {
+    rd: R,
+    pos: u64,
+}
+
+impl<R: Read> Read for Decoder<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.rd.read(buf)?;
+        self.pos += n as u64;
+        Ok(n)
     }
 }
 
-fn encode_negative(i: i64, out: &mut Vec<u8>) {
-    if i >= -32 {
-        out.push(i as u8);
-    } else if let Ok(b) = i8::try_from(i) {
-        out.extend_from_slice(&[0xd0, b as u8]);
-    } else if let Ok(h) = i16::try_from(i) {
-        out.push(0xd1);
-        out.extend_from_slice(&h.to_be_bytes());
-    } else if let Ok(w) = i32::try_from(i) {
-        out.push(0xd2);
-        out.extend_from_slice(&w.to_be_bytes());
-    } else {
-        out.push(0xd3);
-        out.extend_from_slice(&i.to_be_bytes());
+impl<R: Read> Decoder<R> {
+    /// The value starting here, nested `depth` levels deep.
+    fn value(&mut self, depth: usize) -> Result<Value, DecodeError> {
+        let at = self.pos;
+        let cut = truncated(at);
+        let marker = rmp::decode::read_marker(self).map_err(truncated(at))?;
+        Ok(match marker {
+            Marker::Null => Value::Nil,
+            Marker::True => Value::Boolean(true),
+            Marker::False => Value::Boolean(false),
+            Marker::FixPos(v) => Value::from(v),
+            Marker::FixNeg(v) => Value::from(v),
+            Marker::U8 => Value::from(self.read_data_u8().map_err(cut)?),
+            Marker::U16 => Value::from(self.read_data_u16().map_err(cut)?),
+            Marker::U32 => Value::from(self.read_data_u32().map_err(cut)?),
+            Marker::U64 => Value::from(self.read_data_u64().map_err(cut)?),
+            Marker::I8 => Value::from(self.read_data_i8().map_err(cut)?),
+            Marker::I16 => Value::from(self.read_data_i16().map_err(cut)?),
+            Marker::I32 => Value::from(self.read_data_i32().map_err(cut)?),
+            Marker::I64 => Value::from(self.read_data_i64().map_err(cut)?),
+            Marker::F32 => Value::F32(self.read_data_f32().map_err(cut)?),
+            Marker::F64 => Value::F64(self.read_data_f64().map_err(cut)?),
+            Marker::FixStr(_) | Marker::Str8 | Marker::Str16 | Marker::Str32 => {
+                let bytes = self.bytes(marker, at)?;
+                match String::from_utf8(bytes) {
+                    Ok(s) => Value::from(s),
+                    Err(_) => return Err(DecodeError::InvalidUtf8 { offset: at }),
+                }
+            }
+            Marker::Bin8 | Marker::Bin16 | Marker::Bin32 => Value::Binary(self.bytes(marker, at)?),
+            Marker::FixArray(_) | Marker::Array16 | Marker::Array32 => {
+                let len = self.len(marker, at)?;
+                self.nest(depth, at)?;
+                let mut items = Vec::new();
+                for _ in 0..len {
+                    items.push(self.value(depth + 1)?);
+                }
+                Value::Array(items)
+            }
+            Marker::FixMap(_) | Marker::Map16 | Marker::Map32 => {
+                let len = self.len(marker, at)?;
+                self.nest(depth, at)?;
+                let mut entries = Vec::new();
+                for _ in 0..len {
+                    let k = self.value(depth + 1)?;
+                    entries.push((k, self.value(depth + 1)?));
+                }
+                Value::Map(entries)
+            }
+            Marker::Reserved => {
+                return Err(DecodeError::InvalidMarker {
+                    offset: at,
+                    marker: marker.to_u8(),
+                })
+            }
+            _ => {
+                return Err(DecodeError::UnsupportedExt {
+                    offset: at,
+                    marker: marker.to_u8(),
+                })
+            }
+        })
     }
-}
 
-/// 8/16/32-bit length prefix (str8.. or bin8..).
-fn encode_len(n: usize, markers: [u8; 3], out: &mut Vec<u8>) {
-    if let Ok(b) = u8::try_from(n) {
-        out.extend_from_slice(&[markers[0], b]);
-    } else {
-        encode_len16(n, [markers[1], markers[2]], out);
+    /// Fail if a container at `depth` would nest too deep.
+    fn nest(&self, depth: usize, at: u64) -> Result<(), DecodeError> {
+        if depth >= MAX_DEPTH {
+            return Err(DecodeError::TooDeep {
+                offset: at,
+                limit: MAX_DEPTH,
+            });
+        }
+        Ok(())
     }
-}
 
-/// 16/32-bit length prefix.
-fn encode_len16(n: usize, markers: [u8; 2], out: &mut Vec<u8>) {
-    if let Ok(h) = u16::try_from(n) {
-        out.push(markers[0]);
-        out.extend_from_slice(&h.to_be_bytes());
-    } else {
-        let w = u32::try_from(n).expect("MessagePack cannot represent lengths above u32::MAX");
-        out.push(markers[1]);
-        out.extend_from_slice(&w.to_be_bytes());
+    /// The length of the str, bin, array or map whose marker was read.
+    fn len(&mut self, marker: Marker, at: u64) -> Result<u32, DecodeError> {
+        let cut = truncated(at);
+        match marker {
+            Marker::FixStr(n) | Marker::FixArray(n) | Marker::FixMap(n) => Ok(n.into()),
+            Marker::Str8 | Marker::Bin8 => self.read_data_u8().map(u32::from).map_err(cut),
+            Marker::Str16 | Marker::Bin16 | Marker::Array16 | Marker::Map16 => {
+                self.read_data_u16().map(u32::from).map_err(cut)
+            }
+            _ => self.read_data_u32().map_err(cut),
+        }
+    }
+
+    /// The payload of a str or bin: read as it arrives, so a claimed length
+    /// allocates only what the input really holds.
+    fn bytes(&mut self, marker: Marker, at: u64) -> Result<Vec<u8>, DecodeError> {
+        let len = self.len(marker, at)?;
+        let mut buf = Vec::new();
+        match self.by_ref().take(len.into()).read_to_end(&mut buf) {
+            Ok(n) if n as u64 == u64::from(len) => Ok(buf),
+            _ => Err(DecodeError::Truncated { offset: at }),
+        }
     }
 }
 
@@ -625,22 +294,16 @@ mod tests {
             (Value::from(i64::from(i32::MIN)), "d280000000"),
             (Value::from(i64::from(i32::MIN) - 1), "d3ffffffff7fffffff"),
             (Value::from(i64::MIN), "d38000000000000000"),
-            // Either integer variant encodes alike.
-            (Value::Int(300), "cd012c"),
-            (Value::UInt(300), "cd012c"),
+            // Every integer type encodes alike.
+            (Value::from(300i32), "cd012c"),
+            (Value::from(300u16), "cd012c"),
+            (Value::from(5u8), "05"),
         ];
         for (v, want) in cases {
             let got = encode(v);
             assert_eq!(hex(&got), *want, "{v:?}");
-            // And back: non-negative decode as UInt, negative as Int.
-            let back = decode(&got).unwrap();
-            assert_eq!(
-                back.as_i64()
-                    .map(i128::from)
-                    .or(back.as_u64().map(i128::from)),
-                v.as_i64().map(i128::from).or(v.as_u64().map(i128::from))
-            );
-            assert!(matches!(back, Value::UInt(_)) == v.as_u64().is_some());
+            assert_eq!(&decode(&got).unwrap(), v);
+            assert_eq!(to_vec(v), got, "serde path: {v:?}");
         }
     }
 
@@ -648,12 +311,12 @@ mod tests {
     fn scalars_match_python() {
         let cases: &[(Value, &str)] = &[
             (Value::Nil, "c0"),
-            (Value::Bool(true), "c3"),
-            (Value::Bool(false), "c2"),
+            (Value::Boolean(true), "c3"),
+            (Value::Boolean(false), "c2"),
             (Value::F64(1.5), "cb3ff8000000000000"),
             (Value::F64(3.25), "cb400a000000000000"),
             (Value::from(""), "a0"),
-            (Value::Bin(vec![]), "c400"),
+            (Value::Binary(vec![]), "c400"),
             (Value::Array(vec![]), "90"),
             (Value::Map(vec![]), "80"),
         ];
@@ -661,6 +324,7 @@ mod tests {
             let got = encode(v);
             assert_eq!(hex(&got), *want, "{v:?}");
             assert_eq!(&decode(&got).unwrap(), v);
+            assert_eq!(to_vec(v), got, "serde path: {v:?}");
         }
         assert_eq!(decode(&unhex("ca3fc00000")).unwrap(), Value::F32(1.5));
         assert_eq!(encode(&Value::F32(1.5)), unhex("ca3fc00000"));
@@ -669,8 +333,8 @@ mod tests {
     /// (value, total length, first bytes) from Python.
     #[test]
     fn lengths_match_python() {
-        let s = |n: usize| Value::Str("a".repeat(n));
-        let b = |n: usize| Value::Bin(vec![b'x'; n]);
+        let s = |n: usize| Value::from("a".repeat(n));
+        let b = |n: usize| Value::Binary(vec![b'x'; n]);
         let a = |n: usize| Value::Array((0..n).map(|i| Value::from(i as u64 % 128)).collect());
         let cases: &[(Value, usize, &str)] = &[
             (s(31), 32, "bf61"),
@@ -688,21 +352,22 @@ mod tests {
         ];
         for (v, len, prefix) in cases {
             let got = encode(v);
-            assert_eq!(got.len(), *len, "{}", v.type_name());
+            assert_eq!(got.len(), *len, "{}", type_name(v));
             assert!(
                 hex(&got).starts_with(prefix),
                 "{} {}",
-                v.type_name(),
+                type_name(v),
                 hex(&got[..8])
             );
             assert_eq!(&decode(&got).unwrap(), v);
+            assert_eq!(to_vec(v), got, "serde path: {}", type_name(v));
         }
     }
 
     #[test]
     fn maps_keep_order_and_match_python() {
         // {str(i): i for i in range(15)} / range(16)
-        let m = |n: usize| Value::str_map((0..n).map(|i| (i.to_string(), Value::from(i))));
+        let m = |n: usize| str_map((0..n).map(|i| (i.to_string(), Value::from(i as u64))));
         let e15 = encode(&m(15));
         assert_eq!(e15.len(), 51);
         assert!(hex(&e15).starts_with("8fa13000a13101a13202a133"));
@@ -711,30 +376,31 @@ mod tests {
         assert!(hex(&e16).starts_with("de0010a13000a13101a13202"));
         assert_eq!(decode(&e16).unwrap(), m(16));
 
-        let hipk = Value::str_map([
+        let hipk = str_map([
             (
                 "kpack_search_paths",
                 Value::Array(vec!["../.kpack/blas_@GFXARCH@.kpack".into()]),
             ),
             ("kernel_name", "lib/librocblas.so".into()),
         ]);
-        assert_eq!(
-            hex(&encode(&hipk)),
+        let want =
             "82b26b7061636b5f7365617263685f706174687391be2e2e2f2e6b7061636b2f626c61735f40474658\
-             41524348402e6b7061636bab6b65726e656c5f6e616d65b16c69622f6c6962726f63626c61732e736f"
-        );
+             41524348402e6b7061636bab6b65726e656c5f6e616d65b16c69622f6c6962726f63626c61732e736f";
+        assert_eq!(hex(&encode(&hipk)), want);
+        assert_eq!(hex(&to_vec(&hipk)), want);
         assert_eq!(
-            hipk.get("kernel_name").and_then(Value::as_str),
+            get(&hipk, "kernel_name").and_then(Value::as_str),
             Some("lib/librocblas.so")
         );
-        assert_eq!(hipk.get("nope"), None);
+        assert_eq!(get(&hipk, "nope"), None);
+        assert_eq!(get(&Value::from(1u8), "kernel_name"), None);
     }
 
     #[test]
     fn truncated_inputs_fail_cleanly() {
-        let full = encode(&Value::str_map([
+        let full = encode(&str_map([
             ("a", Value::Array(vec![Value::from(70000u64), "xyz".into()])),
-            ("b", Value::Bin(vec![1, 2, 3])),
+            ("b", Value::Binary(vec![1, 2, 3])),
             ("c", Value::F64(2.0)),
         ]));
         for cut in 0..full.len() {
@@ -742,27 +408,31 @@ mod tests {
             assert!(matches!(err, DecodeError::Truncated { .. }), "{cut}: {err}");
         }
         assert!(decode(&full).is_ok());
+        // The offset is that of the item cut short.
+        assert_eq!(
+            decode(&full[..full.len() - 1]),
+            Err(DecodeError::Truncated {
+                offset: full.len() as u64 - 9
+            })
+        );
     }
 
     #[test]
     fn huge_lengths_do_not_allocate() {
-        // array32 / map32 / str32 / bin32 claiming 4 GiB with nothing after.
-        for m in [0xdd, 0xdf, 0xdb, 0xc6] {
+        // array32 / map32 / str32 / bin32 claiming 4 GiB with nothing after:
+        // the first element (at 5) or the payload (of the item at 0) is
+        // missing.
+        for (m, offset) in [(0xdd, 5), (0xdf, 5), (0xdb, 0), (0xc6, 0)] {
             let err = decode(&[m, 0xff, 0xff, 0xff, 0xff]).unwrap_err();
-            assert!(
-                matches!(err, DecodeError::Truncated { offset: 0, .. }),
-                "{err}"
-            );
+            assert_eq!(err, DecodeError::Truncated { offset }, "{m:02x}");
         }
-        // A map claiming more entries than half the remaining bytes.
+        // A str32 claiming 4 GiB with a few bytes after: what is there is
+        // read, nothing more is reserved.
+        let err = decode(&[0xdb, 0xff, 0xff, 0xff, 0xff, b'a', b'b']).unwrap_err();
+        assert_eq!(err, DecodeError::Truncated { offset: 0 });
+        // A map claiming more entries than there are bytes.
         let err = decode(&[0x82, 0x01, 0x02, 0x03]).unwrap_err();
-        assert_eq!(
-            err,
-            DecodeError::Truncated {
-                offset: 0,
-                needed: 1
-            }
-        );
+        assert_eq!(err, DecodeError::Truncated { offset: 4 });
     }
 
     #[test]
@@ -794,7 +464,7 @@ mod tests {
         // but the same bytes as bin are fine
         assert_eq!(
             decode(&[0xc4, 0x02, 0xff, 0xfe]).unwrap(),
-            Value::Bin(vec![0xff, 0xfe])
+            Value::Binary(vec![0xff, 0xfe])
         );
     }
 
@@ -808,7 +478,7 @@ mod tests {
         assert_eq!(
             decode(&deep),
             Err(DecodeError::TooDeep {
-                offset: MAX_DEPTH,
+                offset: MAX_DEPTH as u64,
                 limit: MAX_DEPTH
             })
         );
@@ -826,7 +496,39 @@ mod tests {
                 count: 1
             })
         );
-        assert_eq!(decode_prefix(&[0x01, 0x02]), Ok((Value::UInt(1), 1)));
+        assert_eq!(decode_prefix(&[0x01, 0x02]), Ok((Value::from(1u8), 1)));
+    }
+
+    /// `read` asks the stream for no byte after the value.
+    #[test]
+    fn read_stops_at_the_value() {
+        struct Strict<'a> {
+            data: &'a [u8],
+            end: usize,
+            pos: usize,
+        }
+        impl Read for Strict<'_> {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                let n = buf.len().min(self.data.len() - self.pos);
+                assert!(self.pos + n <= self.end, "read past the value");
+                buf[..n].copy_from_slice(&self.data[self.pos..self.pos + n]);
+                self.pos += n;
+                Ok(n)
+            }
+        }
+        let v = str_map([
+            ("k", Value::Array(vec!["x".repeat(300).into(), Value::Nil])),
+            ("b", Value::Binary(vec![7; 70_000])),
+        ]);
+        let mut data = encode(&v);
+        let end = data.len();
+        data.extend_from_slice(&[0xc1; 64]);
+        let rd = Strict {
+            data: &data,
+            end,
+            pos: 0,
+        };
+        assert_eq!(read(rd).unwrap(), (v, end as u64));
     }
 
     #[test]
@@ -855,17 +557,5 @@ mod tests {
                 assert_eq!(encode(&decode(&e).unwrap()), e);
             }
         }
-    }
-
-    #[test]
-    fn display() {
-        let v = Value::str_map([
-            (
-                "a",
-                Value::Array(vec![Value::from(1i64), Value::from(-2i64), Value::Nil]),
-            ),
-            ("b", Value::Bin(vec![0xab])),
-        ]);
-        assert_eq!(v.to_string(), r#"{"a": [1, -2, nil], "b": b"\xab"}"#);
     }
 }

@@ -19,11 +19,13 @@
 pub mod prelink;
 
 use std::ffi::{c_char, c_void, CStr, CString};
+use std::io::Read;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::ptr::NonNull;
 
 use kpack_core::archive::{Archive, ArchiveError};
+use kpack_core::hipk::HipkMetadata;
 use kpack_core::loader::{self, DiscoverError, LoadError, Loader};
 
 /// `kpack_error_t`, value for value.
@@ -162,6 +164,28 @@ impl Drop for CBuffer {
     fn drop(&mut self) {
         // SAFETY: `ptr` came from calloc and is freed exactly once.
         unsafe { libc::free(self.ptr.as_ptr().cast()) }
+    }
+}
+
+/// The HIPK metadata behind a pointer with no length, as a stream: the
+/// decoder ([`HipkMetadata::read`]) asks for exactly the bytes the map has,
+/// at most 64 KiB, in one pass, so no byte past the caller's metadata is
+/// read.
+struct MetadataReader {
+    ptr: *const u8,
+    pos: usize,
+}
+
+impl Read for MetadataReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        // SAFETY: the decoder reads only bytes that the map it is decoding
+        // still needs (and at most 64 KiB), which lie inside the caller's
+        // readable metadata (kpack_load_code_object's contract).
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ptr.add(self.pos), buf.as_mut_ptr(), buf.len());
+        }
+        self.pos += buf.len();
+        Ok(buf.len())
     }
 }
 
@@ -522,15 +546,11 @@ pub unsafe extern "C" fn kpack_load_code_object(
             .collect::<Result<Vec<&str>, _>>()?;
         // SAFETY: checked non-NULL; live handle and C string.
         let (loader, path) = unsafe { (&(*cache).loader, cstr_path(cstr(binary_path))) };
-        let metadata = hipk_metadata.cast::<u8>();
-        let decode = || {
-            loader::decode_metadata_window(|n| {
-                // SAFETY: the window grows only by bytes the decoder proves
-                // the map still needs, up to 64 KiB, so it stays inside the
-                // caller's metadata (readable, caller's contract).
-                unsafe { std::slice::from_raw_parts(metadata, n) }
-            })
+        let metadata = MetadataReader {
+            ptr: hipk_metadata.cast(),
+            pos: 0,
         };
+        let decode = || HipkMetadata::read(metadata);
         let buf = loader
             .load_with(decode, &path, co_index, &archs, CBuffer::zeroed)
             .map_err(|e| load_error_code(&e))?;

@@ -16,7 +16,8 @@
 //!   `zstd_size` of the whole blob.
 //!
 //! [`Archive`] reads an archive (memory-mapped) and decompresses single
-//! kernels on demand; [`ArchiveWriter`] writes one, compressing kernels in
+//! kernels on demand; [`ArchiveWriter`] writes one; both go through the
+//! one TOC schema of module `toc`. The writer compresses kernels in
 //! parallel with output bytes independent of the thread count. For the same
 //! kernels, archives written here are byte-identical to the reference Python
 //! writer's with scheme `none`, and with `zstd-per-kernel` too once content
@@ -24,6 +25,7 @@
 //! default, SPEC §3).
 
 mod reader;
+mod toc;
 mod writer;
 
 use std::fmt;

@@ -9,23 +9,20 @@
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::Read;
 use std::ops::Deref;
 use std::path::Path;
 use std::sync::OnceLock;
 
-use super::{
-    ArchiveError, Entry, Metadata, Scheme, FORMAT_VERSION, HEADER_SIZE, MAGIC, MAX_FRAMES,
-    MAX_KERNEL_SIZE,
-};
+use super::toc::{self, Layout};
+use super::{ArchiveError, Entry, Scheme, FORMAT_VERSION, HEADER_SIZE, MAGIC, MAX_KERNEL_SIZE};
+use crate::bytes;
 use crate::error::WithPath;
-use crate::msgpack::{self, Value};
+use crate::input::{self, Mapped};
+use crate::msgpack;
 
-/// The bytes of an archive: a read-only memory map (with its file) or an
-/// owned buffer.
+/// The bytes of an archive: a read-only memory map or an owned buffer.
 enum Storage {
-    Mapped(memmap2::Mmap, File),
+    Mapped(Mapped),
     Owned(Box<[u8]>),
 }
 
@@ -33,40 +30,22 @@ impl Deref for Storage {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         match self {
-            Storage::Mapped(m, _) => m,
+            Storage::Mapped(m) => m,
             Storage::Owned(b) => b,
         }
     }
 }
 
 impl Storage {
-    /// The little-endian `u32` at `pos` (a position inside the data).
-    ///
-    /// A mapped archive's is read from the file (`pread`), not through the
-    /// map: the frame index reads one such prefix per frame, spread over
-    /// the whole blob, and each access through the map would cost a page
-    /// fault and map the 64 KiB around it (the kernel's fault-around) into
-    /// the process: tens of MB of RSS, and about a millisecond, for a large
-    /// archive of which one kernel is wanted.
-    fn u32_at(&self, pos: u64) -> u32 {
-        #[cfg(unix)]
-        if let Storage::Mapped(_, file) = self {
-            use std::os::unix::fs::FileExt;
-            let mut b = [0u8; 4];
-            if file.read_exact_at(&mut b, pos).is_ok() {
-                return u32::from_le_bytes(b);
-            }
+    /// The little-endian `u32` at `pos`. A mapped archive's is read from
+    /// the file, not through the map (see [`Mapped::array_at`]): the frame
+    /// index reads one such prefix per frame, spread over the whole blob.
+    fn u32_at(&self, pos: u64) -> Option<u32> {
+        match self {
+            Storage::Mapped(m) => m.array_at(pos).map(u32::from_le_bytes),
+            Storage::Owned(b) => bytes::u32_at(b, pos),
         }
-        read_u32(self, pos)
     }
-}
-
-/// Where the kernels are, per scheme.
-enum Layout {
-    /// `none`: `(offset, size)` per ordinal, validated against the file.
-    Blobs(Vec<(u64, u64)>),
-    /// `zstd-per-kernel`: the blob's range (validated) and its frame count.
-    Zstd { offset: u64, size: u64, count: u64 },
 }
 
 /// An open `.kpack` archive. `Send + Sync`: kernels may be read from several
@@ -105,24 +84,7 @@ impl Archive {
     /// Open and validate the archive at `path` (memory-mapped).
     pub fn open(path: impl AsRef<Path>) -> crate::Result<Archive> {
         let path = path.as_ref();
-        let mut file = File::open(path).with_path(path)?;
-        let len = file.metadata().with_path(path)?.len();
-        let data = if len < HEADER_SIZE {
-            // Too short to be an archive; read it so the error can say why
-            // (and avoid mapping an empty file).
-            let mut buf = Vec::new();
-            file.read_to_end(&mut buf).with_path(path)?;
-            Storage::Owned(buf.into_boxed_slice())
-        } else {
-            // SAFETY: the map is read-only and private to this process; like
-            // every reader of a memory-mapped file we rely on the file not
-            // being truncated or rewritten in place while it is open (kpack
-            // itself only ever replaces archives by renaming a new file over
-            // them, which leaves this mapping intact).
-            #[allow(unsafe_code)] // until the reader uses input::map_file
-            let map = unsafe { memmap2::Mmap::map(&file) }.with_path(path)?;
-            Storage::Mapped(map, file)
-        };
+        let data = Storage::Mapped(input::map_file_with_handle(path)?);
         Archive::from_storage(data).with_path(path)
     }
 
@@ -136,7 +98,7 @@ impl Archive {
         let toc_bytes = data.get(toc_offset as usize..).unwrap_or_default();
         let toc = msgpack::decode(toc_bytes)
             .map_err(|source| ArchiveError::TocParse { toc_offset, source })?;
-        let parsed = parse_toc(&toc, &data, toc_offset)?;
+        let parsed = toc::parse(&toc, &data, toc_offset)?;
         let mut by_key: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         for (i, e) in parsed.entries.iter().enumerate() {
             by_key.entry(e.key.clone()).or_default().push(i);
@@ -434,7 +396,15 @@ impl Archive {
                     end,
                 });
             }
-            let len = u64::from(self.data.u32_at(pos));
+            let Some(len) = self.data.u32_at(pos) else {
+                return Err(ArchiveError::FrameOutOfRange {
+                    index,
+                    offset: pos,
+                    size: 4,
+                    end,
+                });
+            };
+            let len = u64::from(len);
             let start = pos + 4;
             if end - start < len {
                 return Err(ArchiveError::FrameOutOfRange {
@@ -482,29 +452,25 @@ fn decompress_err(entry: &Entry, reason: String) -> ArchiveError {
     }
 }
 
-fn read_u32(data: &[u8], pos: u64) -> u32 {
-    let p = pos as usize;
-    u32::from_le_bytes([data[p], data[p + 1], data[p + 2], data[p + 3]])
-}
-
-/// Check magic, version and TOC offset; return the TOC offset.
+/// Check magic, version and TOC offset; return the TOC offset. Each is
+/// checked as soon as its bytes are there, so a short file with another
+/// version is reported as that.
 fn parse_header(data: &[u8]) -> Result<u64, ArchiveError> {
     let len = data.len() as u64;
-    if let Some(magic) = data.get(..4) {
-        if magic != MAGIC {
-            let mut found = [0u8; 4];
-            found.copy_from_slice(magic);
+    if let Some(found) = bytes::array_at::<4>(data, 0) {
+        if &found != MAGIC {
             return Err(ArchiveError::BadMagic { found });
         }
     }
-    if len < HEADER_SIZE {
-        return Err(ArchiveError::TruncatedHeader { len });
+    if let Some(version) = bytes::u32_at(data, 4) {
+        if version != FORMAT_VERSION {
+            return Err(ArchiveError::UnsupportedVersion { version });
+        }
     }
-    let version = read_u32(data, 4);
-    if version != FORMAT_VERSION {
-        return Err(ArchiveError::UnsupportedVersion { version });
-    }
-    let toc_offset = u64::from(read_u32(data, 8)) | (u64::from(read_u32(data, 12)) << 32);
+    let toc_offset = match bytes::u64_at(data, 8) {
+        Some(offset) if len >= HEADER_SIZE => offset,
+        _ => return Err(ArchiveError::TruncatedHeader { len }),
+    };
     if toc_offset < HEADER_SIZE || toc_offset > len {
         return Err(ArchiveError::TocOffsetOutOfRange {
             toc_offset,
@@ -514,273 +480,12 @@ fn parse_header(data: &[u8]) -> Result<u64, ArchiveError> {
     Ok(toc_offset)
 }
 
-struct ParsedToc {
-    group_name: String,
-    gfx_arch_family: String,
-    gfx_arches: Vec<String>,
-    scheme: Scheme,
-    entries: Vec<Entry>,
-    layout: Layout,
-}
-
-/// Field path helpers for error messages.
-fn sub(path: &str, key: &str) -> String {
-    if path.is_empty() {
-        key.to_owned()
-    } else {
-        format!("{path}.{key}")
-    }
-}
-
-/// A TOC field path for an error message. Paths of per-kernel fields are
-/// passed as [`Lazy`] closures: formatting them for every entry of a large
-/// TOC, error or not, was a good part of the time `open` took.
-trait FieldPath {
-    fn into_path(self) -> String;
-}
-
-impl FieldPath for &str {
-    fn into_path(self) -> String {
-        self.to_owned()
-    }
-}
-
-impl FieldPath for String {
-    fn into_path(self) -> String {
-        self
-    }
-}
-
-/// A field path built only if an error needs it.
-#[derive(Clone, Copy)]
-struct Lazy<F>(F);
-
-impl<F: FnOnce() -> String> FieldPath for Lazy<F> {
-    fn into_path(self) -> String {
-        (self.0)()
-    }
-}
-
-fn wrong_type(field: impl FieldPath, expected: &'static str, v: &Value) -> ArchiveError {
-    ArchiveError::TocFieldType {
-        field: field.into_path(),
-        expected,
-        found: v.type_name(),
-    }
-}
-
-fn require<'v>(map: &'v Value, path: impl FieldPath, key: &str) -> Result<&'v Value, ArchiveError> {
-    map.get(key).ok_or_else(|| ArchiveError::TocFieldMissing {
-        field: sub(&path.into_path(), key),
-    })
-}
-
-fn as_str(v: &Value, field: impl FieldPath) -> Result<&str, ArchiveError> {
-    v.as_str().ok_or_else(|| wrong_type(field, "str", v))
-}
-
-fn as_u64(v: &Value, field: impl FieldPath) -> Result<u64, ArchiveError> {
-    match v {
-        Value::UInt(u) => Ok(*u),
-        Value::Int(i) => Err(ArchiveError::TocFieldValue {
-            field: field.into_path(),
-            reason: format!("{i} is negative"),
-        }),
-        other => Err(wrong_type(field, "int", other)),
-    }
-}
-
-fn as_map(v: &Value, field: impl FieldPath) -> Result<&[(Value, Value)], ArchiveError> {
-    v.as_map().ok_or_else(|| wrong_type(field, "map", v))
-}
-
-fn as_array(v: &Value, field: impl FieldPath) -> Result<&[Value], ArchiveError> {
-    v.as_array().ok_or_else(|| wrong_type(field, "array", v))
-}
-
-/// A map key that must be a str.
-fn key_str(k: &Value, map_field: impl FieldPath) -> Result<&str, ArchiveError> {
-    k.as_str()
-        .ok_or_else(|| wrong_type(format!("{} (a key)", map_field.into_path()), "str", k))
-}
-
-fn parse_toc(toc: &Value, data: &[u8], toc_offset: u64) -> Result<ParsedToc, ArchiveError> {
-    if toc.as_map().is_none() {
-        return Err(wrong_type("(TOC root)", "map", toc));
-    }
-    if let Some(v) = toc.get("format_version") {
-        let version = as_u64(v, "format_version")?;
-        if version != u64::from(FORMAT_VERSION) {
-            return Err(ArchiveError::TocFieldValue {
-                field: "format_version".into(),
-                reason: format!("{version}, expected {FORMAT_VERSION}"),
-            });
-        }
-    }
-    let group_name = as_str(require(toc, "", "group_name")?, "group_name")?.to_owned();
-    let gfx_arch_family =
-        as_str(require(toc, "", "gfx_arch_family")?, "gfx_arch_family")?.to_owned();
-    let gfx_arches = as_array(require(toc, "", "gfx_arches")?, "gfx_arches")?
-        .iter()
-        .enumerate()
-        .map(|(i, v)| as_str(v, format!("gfx_arches[{i}]")).map(str::to_owned))
-        .collect::<Result<Vec<_>, _>>()?;
-    let scheme = match toc.get("compression_scheme") {
-        None => Scheme::None,
-        Some(v) => {
-            let name = as_str(v, "compression_scheme")?;
-            Scheme::from_name(name).ok_or_else(|| ArchiveError::UnknownScheme {
-                scheme: name.to_owned(),
-            })?
-        }
-    };
-
-    // The data area: between the header and the TOC.
-    let (start, end) = (HEADER_SIZE, toc_offset);
-    let layout = match scheme {
-        Scheme::None => {
-            let blobs = as_array(require(toc, "", "blobs")?, "blobs")?;
-            let mut ranges = Vec::with_capacity(blobs.len());
-            for (i, b) in blobs.iter().enumerate() {
-                let path = move || format!("blobs[{i}]");
-                let at = move |f: &'static str| Lazy(move || sub(&path(), f));
-                as_map(b, Lazy(path))?;
-                let offset = as_u64(require(b, Lazy(path), "offset")?, at("offset"))?;
-                let size = as_u64(require(b, Lazy(path), "size")?, at("size"))?;
-                let inside = offset >= start && offset.checked_add(size).is_some_and(|e| e <= end);
-                if !inside {
-                    return Err(ArchiveError::BlobOutOfRange {
-                        index: i as u64,
-                        offset,
-                        size,
-                        start,
-                        end,
-                    });
-                }
-                ranges.push((offset, size));
-            }
-            Layout::Blobs(ranges)
-        }
-        Scheme::ZstdPerKernel => {
-            let offset = as_u64(require(toc, "", "zstd_offset")?, "zstd_offset")?;
-            let size = as_u64(require(toc, "", "zstd_size")?, "zstd_size")?;
-            let inside = offset >= start && offset.checked_add(size).is_some_and(|e| e <= end);
-            if !inside {
-                return Err(ArchiveError::ZstdBlobOutOfRange {
-                    offset,
-                    size,
-                    start,
-                    end,
-                });
-            }
-            if size < 4 {
-                return Err(ArchiveError::TocFieldValue {
-                    field: "zstd_size".into(),
-                    reason: format!("{size} is too small to hold the frame count"),
-                });
-            }
-            let count = u64::from(read_u32(data, offset));
-            if count > MAX_FRAMES {
-                return Err(ArchiveError::TooManyFrames {
-                    count,
-                    max: MAX_FRAMES,
-                });
-            }
-            Layout::Zstd {
-                offset,
-                size,
-                count,
-            }
-        }
-    };
-    let kernel_count = match &layout {
-        Layout::Blobs(b) => b.len() as u64,
-        Layout::Zstd { count, .. } => *count,
-    };
-
-    let mut entries = Vec::new();
-    let toc_map = as_map(require(toc, "", "toc")?, "toc")?;
-    for (k, targets) in toc_map {
-        let key = key_str(k, "toc")?;
-        let key_path = move || format!("toc[{key:?}]");
-        let first = entries.len();
-        for (t, e) in as_map(targets, Lazy(key_path))? {
-            let target = key_str(t, Lazy(key_path))?;
-            let path = move || format!("toc[{key:?}][{target:?}]");
-            let at = move |f: &'static str| Lazy(move || sub(&path(), f));
-            as_map(e, Lazy(path))?;
-            if entries[first..].iter().any(|x: &Entry| x.target == target) {
-                return Err(ArchiveError::DuplicateKernel {
-                    key: key.to_owned(),
-                    target: target.to_owned(),
-                });
-            }
-            let kind = match e.get("type") {
-                None => None,
-                Some(v) => Some(as_str(v, at("type"))?.to_owned()),
-            };
-            let ordinal = as_u64(require(e, Lazy(path), "ordinal")?, at("ordinal"))?;
-            let ordinal = u32::try_from(ordinal).map_err(|_| ArchiveError::TocFieldValue {
-                field: at("ordinal").into_path(),
-                reason: format!("{ordinal} does not fit in 32 bits"),
-            })?;
-            if u64::from(ordinal) >= kernel_count {
-                return Err(ArchiveError::OrdinalOutOfRange {
-                    key: key.to_owned(),
-                    target: target.to_owned(),
-                    ordinal: ordinal.into(),
-                    count: kernel_count,
-                });
-            }
-            let original_size = as_u64(
-                require(e, Lazy(path), "original_size")?,
-                at("original_size"),
-            )?;
-            let metadata = match e.get("metadata") {
-                None => None,
-                Some(m) => {
-                    let pairs = as_map(m, at("metadata"))?
-                        .iter()
-                        .map(|(mk, mv)| Ok((key_str(mk, at("metadata"))?.to_owned(), mv.clone())))
-                        .collect::<Result<Metadata, ArchiveError>>()?;
-                    Some(pairs)
-                }
-            };
-            entries.push(Entry {
-                key: key.to_owned(),
-                target: target.to_owned(),
-                kind,
-                ordinal,
-                original_size,
-                metadata,
-            });
-        }
-    }
-    // A key listed twice in the `toc` map: its targets must not repeat either.
-    let mut seen = std::collections::HashSet::new();
-    for e in &entries {
-        if !seen.insert((e.key.as_str(), e.target.as_str())) {
-            return Err(ArchiveError::DuplicateKernel {
-                key: e.key.clone(),
-                target: e.target.clone(),
-            });
-        }
-    }
-
-    Ok(ParsedToc {
-        group_name,
-        gfx_arch_family,
-        gfx_arches,
-        scheme,
-        entries,
-        layout,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::test_support::*;
     use super::*;
+    use crate::archive::MAX_FRAMES;
+    use crate::msgpack::Value;
 
     fn assert_send_sync<T: Send + Sync>() {}
 
@@ -914,7 +619,7 @@ mod tests {
 
     /// Decode the TOC of `bytes`, let `f` change it, and re-encode it.
     fn with_toc(bytes: &[u8], f: impl FnOnce(&mut Value)) -> Vec<u8> {
-        let toc_offset = u64::from_le_bytes(bytes[8..16].try_into().unwrap()) as usize;
+        let toc_offset = bytes::u64_at(bytes, 8).unwrap() as usize;
         let mut toc = msgpack::decode(&bytes[toc_offset..]).unwrap();
         f(&mut toc);
         let mut out = bytes[..toc_offset].to_vec();
@@ -970,27 +675,73 @@ mod tests {
         ));
     }
 
+    /// SPEC §4: a header with another version is UNSUPPORTED_VERSION as
+    /// soon as the version is there, however short the file.
+    #[test]
+    fn version_checked_before_length() {
+        for len in [8usize, 20, 63] {
+            let mut b = b"KPAK".to_vec();
+            b.extend(999u32.to_le_bytes());
+            b.resize(len, 0xab);
+            let e = open_err(b);
+            assert!(
+                matches!(e, ArchiveError::UnsupportedVersion { version: 999 }),
+                "{len}: {e}"
+            );
+            assert_eq!(
+                e.to_string(),
+                "unsupported kpack archive version 999 (supported: 1)"
+            );
+        }
+        // Shorter than the version: truncated.
+        assert!(matches!(
+            open_err(b"KPAK\xe7\x03".to_vec()),
+            ArchiveError::TruncatedHeader { len: 6 }
+        ));
+        // Through a file: the error names it.
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("v999.kpack");
+        let mut b = b"KPAK".to_vec();
+        b.extend(999u32.to_le_bytes());
+        b.resize(20, 0);
+        std::fs::write(&p, b).unwrap();
+        let err = Archive::open(&p).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                crate::Error::Archive {
+                    source: ArchiveError::UnsupportedVersion { version: 999 },
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err
+            .to_string()
+            .contains("unsupported kpack archive version 999"));
+    }
+
     #[test]
     fn toc_offset_out_of_range() {
         let mut b = noop_bytes();
         let len = b.len() as u64;
-        b[8..16].copy_from_slice(&(len + 1).to_le_bytes());
+        bytes::put_u64(&mut b, 8, len + 1);
         assert!(matches!(
             open_err(b.clone()),
             ArchiveError::TocOffsetOutOfRange { toc_offset, file_len } if toc_offset == len + 1 && file_len == len
         ));
-        b[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+        bytes::put_u64(&mut b, 8, u64::MAX);
         assert!(matches!(
             open_err(b.clone()),
             ArchiveError::TocOffsetOutOfRange { .. }
         ));
-        b[8..16].copy_from_slice(&10u64.to_le_bytes());
+        bytes::put_u64(&mut b, 8, 10u64);
         assert!(matches!(
             open_err(b.clone()),
             ArchiveError::TocOffsetOutOfRange { toc_offset: 10, .. }
         ));
         // TOC offset at the very end: an empty TOC.
-        b[8..16].copy_from_slice(&len.to_le_bytes());
+        bytes::put_u64(&mut b, 8, len);
         assert!(matches!(
             open_err(b),
             ArchiveError::TocParse {
@@ -1003,7 +754,7 @@ mod tests {
     #[test]
     fn toc_not_msgpack() {
         let b = noop_bytes();
-        let toc_offset = u64::from_le_bytes(b[8..16].try_into().unwrap()) as usize;
+        let toc_offset = bytes::u64_at(&b, 8).unwrap() as usize;
         let mut bad = b[..toc_offset].to_vec();
         bad.extend_from_slice(&[0xc1, 0x00]);
         assert!(matches!(
@@ -1070,7 +821,7 @@ mod tests {
             ),
             (
                 vec!["toc", "bin/testapp#0", "gfx900", "type"],
-                Value::Bool(true),
+                Value::Boolean(true),
                 r#"toc["bin/testapp#0"]["gfx900"].type"#,
             ),
             (vec!["compression_scheme"], Value::Nil, "compression_scheme"),
@@ -1311,7 +1062,7 @@ mod tests {
             w.add(*k, *t, b.as_slice(), None).unwrap();
         }
         let good = w.to_vec().unwrap();
-        let len0 = u32::from_le_bytes(good[68..72].try_into().unwrap()) as usize;
+        let len0 = bytes::u32_at(&good, 68).unwrap() as usize;
         // Damage the last byte of frame 0 (its checksum) and a byte in its body.
         for pos in [72 + len0 - 1, 72 + len0 / 2] {
             let mut b = good.clone();
@@ -1336,7 +1087,7 @@ mod tests {
     fn frame_lengths_and_counts() {
         // frame_len of frame 1 runs past the blob: found on the first read.
         let mut b = zstd_bytes();
-        b[68 + 4 + 41..68 + 4 + 41 + 4].copy_from_slice(&1000u32.to_le_bytes());
+        bytes::put_u32(&mut b, 68 + 4 + 41, 1000);
         let a = Archive::from_bytes(b).unwrap();
         for _ in 0..2 {
             assert!(matches!(
@@ -1351,7 +1102,7 @@ mod tests {
         }
         // More frames claimed than the blob holds.
         let mut b = zstd_bytes();
-        b[64..68].copy_from_slice(&4u32.to_le_bytes());
+        bytes::put_u32(&mut b, 64, 4);
         let a = Archive::from_bytes(b).unwrap();
         assert!(matches!(
             a.kernel("lib/libhip.so#0", "gfx1100"),
@@ -1359,11 +1110,11 @@ mod tests {
         ));
         // Too many frames.
         let mut b = zstd_bytes();
-        b[64..68].copy_from_slice(&(MAX_FRAMES as u32 + 1).to_le_bytes());
+        bytes::put_u32(&mut b, 64, MAX_FRAMES as u32 + 1);
         assert!(matches!(open_err(b), ArchiveError::TooManyFrames { .. }));
         // Fewer frames than ordinals.
         let mut b = zstd_bytes();
-        b[64..68].copy_from_slice(&2u32.to_le_bytes());
+        bytes::put_u32(&mut b, 64, 2);
         assert!(matches!(
             open_err(b),
             ArchiveError::OrdinalOutOfRange {

@@ -15,12 +15,14 @@ use std::path::Path;
 
 use rayon::prelude::*;
 
+use super::toc::{EntryOut, Layout, TocOut};
 use super::{
-    ArchiveError, Metadata, Scheme, DEFAULT_ZSTD_LEVEL, FORMAT_VERSION, HEADER_SIZE, KERNEL_TYPE,
-    MAGIC, MAX_FRAMES, MAX_KERNEL_SIZE, MAX_ZSTD_SIZE,
+    ArchiveError, Metadata, Scheme, DEFAULT_ZSTD_LEVEL, FORMAT_VERSION, HEADER_SIZE, MAGIC,
+    MAX_FRAMES, MAX_KERNEL_SIZE, MAX_ZSTD_SIZE,
 };
+use crate::bytes;
 use crate::error::WithPath;
-use crate::msgpack::{self, Value};
+use crate::msgpack;
 
 /// See [`ArchiveWriter::on_written`].
 type WrittenHook<'a> = Box<dyn Fn(&[u8]) + Sync + 'a>;
@@ -216,91 +218,22 @@ impl<'a> ArchiveWriter<'a> {
 
     /// Write the archive to `out`, starting at its current position.
     pub fn write_to<W: Write + Seek>(&self, mut out: W) -> Result<WriteSummary, ArchiveError> {
+        self.check_writable()?;
         let base = out.stream_position()?;
-        let n = self.kernels.len() as u64;
-        if self.scheme == Scheme::ZstdPerKernel {
-            let range = zstd::compression_level_range();
-            if !range.contains(&self.level) {
-                return Err(ArchiveError::InvalidZstdLevel {
-                    level: self.level,
-                    min: *range.start(),
-                    max: *range.end(),
-                });
-            }
-            if n > MAX_FRAMES {
-                return Err(ArchiveError::TooManyFrames {
-                    count: n,
-                    max: MAX_FRAMES,
-                });
-            }
-        }
-
-        // Header with a placeholder TOC offset.
+        // Header with a placeholder TOC offset, patched at the end.
         let mut header = [0u8; HEADER_SIZE as usize];
         header[0..4].copy_from_slice(MAGIC);
-        header[4..8].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        bytes::put_u32(&mut header, 4, FORMAT_VERSION);
         out.write_all(&header)?;
-        let mut pos = HEADER_SIZE;
-
-        let blob_fields = match self.scheme {
-            Scheme::None => {
-                let mut blobs = Vec::with_capacity(self.kernels.len());
-                for k in &self.kernels {
-                    out.write_all(&k.data)?;
-                    if let Some(done) = &self.done {
-                        done(&k.data);
-                    }
-                    let size = k.data.len() as u64;
-                    blobs.push(Value::str_map([
-                        ("offset", Value::from(pos)),
-                        ("size", Value::from(size)),
-                    ]));
-                    pos += size;
-                }
-                vec![("blobs", Value::Array(blobs))]
-            }
-            Scheme::ZstdPerKernel => {
-                // n <= MAX_FRAMES, so it fits in u32.
-                out.write_all(&(n as u32).to_le_bytes())?;
-                let mut zstd_size: u64 = 4;
-                for batch in self.batches() {
-                    let frames: Vec<Result<Vec<u8>, ArchiveError>> = batch
-                        .par_iter()
-                        .map_init(
-                            || self.compressor(),
-                            |c, k| match c {
-                                Ok(c) => c.compress(&k.data).map_err(|e| compress_err(k, &e)),
-                                Err(e) => Err(compress_err(k, e)),
-                            },
-                        )
-                        .collect();
-                    for (frame, k) in frames.into_iter().zip(batch) {
-                        let frame = frame?;
-                        if let Some(done) = &self.done {
-                            done(&k.data);
-                        }
-                        zstd_size += 4 + frame.len() as u64;
-                        if zstd_size > MAX_ZSTD_SIZE {
-                            return Err(ArchiveError::ZstdBlobTooLarge {
-                                size: zstd_size,
-                                max: MAX_ZSTD_SIZE,
-                            });
-                        }
-                        // Fits: zstd_size <= 4 GiB.
-                        out.write_all(&(frame.len() as u32).to_le_bytes())?;
-                        out.write_all(&frame)?;
-                    }
-                }
-                pos += zstd_size;
-                vec![
-                    ("zstd_offset", Value::from(HEADER_SIZE)),
-                    ("zstd_size", Value::from(zstd_size)),
-                ]
-            }
+        let layout = match self.scheme {
+            Scheme::None => self.write_kernels(&mut out)?,
+            Scheme::ZstdPerKernel => self.write_frames(&mut out)?,
         };
-
-        let toc_offset = pos;
-        let toc = msgpack::encode(&self.toc(blob_fields));
+        let toc_offset = match &layout {
+            Layout::Blobs(blobs) => blobs.last().map_or(HEADER_SIZE, |&(o, s)| o + s),
+            Layout::Zstd { offset, size, .. } => offset + size,
+        };
+        let toc = msgpack::to_vec(&self.toc(layout));
         out.write_all(&toc)?;
         let end = toc_offset + toc.len() as u64;
         out.seek(SeekFrom::Start(base + 8))?;
@@ -312,6 +245,91 @@ impl<'a> ArchiveWriter<'a> {
             bytes_in: self.kernels.iter().map(|k| k.data.len() as u64).sum(),
             bytes_out: end,
         })
+    }
+
+    /// The checks a `zstd-per-kernel` archive needs before anything is
+    /// written: a valid level and not too many frames.
+    fn check_writable(&self) -> Result<(), ArchiveError> {
+        if self.scheme != Scheme::ZstdPerKernel {
+            return Ok(());
+        }
+        let range = zstd::compression_level_range();
+        if !range.contains(&self.level) {
+            return Err(ArchiveError::InvalidZstdLevel {
+                level: self.level,
+                min: *range.start(),
+                max: *range.end(),
+            });
+        }
+        let n = self.kernels.len() as u64;
+        if n > MAX_FRAMES {
+            return Err(ArchiveError::TooManyFrames {
+                count: n,
+                max: MAX_FRAMES,
+            });
+        }
+        Ok(())
+    }
+
+    /// Scheme `none`: the kernels as they are, one after the other.
+    fn write_kernels(&self, out: &mut impl Write) -> Result<Layout, ArchiveError> {
+        let mut blobs = Vec::with_capacity(self.kernels.len());
+        let mut pos = HEADER_SIZE;
+        for k in &self.kernels {
+            out.write_all(&k.data)?;
+            if let Some(done) = &self.done {
+                done(&k.data);
+            }
+            let size = k.data.len() as u64;
+            blobs.push((pos, size));
+            pos += size;
+        }
+        Ok(Layout::Blobs(blobs))
+    }
+
+    /// Scheme `zstd-per-kernel`: `u32` frame count, then `u32` length and
+    /// frame per kernel, compressed in parallel batch by batch.
+    fn write_frames(&self, out: &mut impl Write) -> Result<Layout, ArchiveError> {
+        // check_writable: at most MAX_FRAMES kernels, so the count fits.
+        out.write_all(&(self.kernels.len() as u32).to_le_bytes())?;
+        let mut zstd_size: u64 = 4;
+        for batch in self.batches() {
+            for (frame, k) in self.compress(batch).into_iter().zip(batch) {
+                let frame = frame?;
+                if let Some(done) = &self.done {
+                    done(&k.data);
+                }
+                zstd_size += 4 + frame.len() as u64;
+                if zstd_size > MAX_ZSTD_SIZE {
+                    return Err(ArchiveError::ZstdBlobTooLarge {
+                        size: zstd_size,
+                        max: MAX_ZSTD_SIZE,
+                    });
+                }
+                // Fits: zstd_size <= 4 GiB.
+                out.write_all(&(frame.len() as u32).to_le_bytes())?;
+                out.write_all(&frame)?;
+            }
+        }
+        Ok(Layout::Zstd {
+            offset: HEADER_SIZE,
+            size: zstd_size,
+            count: self.kernels.len() as u64,
+        })
+    }
+
+    /// The frames of `batch`, compressed in parallel, in order.
+    fn compress(&self, batch: &[Pending<'a>]) -> Vec<Result<Vec<u8>, ArchiveError>> {
+        batch
+            .par_iter()
+            .map_init(
+                || self.compressor(),
+                |c, k| match c {
+                    Ok(c) => c.compress(&k.data).map_err(|e| compress_err(k, &e)),
+                    Err(e) => Err(compress_err(k, e)),
+                },
+            )
+            .collect()
     }
 
     /// The archive as bytes in memory.
@@ -348,55 +366,35 @@ impl<'a> ArchiveWriter<'a> {
         Ok(c)
     }
 
-    /// The TOC map, keys in SPEC order.
-    fn toc(&self, blob_fields: Vec<(&str, Value)>) -> Value {
-        let toc = self
+    /// The TOC of these kernels stored as `layout` says.
+    fn toc(&self, layout: Layout) -> TocOut<'_> {
+        let keys = self
             .keys
             .iter()
             .map(|(key, indices)| {
-                let targets = indices
+                let entries = indices
                     .iter()
                     .map(|&i| {
                         let k = &self.kernels[i];
-                        let mut e = vec![
-                            (Value::from("type"), Value::from(KERNEL_TYPE)),
-                            (Value::from("ordinal"), Value::from(i)),
-                            (Value::from("original_size"), Value::from(k.data.len())),
-                        ];
-                        if let Some(m) = &k.metadata {
-                            let m = m
-                                .iter()
-                                .map(|(mk, mv)| (Value::from(mk.as_str()), mv.clone()))
-                                .collect();
-                            e.push((Value::from("metadata"), Value::Map(m)));
+                        EntryOut {
+                            target: &k.target,
+                            ordinal: i,
+                            original_size: k.data.len() as u64,
+                            metadata: k.metadata.as_ref(),
                         }
-                        (Value::from(k.target.as_str()), Value::Map(e))
                     })
                     .collect();
-                (Value::from(key.as_str()), Value::Map(targets))
+                (key.as_str(), entries)
             })
             .collect();
-        let mut fields = vec![
-            ("format_version", Value::from(FORMAT_VERSION)),
-            ("group_name", Value::from(self.group_name.as_str())),
-            (
-                "gfx_arch_family",
-                Value::from(self.gfx_arch_family.as_str()),
-            ),
-            (
-                "gfx_arches",
-                Value::Array(
-                    self.gfx_arches
-                        .iter()
-                        .map(|a| Value::from(a.as_str()))
-                        .collect(),
-                ),
-            ),
-            ("toc", Value::Map(toc)),
-            ("compression_scheme", Value::from(self.scheme.name())),
-        ];
-        fields.extend(blob_fields);
-        Value::str_map(fields)
+        TocOut {
+            group_name: &self.group_name,
+            gfx_arch_family: &self.gfx_arch_family,
+            gfx_arches: &self.gfx_arches,
+            scheme: self.scheme,
+            keys,
+            layout,
+        }
     }
 }
 
@@ -431,6 +429,7 @@ mod tests {
     use super::super::test_support::*;
     use super::super::Archive;
     use super::*;
+    use crate::msgpack::Value;
 
     fn writer_for<'a>(
         family: &str,
@@ -490,7 +489,7 @@ mod tests {
         assert_eq!(a.scheme(), Scheme::ZstdPerKernel);
         let mut pos = 68usize;
         for _ in 0..3 {
-            let len = u32::from_le_bytes(bytes[pos..pos + 4].try_into().unwrap()) as usize;
+            let len = bytes::u32_at(&bytes, pos as u64).unwrap() as usize;
             assert_eq!(&bytes[pos + 4..pos + 8], &[0x28, 0xb5, 0x2f, 0xfd]);
             assert_ne!(bytes[pos + 8] & 0x04, 0, "checksum flag");
             pos += 4 + len;
@@ -588,7 +587,7 @@ mod tests {
         assert_eq!(e.metadata_str("source_prefix"), Some("torch"));
         assert_eq!(a.kernel("z/b.so#1", "gfx90a:xnack-").unwrap(), vec![3u8; 5]);
         // TOC key order: the entry map is type, ordinal, original_size, metadata.
-        let toc_offset = u64::from_le_bytes(bytes[8..16].try_into().unwrap()) as usize;
+        let toc_offset = bytes::u64_at(&bytes, 8).unwrap() as usize;
         let toc = msgpack::decode(&bytes[toc_offset..]).unwrap();
         let names: Vec<_> = toc
             .as_map()
@@ -608,13 +607,9 @@ mod tests {
                 "blobs"
             ]
         );
-        let entry = toc
-            .get("toc")
-            .unwrap()
-            .get("z/b.so#0")
-            .unwrap()
-            .get("gfx90a:xnack-")
-            .unwrap();
+        let entry = ["toc", "z/b.so#0", "gfx90a:xnack-"]
+            .iter()
+            .fold(&toc, |v, k| msgpack::get(v, k).unwrap());
         let names: Vec<_> = entry
             .as_map()
             .unwrap()

@@ -31,7 +31,7 @@ pub use transform::{TransformError, WrapperChange};
 pub use verify::{verify_elf, Verified, VerifyError};
 
 /// The placeholder for a target ID in search paths.
-pub use crate::loader::GFXARCH;
+pub use crate::hipk::GFXARCH;
 
 /// How to offload.
 #[derive(Debug, Clone)]

@@ -5,11 +5,16 @@
 //! This is the whole search logic of `kpack_load_code_object`, as a safe
 //! Rust API; the C API in `kpack-cxx` only checks pointers and maps errors.
 //!
-//! - [`Config`] holds the environment (`ROCM_KPACK_*`), read once.
-//! - [`Loader`] is the cache: archives are opened lazily, once, keyed by
-//!   canonical path, and shared between threads (`Loader` is `Send + Sync`).
-//! - [`discover_binary_path`] finds the file mapped at an address (Linux:
-//!   `/proc/self/maps`); [`find_mapping`] is its pure parser.
+//! - `config`: [`Config`] holds the environment (`ROCM_KPACK_*`), read
+//!   once.
+//! - this module: [`Loader`] is the cache: archives are opened lazily,
+//!   once, keyed by canonical path, and shared between threads (`Loader` is
+//!   `Send + Sync`); [`Loader::load_with`] runs SPEC §4's steps.
+//! - `search`: the candidate archive paths, the archive cache and the walk
+//!   over targets and candidates (steps 4 to 6).
+//! - `discover`: [`discover_binary_path`] finds the file mapped at an
+//!   address (Linux: `/proc/self/maps`); [`find_mapping`] is its pure
+//!   parser.
 //!
 //! Search order (SPEC §4 step 6): for each requested architecture in order,
 //! for each compatible target (most specific first), for each candidate
@@ -32,82 +37,23 @@
 //! # Ok::<(), kpack_core::loader::LoadError>(())
 //! ```
 
-use std::collections::HashMap;
-use std::ffi::{OsStr, OsString};
+mod config;
+mod discover;
+mod search;
+
 use std::fmt;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::archive::{Archive, ArchiveError, Entry};
-use crate::hipk::{HipkError, HipkMetadata, MAX_METADATA_SIZE};
-use crate::msgpack::DecodeError;
-use crate::target::{TargetId, AGENT_ISA_PREFIX};
+pub use config::{
+    flag_is_set, path_list, Config, ENV_DEBUG, ENV_DISABLE, ENV_PATH, ENV_PATH_PREFIX,
+};
+pub use discover::{discover_binary_path, find_mapping, DiscoverError, MappedFile};
 
-/// Set (non-empty, not starting with `0`): every load fails with
-/// [`LoadError::Disabled`].
-pub const ENV_DISABLE: &str = "ROCM_KPACK_DISABLE";
-/// Set (same rule): diagnostic lines `kpack: ...` on stderr.
-pub const ENV_DEBUG: &str = "ROCM_KPACK_DEBUG";
-/// Archive paths that replace the embedded search paths.
-pub const ENV_PATH: &str = "ROCM_KPACK_PATH";
-/// Archive paths searched before the embedded search paths.
-pub const ENV_PATH_PREFIX: &str = "ROCM_KPACK_PATH_PREFIX";
-/// Stands for a target ID in embedded search paths.
-pub const GFXARCH: &str = "@GFXARCH@";
-
-/// The loader's configuration, normally read from the environment once.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Config {
-    /// `ROCM_KPACK_DISABLE`.
-    pub disabled: bool,
-    /// `ROCM_KPACK_DEBUG`.
-    pub debug: bool,
-    /// `ROCM_KPACK_PATH`: literal archive paths (relative ones against the
-    /// current directory) that replace the embedded search paths; `None`
-    /// when unset or without a non-empty component.
-    pub path_override: Option<Vec<PathBuf>>,
-    /// `ROCM_KPACK_PATH_PREFIX`: literal archive paths searched before the
-    /// embedded ones.
-    pub path_prefix: Vec<PathBuf>,
-}
-
-impl Config {
-    /// Read the `ROCM_KPACK_*` variables of this process.
-    pub fn from_env() -> Config {
-        Config::from_vars(|name| std::env::var_os(name))
-    }
-
-    /// Build a configuration from a variable lookup (`name -> value`).
-    pub fn from_vars(mut var: impl FnMut(&str) -> Option<OsString>) -> Config {
-        let list = path_list(var(ENV_PATH).as_deref());
-        Config {
-            disabled: flag_is_set(var(ENV_DISABLE).as_deref()),
-            debug: flag_is_set(var(ENV_DEBUG).as_deref()),
-            path_override: (!list.is_empty()).then_some(list),
-            path_prefix: path_list(var(ENV_PATH_PREFIX).as_deref()),
-        }
-    }
-}
-
-/// The rule for boolean variables: set, non-empty and not starting with `0`.
-pub fn flag_is_set(value: Option<&OsStr>) -> bool {
-    match value.map(OsStr::as_encoded_bytes) {
-        Some([first, ..]) => *first != b'0',
-        _ => false,
-    }
-}
-
-/// Split a path list (`:`-separated; `;` on Windows), dropping empty
-/// components.
-pub fn path_list(value: Option<&OsStr>) -> Vec<PathBuf> {
-    match value {
-        Some(v) => std::env::split_paths(v)
-            .filter(|p| !p.as_os_str().is_empty())
-            .collect(),
-        None => Vec::new(),
-    }
-}
+use crate::archive::ArchiveError;
+use crate::hipk::{HipkError, HipkMetadata};
+use search::{Search, State};
 
 /// Why a code object could not be loaded. Each variant is one error code of
 /// the C API.
@@ -154,49 +100,6 @@ pub enum LoadError {
 
 /// Where a debug line goes.
 type LogSink = Arc<dyn Fn(&str) + Send + Sync>;
-
-/// An archive the loader opened, with its `gfx_arches` parsed once.
-struct Opened {
-    path: PathBuf,
-    archive: Archive,
-    /// `(parsed, as written)` for each `gfx_arches` entry that parses.
-    targets: Vec<(TargetId, String)>,
-}
-
-impl Opened {
-    /// The archive's own spelling of `target`, if it serves it.
-    fn serves(&self, target: &TargetId) -> Option<&str> {
-        self.targets
-            .iter()
-            .find(|(t, _)| t == target)
-            .map(|(_, s)| s.as_str())
-    }
-
-    /// The entry of `key` for `target` (spelled `spelling` in `gfx_arches`).
-    fn entry(&self, key: &str, spelling: &str, target: &TargetId) -> Option<&Entry> {
-        self.archive.entry(key, spelling).or_else(|| {
-            self.archive
-                .targets_of(key)
-                .find(|t| TargetId::parse(t).as_ref() == Ok(target))
-                .and_then(|t| self.archive.entry(key, t))
-        })
-    }
-}
-
-/// One archive, opened at most once. `canonical` is `None` when the
-/// candidate path does not resolve (the cell then holds `None`).
-struct Slot {
-    canonical: Option<PathBuf>,
-    cell: OnceLock<Option<Arc<Opened>>>,
-}
-
-#[derive(Default)]
-struct State {
-    /// Candidate path as built -> its archive.
-    by_candidate: HashMap<PathBuf, Arc<Slot>>,
-    /// Canonical path -> its archive (shared by every candidate naming it).
-    by_canonical: HashMap<PathBuf, Arc<Slot>>,
-}
 
 /// The loader and its archive cache (the C API's `kpack_cache_t`).
 ///
@@ -338,227 +241,15 @@ impl Loader {
         // Step 4.
         let candidates = self.candidates(&metadata, binary_path, &agents);
         // Steps 5 and 6.
-        let mut opened: Vec<Option<Option<Arc<Opened>>>> = vec![None; candidates.len()];
-        let mut read_error: Option<LoadError> = None;
-        let mut target_matched = false;
-        for (_, targets) in &agents {
-            for target in targets {
-                for i in 0..candidates.len() {
-                    let Some(archive) = self.candidate(&candidates, &mut opened, i) else {
-                        continue;
-                    };
-                    let Some(spelling) = archive.serves(target) else {
-                        continue;
-                    };
-                    target_matched = true;
-                    let Some(entry) = archive.entry(&key, spelling, target) else {
-                        self.debug(format_args!(
-                            "{}: has {spelling} but not {key}",
-                            archive.path.display()
-                        ));
-                        continue;
-                    };
-                    // Validate before allocating original_size bytes.
-                    if let Err(e) = archive.archive.check(entry) {
-                        self.debug(format_args!(
-                            "{}: reading {key} for {spelling} failed: {e}",
-                            archive.path.display()
-                        ));
-                        read_error.get_or_insert(LoadError::Read {
-                            path: archive.path.clone(),
-                            source: e,
-                        });
-                        continue;
-                    }
-                    let size = entry.original_size;
-                    let out_of_memory = || LoadError::OutOfMemory {
-                        key: key.clone(),
-                        size,
-                    };
-                    let len = usize::try_from(size).map_err(|_| out_of_memory())?;
-                    let mut buf = alloc(len).ok_or_else(out_of_memory)?;
-                    match archive.archive.read_into(entry, buf.as_mut()) {
-                        Ok(()) => {
-                            self.debug(format_args!(
-                                "loaded {key} for {spelling} from {} ({size} bytes)",
-                                archive.path.display()
-                            ));
-                            return Ok(buf);
-                        }
-                        Err(e) => {
-                            self.debug(format_args!(
-                                "{}: reading {key} for {spelling} failed: {e}",
-                                archive.path.display()
-                            ));
-                            read_error.get_or_insert(LoadError::Read {
-                                path: archive.path.clone(),
-                                source: e,
-                            });
-                        }
-                    }
-                }
+        let mut search = Search::new(self, &key, candidates);
+        for target in agents.iter().flat_map(|(_, t)| t) {
+            if let Some(buf) = search.find(target, &mut alloc)? {
+                return Ok(buf);
             }
         }
-        // Every candidate counts for the verdict, also when no target was
-        // tried (e.g. no architecture parsed).
-        let mut any_open = false;
-        for i in 0..candidates.len() {
-            any_open |= self.candidate(&candidates, &mut opened, i).is_some();
-        }
-        let archs: Vec<String> = archs.iter().map(|a| a.to_string()).collect();
-        let err = if let Some(e) = read_error {
-            e
-        } else if target_matched {
-            LoadError::KernelNotFound { key, archs }
-        } else if any_open {
-            LoadError::ArchNotFound { key, archs }
-        } else {
-            LoadError::ArchiveNotFound { key, candidates }
-        };
+        let err = search.verdict(archs);
         self.debug(format_args!("{err}"));
         Err(err)
-    }
-
-    /// The compatible targets of each requested architecture, most
-    /// specific first; architectures that are not target IDs are skipped.
-    fn agents<'a>(&self, archs: &[&'a str]) -> Vec<(&'a str, Vec<TargetId>)> {
-        let mut agents = Vec::with_capacity(archs.len());
-        for &arch in archs {
-            let name = arch.strip_prefix(AGENT_ISA_PREFIX).unwrap_or(arch);
-            match TargetId::parse(name) {
-                Ok(t) => agents.push((arch, t.compatible_targets())),
-                Err(e) => self.debug(format_args!("ignoring architecture {arch:?}: {e}")),
-            }
-        }
-        agents
-    }
-
-    /// Step 4: the candidate archive paths, in search order, without
-    /// duplicates.
-    fn candidates(
-        &self,
-        metadata: &HipkMetadata,
-        binary_path: &Path,
-        agents: &[(&str, Vec<TargetId>)],
-    ) -> Vec<PathBuf> {
-        let mut out: Vec<PathBuf> = Vec::new();
-        let mut push = |p: PathBuf| {
-            if !out.contains(&p) {
-                out.push(p);
-            }
-        };
-        if let Some(paths) = &self.config.path_override {
-            paths.iter().cloned().for_each(push);
-            return out;
-        }
-        self.config.path_prefix.iter().cloned().for_each(&mut push);
-        let dir = binary_path.parent().unwrap_or(Path::new(""));
-        for path in &metadata.search_paths {
-            if path.contains(GFXARCH) {
-                for target in agents.iter().flat_map(|(_, t)| t) {
-                    push(dir.join(path.replace(GFXARCH, &target.to_string())));
-                }
-            } else {
-                push(dir.join(path));
-            }
-        }
-        out
-    }
-
-    /// Candidate `i`, opened on first use (memoized in `opened`); `None`
-    /// when it cannot be used or is the same archive as an earlier one.
-    fn candidate(
-        &self,
-        candidates: &[PathBuf],
-        opened: &mut [Option<Option<Arc<Opened>>>],
-        i: usize,
-    ) -> Option<Arc<Opened>> {
-        if opened[i].is_none() {
-            let archive = self.archive(&candidates[i]);
-            // The same archive under another name was already searched.
-            let seen = archive.as_ref().is_some_and(|a| {
-                opened[..i]
-                    .iter()
-                    .any(|o| matches!(o, Some(Some(b)) if Arc::ptr_eq(a, b)))
-            });
-            opened[i] = Some(if seen { None } else { archive });
-        }
-        opened[i].clone().flatten()
-    }
-
-    /// The archive at `candidate`, opened once per canonical path.
-    fn archive(&self, candidate: &Path) -> Option<Arc<Opened>> {
-        let known = self.lock().by_candidate.get(candidate).cloned();
-        let slot = match known {
-            Some(slot) => slot,
-            None => self.resolve(candidate),
-        };
-        slot.cell
-            .get_or_init(|| {
-                let path = slot.canonical.as_deref()?;
-                match Archive::open(path) {
-                    Ok(archive) => {
-                        self.debug(format_args!(
-                            "opened archive {}: targets [{}], {} code objects",
-                            path.display(),
-                            archive.gfx_arches().join(", "),
-                            archive.kernel_count()
-                        ));
-                        let targets = archive
-                            .gfx_arches()
-                            .iter()
-                            .filter_map(|a| TargetId::parse(a).ok().map(|t| (t, a.clone())))
-                            .collect();
-                        Some(Arc::new(Opened {
-                            path: path.to_path_buf(),
-                            archive,
-                            targets,
-                        }))
-                    }
-                    Err(e) => {
-                        self.debug(format_args!("skipping archive: {e}"));
-                        None
-                    }
-                }
-            })
-            .clone()
-    }
-
-    /// Map `candidate` to the slot of its canonical path (shared with other
-    /// names of the same file), remembering the answer.
-    fn resolve(&self, candidate: &Path) -> Arc<Slot> {
-        let canonical = match std::fs::canonicalize(candidate) {
-            Ok(c) => Some(c),
-            Err(e) => {
-                self.debug(format_args!(
-                    "skipping archive {}: {e}",
-                    candidate.display()
-                ));
-                None
-            }
-        };
-        let mut state = self.lock();
-        let slot = match canonical {
-            Some(c) => state
-                .by_canonical
-                .entry(c.clone())
-                .or_insert_with(|| {
-                    Arc::new(Slot {
-                        canonical: Some(c),
-                        cell: OnceLock::new(),
-                    })
-                })
-                .clone(),
-            None => Arc::new(Slot {
-                canonical: None,
-                cell: OnceLock::from(None),
-            }),
-        };
-        state
-            .by_candidate
-            .entry(candidate.to_path_buf())
-            .or_insert(slot)
-            .clone()
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -587,132 +278,6 @@ impl Loader {
 fn show_paths(paths: &[PathBuf]) -> String {
     let v: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
     format!("[{}]", v.join(", "))
-}
-
-/// Decode HIPK metadata of unknown length through `window`, where
-/// `window(n)` returns the first `n` bytes of the metadata.
-///
-/// For a caller that has only a pointer (the C API): the window grows only
-/// by as many bytes as the decoder proves it needs, so for valid metadata no
-/// byte past its end is ever requested, and never more than
-/// [`MAX_METADATA_SIZE`] bytes in all. If `window` returns fewer than `n`
-/// bytes, decoding stops with what it got.
-pub fn decode_metadata_window<'a>(
-    mut window: impl FnMut(usize) -> &'a [u8],
-) -> Result<HipkMetadata, HipkError> {
-    let mut len = 1;
-    loop {
-        let bytes = window(len);
-        let result = HipkMetadata::decode(bytes);
-        match result {
-            Err(HipkError::Msgpack(DecodeError::Truncated { needed, .. }))
-                if bytes.len() >= len && len < MAX_METADATA_SIZE =>
-            {
-                let needed = usize::try_from(needed).unwrap_or(usize::MAX).max(1);
-                len = len.saturating_add(needed).min(MAX_METADATA_SIZE);
-            }
-            other => return other,
-        }
-    }
-}
-
-/// A file mapped into this process, as [`discover_binary_path`] reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MappedFile {
-    /// The file's path, without the ` (deleted)` suffix Linux appends to
-    /// files removed or replaced since they were mapped.
-    pub path: PathBuf,
-    /// The address's offset in the file.
-    pub offset: u64,
-}
-
-/// Why [`discover_binary_path`] failed.
-#[derive(Debug, thiserror::Error)]
-pub enum DiscoverError {
-    #[error("cannot read /proc/self/maps: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("address {0:#x} is not in a file mapping")]
-    NotMapped(usize),
-    #[error("binary path discovery is not implemented on this platform")]
-    Unsupported,
-}
-
-/// The file mapped at `address` in this process, and the address's offset
-/// in it (Linux: from `/proc/self/maps`, which unlike `dladdr` also covers
-/// data addresses).
-pub fn discover_binary_path(address: usize) -> Result<MappedFile, DiscoverError> {
-    if cfg!(target_os = "linux") {
-        let maps = std::fs::read("/proc/self/maps")?;
-        find_mapping(&maps, address as u64).ok_or(DiscoverError::NotMapped(address))
-    } else {
-        Err(DiscoverError::Unsupported)
-    }
-}
-
-/// The file mapping of `/proc/<pid>/maps` text (`maps`) that contains
-/// `address`; `None` when no mapping contains it or the one that does is
-/// not a file (anonymous memory, `[heap]`, `[stack]`, ...).
-pub fn find_mapping(maps: &[u8], address: u64) -> Option<MappedFile> {
-    maps.split(|&b| b == b'\n')
-        .filter_map(parse_maps_line)
-        .find(|m| m.start <= address && address < m.end)
-        .and_then(|m| {
-            let path = m.path.strip_suffix(b" (deleted)").unwrap_or(m.path);
-            if path.is_empty() || path.starts_with(b"[") {
-                return None;
-            }
-            Some(MappedFile {
-                path: bytes_to_path(path),
-                offset: m.offset.checked_add(address - m.start)?,
-            })
-        })
-}
-
-struct MapsLine<'a> {
-    start: u64,
-    end: u64,
-    offset: u64,
-    path: &'a [u8],
-}
-
-/// `start-end perms offset dev inode [path]`; the path is the rest of the
-/// line after the blanks that follow the inode (it may contain spaces).
-fn parse_maps_line(line: &[u8]) -> Option<MapsLine<'_>> {
-    fn field<'a>(rest: &mut &'a [u8]) -> Option<&'a [u8]> {
-        let s = rest.trim_ascii_start();
-        let end = s.iter().position(|&b| b == b' ').unwrap_or(s.len());
-        let (f, r) = s.split_at(end);
-        *rest = r;
-        (!f.is_empty()).then_some(f)
-    }
-    fn hex(b: &[u8]) -> Option<u64> {
-        u64::from_str_radix(std::str::from_utf8(b).ok()?, 16).ok()
-    }
-    let mut rest = line;
-    let range = field(&mut rest)?;
-    let dash = range.iter().position(|&b| b == b'-')?;
-    let (start, end) = (hex(&range[..dash])?, hex(&range[dash + 1..])?);
-    let _perms = field(&mut rest)?;
-    let offset = hex(field(&mut rest)?)?;
-    let _dev = field(&mut rest)?;
-    let _inode = field(&mut rest)?;
-    Some(MapsLine {
-        start,
-        end,
-        offset,
-        path: rest.trim_ascii_start(),
-    })
-}
-
-#[cfg(unix)]
-fn bytes_to_path(b: &[u8]) -> PathBuf {
-    use std::os::unix::ffi::OsStrExt;
-    PathBuf::from(OsStr::from_bytes(b))
-}
-
-#[cfg(not(unix))]
-fn bytes_to_path(b: &[u8]) -> PathBuf {
-    PathBuf::from(String::from_utf8_lossy(b).into_owned())
 }
 
 #[cfg(test)]
@@ -757,150 +322,6 @@ mod tests {
         let sink = lines.clone();
         let loader = Loader::with_log_sink(config, move |l| sink.lock().unwrap().push(l.into()));
         (loader, lines)
-    }
-
-    #[test]
-    fn flags() {
-        let f = |v: Option<&str>| flag_is_set(v.map(OsStr::new));
-        assert!(!f(None));
-        assert!(!f(Some("")));
-        assert!(!f(Some("0")));
-        assert!(!f(Some("0yes")));
-        assert!(f(Some("1")));
-        assert!(f(Some("yes")));
-        assert!(f(Some("false")));
-    }
-
-    #[test]
-    fn config_from_vars() {
-        let vars = |pairs: &'static [(&'static str, &'static str)]| {
-            Config::from_vars(move |name| {
-                pairs
-                    .iter()
-                    .find(|(n, _)| *n == name)
-                    .map(|(_, v)| OsString::from(v))
-            })
-        };
-        assert_eq!(vars(&[]), Config::default());
-        let c = vars(&[
-            (ENV_DISABLE, "1"),
-            (ENV_DEBUG, "0"),
-            (ENV_PATH, "::/a/x.kpack::rel/y.kpack:"),
-            (ENV_PATH_PREFIX, ":/p.kpack"),
-        ]);
-        assert!(c.disabled && !c.debug);
-        assert_eq!(
-            c.path_override,
-            Some(vec![
-                PathBuf::from("/a/x.kpack"),
-                PathBuf::from("rel/y.kpack")
-            ])
-        );
-        assert_eq!(c.path_prefix, vec![PathBuf::from("/p.kpack")]);
-        // Separators only: unset.
-        let c = vars(&[(ENV_PATH, ":::"), (ENV_PATH_PREFIX, "")]);
-        assert_eq!(c.path_override, None);
-        assert!(c.path_prefix.is_empty());
-    }
-
-    const MAPS: &str = "\
-55d0c0a00000-55d0c0a02000 r--p 00000000 08:01 1311 /usr/bin/cat
-55d0c0a02000-55d0c0a07000 r-xp 00002000 08:01 1311 /usr/bin/cat
-55d0c1000000-55d0c1021000 rw-p 00000000 00:00 0                          [heap]
-7f0000000000-7f0000010000 r--p 00010000 fd:00 42   /opt/rocm/lib/lib with space.so
-7f0000010000-7f0000020000 r--p 00004000 fd:00 43   /tmp/replaced.so (deleted)
-7f0000020000-7f0000030000 rw-p 00000000 00:00 0 
-7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0                          [stack]
-";
-
-    #[test]
-    fn maps_parsing() {
-        let find = |a: u64| find_mapping(MAPS.as_bytes(), a);
-        assert_eq!(
-            find(0x55d0c0a03010),
-            Some(MappedFile {
-                path: "/usr/bin/cat".into(),
-                offset: 0x3010
-            })
-        );
-        assert_eq!(find(0x55d0c0a00000).unwrap().offset, 0);
-        assert_eq!(
-            find(0x7f000000ffff),
-            Some(MappedFile {
-                path: "/opt/rocm/lib/lib with space.so".into(),
-                offset: 0x1ffff
-            })
-        );
-        // " (deleted)" is not part of the path.
-        assert_eq!(
-            find(0x7f0000010008),
-            Some(MappedFile {
-                path: "/tmp/replaced.so".into(),
-                offset: 0x4008
-            })
-        );
-        // Heap, stack, anonymous memory, unmapped addresses.
-        for a in [
-            0x55d0c1000010,
-            0x7ffd00000100,
-            0x7f0000020000,
-            0x1000,
-            0x55d0c0a07000,
-        ] {
-            assert_eq!(find(a), None, "{a:#x}");
-        }
-        // Junk lines are skipped.
-        let junk = b"garbage\n\nzz-10 r--p 0 0 0 /x\n1000-2000 r--p 0 08:01 1 /ok\n";
-        assert_eq!(find_mapping(junk, 0x1800).unwrap().path, Path::new("/ok"));
-    }
-
-    #[test]
-    fn discovers_own_binary() {
-        static MARKER: u8 = 7;
-        let m = discover_binary_path(&MARKER as *const u8 as usize).unwrap();
-        assert_eq!(
-            std::fs::canonicalize(&m.path).unwrap(),
-            std::fs::canonicalize(std::env::current_exe().unwrap()).unwrap()
-        );
-        let local = 0u8;
-        assert!(matches!(
-            discover_binary_path(&local as *const u8 as usize),
-            Err(DiscoverError::NotMapped(_))
-        ));
-    }
-
-    #[test]
-    fn metadata_window_reads_no_byte_past_the_map() {
-        let m = meta("lib/libfoo.so", &["../.kpack/foo_@GFXARCH@.kpack", "x"]);
-        let mut padded = m.clone();
-        padded.extend_from_slice(&[0xc1; 100]);
-        let mut max_asked = 0;
-        let got = decode_metadata_window(|n| {
-            max_asked = max_asked.max(n);
-            &padded[..n]
-        })
-        .unwrap();
-        assert_eq!(got.kernel_name, "lib/libfoo.so");
-        assert_eq!(max_asked, m.len());
-        // Garbage: an error, never more than 64 KiB asked for.
-        let junk = vec![0xdfu8; 2 * MAX_METADATA_SIZE];
-        let mut asked = 0;
-        assert!(decode_metadata_window(|n| {
-            asked = asked.max(n);
-            &junk[..n]
-        })
-        .is_err());
-        assert!(asked <= MAX_METADATA_SIZE);
-        // A short window ends the search.
-        assert!(matches!(
-            decode_metadata_window(|n| &m[..n.min(5)]),
-            Err(HipkError::Msgpack(DecodeError::Truncated { .. }))
-        ));
-        // Not a map.
-        assert!(matches!(
-            decode_metadata_window(|n| &b"\x93\x01\x02\x03"[..n]),
-            Err(HipkError::NotAMap { .. })
-        ));
     }
 
     #[test]
@@ -1065,7 +486,7 @@ mod tests {
         w.add("k#0", "gfx1100", vec![7u8; 4000], None).unwrap();
         w.add("k#1", "gfx1100", vec![8u8; 4000], None).unwrap();
         let mut bytes = w.to_vec().unwrap();
-        let len0 = u32::from_le_bytes(bytes[68..72].try_into().unwrap()) as usize;
+        let len0 = crate::bytes::u32_at(&bytes, 68).unwrap() as usize;
         bytes[72 + len0 - 1] ^= 0xff;
         std::fs::write(&bad, &bytes).unwrap();
         let bin = dir.path().join("x");
