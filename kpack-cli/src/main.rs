@@ -113,21 +113,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            let mut msg = format!("kpack: error: {e}");
-            let mut src = e.source();
-            // The top error already includes its direct source; print deeper causes.
-            if let Some(s) = src {
-                src = s.source();
-            }
-            while let Some(s) = src {
-                // Some errors print their source in their own message too.
-                let text = s.to_string();
-                if !msg.contains(&text) {
-                    msg.push_str(&format!(": {text}"));
-                }
-                src = s.source();
-            }
-            eprintln!("{msg}");
+            eprintln!("kpack: error: {}", kpack_core::error::report(e.as_ref()));
             ExitCode::FAILURE
         }
     }

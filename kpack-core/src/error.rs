@@ -97,3 +97,21 @@ with_path_impl!(BundleError, Bundle);
 with_path_impl!(ArchiveError, Archive);
 with_path_impl!(ElfError, Elf);
 with_path_impl!(HipkError, Hipk);
+
+/// The full text of an error as `kpack` prints it after `kpack: error: `:
+/// its message, then each deeper cause its message does not already
+/// include, separated by `: `. (The top error's message includes its direct
+/// source.) The C++ API's `kpack::Error::what()` is this text too.
+pub fn report(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut msg = e.to_string();
+    let mut src = e.source().and_then(|s| s.source());
+    while let Some(s) = src {
+        let text = s.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
+        src = s.source();
+    }
+    msg
+}

@@ -1,7 +1,9 @@
 //! kpack runtime library: the C API of `include/rocm_kpack/kpack.h`, a
 //! drop-in for ROCm's reference runtime (SPEC §4), built as
 //! `librocm_kpack.a` and `librocm_kpack.so`. The C++ API
-//! (`include/rocm_kpack/kpack.hpp`) is a header-only layer over it.
+//! (`include/rocm_kpack/kpack.hpp`) goes through a cxx bridge over the
+//! same handles ([`bridge`]), whose C++ half is built by `build.rs` into
+//! its own archive, `librocm_kpack_cxx.a`, so that C programs link no C++.
 //!
 //! This layer is thin and mechanical: check pointers, convert strings, call
 //! [`kpack_core::archive::Archive`] or [`kpack_core::loader::Loader`], map
@@ -16,6 +18,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod bridge;
 pub mod prelink;
 
 use std::ffi::{c_char, c_void, CStr, CString};
@@ -96,20 +99,33 @@ pub fn load_error_code(e: &LoadError) -> KpackError {
     }
 }
 
-/// What a `kpack_archive_t` points to: the archive and the C strings the
-/// query functions hand out (stable until `kpack_close`).
+/// What a `kpack_archive_t` points to: the archive, its path and the C
+/// strings the query functions hand out (stable until `kpack_close`). The
+/// C++ API's `kpack::Archive` holds the same object.
 pub struct KpackArchive {
     archive: Archive,
+    path: PathBuf,
     arches: Vec<CString>,
     binaries: Vec<CString>,
 }
 
 impl KpackArchive {
     fn open(path: &CStr) -> Result<KpackArchive, KpackError> {
-        let archive = Archive::open(cstr_path(path)).map_err(|e| open_error_code(&e))?;
+        KpackArchive::open_path(cstr_path(path)).map_err(|(code, _)| code)
+    }
+
+    /// The archive at `path`, or the error code and kpack's message.
+    fn open_path(path: PathBuf) -> Result<KpackArchive, (KpackError, String)> {
+        let archive = Archive::open(&path)
+            .map_err(|e| (open_error_code(&e), kpack_core::error::report(&e)))?;
         // TOC strings are MessagePack str: a NUL inside one cannot be
         // handed to C.
-        let c = |s: &str| CString::new(s).map_err(|_| E::InvalidFormat);
+        let c = |s: &str| {
+            CString::new(s).map_err(|_| {
+                let what = format!("{}: TOC string {s:?} holds a NUL byte", path.display());
+                (E::InvalidFormat, what)
+            })
+        };
         let arches = archive
             .gfx_arches()
             .iter()
@@ -118,6 +134,7 @@ impl KpackArchive {
         let binaries = archive.binaries().map(c).collect::<Result<_, _>>()?;
         Ok(KpackArchive {
             archive,
+            path,
             arches,
             binaries,
         })
@@ -219,15 +236,20 @@ unsafe fn cstr<'a>(p: *const c_char) -> &'a CStr {
     unsafe { CStr::from_ptr(p) }
 }
 
-#[cfg(unix)]
 fn cstr_path(s: &CStr) -> PathBuf {
+    cstr_path_bytes(s.to_bytes())
+}
+
+/// A path from its bytes (C and C++ strings).
+#[cfg(unix)]
+fn cstr_path_bytes(s: &[u8]) -> PathBuf {
     use std::os::unix::ffi::OsStrExt;
-    PathBuf::from(std::ffi::OsStr::from_bytes(s.to_bytes()))
+    PathBuf::from(std::ffi::OsStr::from_bytes(s))
 }
 
 #[cfg(not(unix))]
-fn cstr_path(s: &CStr) -> PathBuf {
-    PathBuf::from(s.to_string_lossy().into_owned())
+fn cstr_path_bytes(s: &[u8]) -> PathBuf {
+    PathBuf::from(String::from_utf8_lossy(s).into_owned())
 }
 
 /// Open a `.kpack` archive.
@@ -612,8 +634,14 @@ pub unsafe extern "C" fn kpack_enumerate_architectures(
 // visibility needs assembly: a `#[no_mangle]` function would be exported.
 // `ZSTD_trace_decompress_begin` returns 0 ("do not trace"), so `_end` is
 // never called.
+//
+// The same assembly also gives the Rust functions the C++ glue calls
+// (`cxxbridge1$...`, listed by build.rs) hidden visibility: the prelinked
+// archive keeps them global for the glue, and no shared library exports
+// them. (Being in the same block, they come along wherever the hooks do.)
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 std::arch::global_asm!(
+    include_str!(concat!(env!("OUT_DIR"), "/hidden.s")),
     ".pushsection .text.kpack_zstd_trace,\"ax\",@progbits",
     ".globl ZSTD_trace_decompress_begin",
     ".hidden ZSTD_trace_decompress_begin",
@@ -633,6 +661,7 @@ std::arch::global_asm!(
 
 #[cfg(all(target_os = "linux", target_arch = "aarch64"))]
 std::arch::global_asm!(
+    include_str!(concat!(env!("OUT_DIR"), "/hidden.s")),
     ".pushsection .text.kpack_zstd_trace,\"ax\",%progbits",
     ".globl ZSTD_trace_decompress_begin",
     ".hidden ZSTD_trace_decompress_begin",

@@ -7,16 +7,28 @@
 //! process. The installed archive is therefore prelinked:
 //!
 //! 1. `ld -r --gc-sections -u kpack_open ... -u kpack_enumerate_architectures
-//!    lib.a`: one relocatable object with just the members and sections the
-//!    API reaches (GNU ld);
-//! 2. `objcopy --keep-global-symbols=<the 14 kpack_* names>
-//!    --strip-unneeded --remove-section=.llvmbc --remove-section=.llvmcmd`:
-//!    every other defined symbol becomes local; debug info, symbols no
-//!    relocation needs and embedded LLVM bitcode go;
-//! 3. `ar rcs out.a object.o`.
+//!    -u <bridge symbols> kpack_cxx_stubs.o lib.a`: one relocatable object
+//!    with just the members and sections the C API and the C++ glue reach
+//!    (GNU ld). cxx's C++ runtime, which the `cxx` crate bundles, must stay
+//!    out (the C++ glue archive carries its own, and C programs need no
+//!    C++ runtime): the stand-ins of build.rs come first and satisfy the
+//!    references to it, and none may survive the garbage collection (that
+//!    would be Rust code calling C++);
+//! 2. `objcopy --keep-global-symbols=<the 14 kpack_* names and the bridge
+//!    symbols> --strip-unneeded --remove-section=.llvmbc
+//!    --remove-section=.llvmcmd`: every other defined symbol becomes local;
+//!    debug info, symbols no relocation needs and embedded LLVM bitcode go;
+//! 3. the object must reference nothing of the C++ runtime;
+//! 4. `ar rcs out.a object.o`.
+//!
+//! The bridge symbols (`cxxbridge1$...`: the Rust functions the C++ glue
+//! `librocm_kpack_cxx.a` calls, listed by build.rs) stay global for the
+//! glue but have hidden visibility (lib.rs), so a shared library linking
+//! the archive exports only the `kpack_*` functions, from C or C++.
 //!
 //! Link it as the plain one: `-lrocm_kpack -lgcc_s -lpthread -ldl -lm`
-//! (glibc ≥ 2.34 needs only `-lgcc_s`, for unwinding).
+//! (glibc ≥ 2.34 needs only `-lgcc_s`, for unwinding); C++ programs put
+//! `-lrocm_kpack_cxx` first.
 //!
 //! This file uses only `std`, so that `xtask` can include it directly
 //! (`#[path = "../../kpack-cxx/src/prelink.rs"] mod prelink;`) without
@@ -28,8 +40,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// The symbols the library exports: the C API. (The C++ API is
-/// header-only and adds none.)
+/// The symbols the library exports: the C API. (The C++ API adds none: its
+/// glue and the Rust functions it calls have hidden visibility.)
 pub const EXPORTED_SYMBOLS: [&str; 14] = [
     "kpack_open",
     "kpack_close",
@@ -52,17 +64,23 @@ pub const EXPORTED_SYMBOLS: [&str; 14] = [
 /// member by itself). Made local like everything else.
 pub const EXTRA_ROOTS: [&str; 2] = ["ZSTD_trace_decompress_begin", "ZSTD_trace_decompress_end"];
 
+/// Undefined symbols that would make the C library need the C++ runtime.
+const CXX_RUNTIME_REFERENCES: [&str; 5] = ["_ZNSt", "_ZSt", "_ZN4rust", "__cxa_", "__gxx_"];
+
 /// The binutils programs [`prelink`] runs.
 #[derive(Debug, Clone)]
 pub struct Tools {
     pub ld: PathBuf,
     pub objcopy: PathBuf,
     pub ar: PathBuf,
+    pub nm: PathBuf,
+    pub readelf: PathBuf,
 }
 
 impl Default for Tools {
-    /// `ld`, `objcopy` and `ar` from `PATH`, or as named by the `LD`,
-    /// `OBJCOPY` and `AR` environment variables.
+    /// `ld`, `objcopy`, `ar`, `nm` and `readelf` from `PATH`, or as named
+    /// by the `LD`, `OBJCOPY`, `AR`, `NM` and `READELF` environment
+    /// variables.
     fn default() -> Tools {
         let tool = |var: &str, name: &str| {
             std::env::var_os(var)
@@ -73,19 +91,51 @@ impl Default for Tools {
             ld: tool("LD", "ld"),
             objcopy: tool("OBJCOPY", "objcopy"),
             ar: tool("AR", "ar"),
+            nm: tool("NM", "nm"),
+            readelf: tool("READELF", "readelf"),
         }
     }
 }
 
+/// What build.rs left for the prelink step in its `OUT_DIR`.
+#[derive(Debug, Clone)]
+pub struct Bridge {
+    /// The Rust functions the C++ glue calls (kept global, hidden).
+    pub symbols: Vec<String>,
+    /// The stand-ins for cxx's C++ runtime (`kpack_cxx_stubs.o`), if the
+    /// target needs them.
+    pub stubs: Option<PathBuf>,
+}
+
+impl Bridge {
+    /// The bridge of the build whose `OUT_DIR` is `out_dir`.
+    pub fn from_out_dir(out_dir: &Path) -> io::Result<Bridge> {
+        let list = out_dir.join("bridge_symbols.txt");
+        let text = std::fs::read_to_string(&list)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", list.display())))?;
+        let stubs = out_dir.join("kpack_cxx_stubs.o");
+        Ok(Bridge {
+            symbols: text.lines().map(str::to_owned).collect(),
+            stubs: stubs.is_file().then_some(stubs),
+        })
+    }
+}
+
 /// Prelink the static library `staticlib` (cargo's `librocm_kpack.a`)
-/// into `out`, with the tools of [`Tools::default`]. `out` is written
-/// through a temporary file in its directory and renamed into place.
-pub fn prelink(staticlib: &Path, out: &Path) -> io::Result<()> {
-    prelink_with(&Tools::default(), staticlib, out)
+/// into `out`, keeping the C API and the `bridge` symbols global, with the
+/// tools of [`Tools::default`]. `out` is written through a temporary file
+/// in its directory and renamed into place.
+pub fn prelink(staticlib: &Path, bridge: &Bridge, out: &Path) -> io::Result<()> {
+    prelink_with(&Tools::default(), staticlib, bridge, out)
 }
 
 /// [`prelink`] with explicit tools.
-pub fn prelink_with(tools: &Tools, staticlib: &Path, out: &Path) -> io::Result<()> {
+pub fn prelink_with(
+    tools: &Tools,
+    staticlib: &Path,
+    bridge: &Bridge,
+    out: &Path,
+) -> io::Result<()> {
     let dir = out.parent().filter(|d| !d.as_os_str().is_empty());
     let dir = dir.unwrap_or(Path::new("."));
     let name = out
@@ -97,7 +147,7 @@ pub fn prelink_with(tools: &Tools, staticlib: &Path, out: &Path) -> io::Result<(
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let work = dir.join(format!(".{name}.prelink.{}.{n}", std::process::id()));
     std::fs::create_dir_all(&work)?;
-    let result = prelink_in(tools, staticlib, out, &work, &name);
+    let result = prelink_in(tools, staticlib, bridge, out, &work, &name);
     let _ = std::fs::remove_dir_all(&work);
     result
 }
@@ -105,23 +155,36 @@ pub fn prelink_with(tools: &Tools, staticlib: &Path, out: &Path) -> io::Result<(
 fn prelink_in(
     tools: &Tools,
     staticlib: &Path,
+    bridge: &Bridge,
     out: &Path,
     work: &Path,
     name: &str,
 ) -> io::Result<()> {
+    let bridge_symbols = &bridge.symbols;
     let combined = work.join("combined.o");
     let mut ld = Command::new(&tools.ld);
     // --gc-sections with -r keeps what the -u roots reach (GNU ld; lld
     // refuses the combination).
     ld.args(["-r", "--gc-sections", "-o"]).arg(&combined);
-    for sym in EXPORTED_SYMBOLS.iter().chain(&EXTRA_ROOTS) {
+    let roots = EXPORTED_SYMBOLS.iter().chain(&EXTRA_ROOTS).copied();
+    for sym in roots.chain(bridge_symbols.iter().map(String::as_str)) {
         ld.arg("-u").arg(sym);
     }
-    ld.arg(staticlib);
+    ld.args(&bridge.stubs).arg(staticlib);
     run(&mut ld)?;
+    let survivors = stub_sections_of(tools, &combined)?;
+    if !survivors.is_empty() {
+        return Err(io::Error::other(format!(
+            "Rust code the C API or the bridge reaches calls cxx's C++ runtime \
+             (stand-ins {} of kpack_cxx_stubs.o survive)",
+            survivors.join(", ")
+        )));
+    }
 
     let keep = work.join("keep.txt");
-    std::fs::write(&keep, EXPORTED_SYMBOLS.join("\n") + "\n")?;
+    let mut kept: Vec<&str> = EXPORTED_SYMBOLS.to_vec();
+    kept.extend(bridge_symbols.iter().map(String::as_str));
+    std::fs::write(&keep, kept.join("\n") + "\n")?;
     let object = work.join("rocm_kpack.o");
     run(Command::new(&tools.objcopy)
         // Debug info and every symbol no relocation needs.
@@ -134,6 +197,8 @@ fn prelink_in(
         .arg(&combined)
         .arg(&object))?;
 
+    check_no_cxx_runtime(tools, &object)?;
+
     let archive = work.join(name);
     run(Command::new(&tools.ar)
         .arg("rcsD")
@@ -142,12 +207,50 @@ fn prelink_in(
     std::fs::rename(&archive, out)
 }
 
+/// The stand-in sections still in `object` (readelf, which unlike nm
+/// reads objects with embedded bitcode).
+fn stub_sections_of(tools: &Tools, object: &Path) -> io::Result<Vec<String>> {
+    let out = output(Command::new(&tools.readelf).arg("-SW").arg(object))?;
+    Ok(out
+        .split_whitespace()
+        .filter(|w| w.starts_with(".text.kpack_cxx_stub."))
+        .map(str::to_owned)
+        .collect())
+}
+
+/// Fail if `object` references the C++ runtime (strongly: glibc's
+/// `__cxa_thread_atexit_impl` is a weak reference of Rust's).
+fn check_no_cxx_runtime(tools: &Tools, object: &Path) -> io::Result<()> {
+    let out = output(Command::new(&tools.nm).arg("-u").arg(object))?;
+    let cxx: Vec<&str> = out
+        .lines()
+        .filter_map(|l| match l.split_whitespace().collect::<Vec<_>>()[..] {
+            ["U", name] => Some(name),
+            _ => None,
+        })
+        .filter(|s| CXX_RUNTIME_REFERENCES.iter().any(|p| s.starts_with(p)))
+        .collect();
+    if cxx.is_empty() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "the prelinked object would need the C++ runtime: {}",
+            cxx.join(", ")
+        )))
+    }
+}
+
 fn run(cmd: &mut Command) -> io::Result<()> {
+    output(cmd).map(drop)
+}
+
+/// Run `cmd`: its standard output, or an error with its standard error.
+fn output(cmd: &mut Command) -> io::Result<String> {
     let output = cmd.output().map_err(|e| {
         io::Error::new(e.kind(), format!("cannot run {:?}: {e}", cmd.get_program()))
     })?;
     if output.status.success() {
-        Ok(())
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     } else {
         Err(io::Error::other(format!(
             "{:?} failed ({}): {}",

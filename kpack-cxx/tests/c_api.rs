@@ -11,7 +11,6 @@ use std::sync::OnceLock;
 
 use common::*;
 use kpack_core::archive::ArchiveWriter;
-use kpack_core::msgpack::Value;
 
 /// The C test program, built once per test run.
 fn program() -> &'static Path {
@@ -21,7 +20,7 @@ fn program() -> &'static Path {
         build_program(
             "c11",
             &crate_dir().join("tests/c/api_test.c"),
-            &staticlib(),
+            &installed().join("lib/librocm_kpack.a"),
             &out,
         );
         out
@@ -40,47 +39,6 @@ fn cmd() -> Command {
         c.env_remove(v);
     }
     c
-}
-
-/// Files that are not usable archives, for `api_test archive`.
-fn write_bad_archives(dir: &Path) {
-    let reference = std::fs::read(reference_fixtures().join("test_zstd.kpack")).unwrap();
-    let mut b = reference.clone();
-    b[..4].copy_from_slice(b"KPAX");
-    std::fs::write(dir.join("bad_magic.kpack"), b).unwrap();
-    std::fs::write(dir.join("short.kpack"), &reference[..10]).unwrap();
-    let mut b = reference.clone();
-    b[4..8].copy_from_slice(&2u32.to_le_bytes());
-    std::fs::write(dir.join("bad_version.kpack"), b).unwrap();
-    let mut b = reference.clone();
-    let past = reference.len() as u64 + 100;
-    b[8..16].copy_from_slice(&past.to_le_bytes());
-    std::fs::write(dir.join("toc_past_end.kpack"), b).unwrap();
-    let toc_offset = u64::from_le_bytes(reference[8..16].try_into().unwrap()) as usize;
-    let mut b = reference[..toc_offset].to_vec();
-    b.push(0xc1);
-    std::fs::write(dir.join("bad_toc.kpack"), b).unwrap();
-    let mut b = reference[..toc_offset].to_vec();
-    b.push(0x90);
-    std::fs::write(dir.join("toc_not_a_map.kpack"), b).unwrap();
-    let b = edit_toc(&reference, |t| {
-        *at(t, &["compression_scheme"]) = Value::from("lz4")
-    });
-    std::fs::write(dir.join("unknown_scheme.kpack"), b).unwrap();
-    std::fs::create_dir_all(dir.join("a_directory.kpack")).unwrap();
-
-    // The reference's three kernels, written by kpack (with checksums),
-    // the first frame damaged.
-    let reference =
-        kpack_core::archive::Archive::open(reference_fixtures().join("test_zstd.kpack")).unwrap();
-    let mut w = ArchiveWriter::new("test", "gfx110X", reference.gfx_arches().to_vec());
-    for (key, target, _) in reference.entries_by_ordinal() {
-        w.add(key, target, reference.kernel(key, target).unwrap(), None)
-            .unwrap();
-    }
-    let mut b = w.to_vec().unwrap();
-    damage_frame(&mut b, 0);
-    std::fs::write(dir.join("corrupt_zstd.kpack"), b).unwrap();
 }
 
 #[test]
@@ -436,26 +394,7 @@ fn sixteen_threads_one_cache() {
 fn out_of_memory() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("huge.kpack");
-    let mut w = ArchiveWriter::new("o", "gfx1100", vec!["gfx1100".into()]);
-    w.add("k#0", "gfx1100", vec![1u8; 100], None).unwrap();
-    // A kernel that really is 4 GiB (a frame of RLE blocks, 128 KiB on
-    // disk): the archive is valid, only the allocation fails. (A TOC that
-    // merely claims 4 GiB is a corrupt archive: DECOMPRESSION_FAILED.)
-    let small = w.to_vec().unwrap();
-    let toc_offset = u64::from_le_bytes(small[8..16].try_into().unwrap()) as usize;
-    let frame = rle_frame(1 << 32);
-    let mut b = small[..64].to_vec();
-    b.extend(1u32.to_le_bytes());
-    b.extend((frame.len() as u32).to_le_bytes());
-    b.extend(&frame);
-    let new_toc_offset = b.len() as u64;
-    b[8..16].copy_from_slice(&new_toc_offset.to_le_bytes());
-    b.extend(&small[toc_offset..]);
-    let b = edit_toc(&b, |t| {
-        *at(t, &["toc", "k#0", "gfx1100", "original_size"]) = Value::from(1u64 << 32);
-        *at(t, &["zstd_size"]) = Value::from(8 + frame.len() as u64);
-    });
-    std::fs::write(&p, b).unwrap();
+    write_huge_archive(&p);
     let meta = dir.path().join("m");
     write_metadata(&meta, "k", &[p.to_str().unwrap()]);
     // 4 GiB cannot be allocated in a 1 GiB address space.
@@ -470,25 +409,6 @@ fn out_of_memory() {
             .arg(dir.path().join("k")),
     );
     assert!(stdout(&out).contains("PASS"), "{}", stdout(&out));
-}
-
-/// A zstd frame of `size` zero bytes made of RLE blocks, with its content
-/// size in the header.
-fn rle_frame(size: u64) -> Vec<u8> {
-    // Magic, descriptor (8-byte content size, window descriptor follows),
-    // window 128 KiB, content size.
-    let mut f = vec![0x28, 0xb5, 0x2f, 0xfd, 0xc0, 0x38];
-    f.extend(size.to_le_bytes());
-    const BLOCK: u64 = 128 << 10;
-    let blocks = size.div_ceil(BLOCK);
-    for i in 0..blocks {
-        let n = BLOCK.min(size - i * BLOCK) as u32;
-        // last-block flag, block type 1 (RLE), size; then the byte.
-        let h = u32::from(i + 1 == blocks) | (1 << 1) | (n << 3);
-        f.extend(&h.to_le_bytes()[..3]);
-        f.push(0);
-    }
-    f
 }
 
 /// A small shared library with a data symbol, for discovery.

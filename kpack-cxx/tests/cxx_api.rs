@@ -1,20 +1,32 @@
-//! The header-only C++ API (`kpack.hpp`) through a C++17 program linked
-//! against `librocm_kpack.a`, also under valgrind memcheck.
+//! The C++ API (`kpack.hpp` over the cxx bridge) through a C++17 program
+//! linked as a consumer of the installed library links it: the glue
+//! `librocm_kpack_cxx.a`, then the prelinked `librocm_kpack.a`. Every
+//! method, every error code with kpack's message naming the file and the
+//! problem, 16 threads; under valgrind memcheck too. And a shared library
+//! linking both exports only the `kpack_*` functions and its own.
 
 mod common;
 
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
 use common::*;
 
-#[test]
-fn cxx_api() {
-    let dir = tempfile::tempdir().unwrap();
-    let work = dir.path();
-    let reference = std::fs::read(reference_fixtures().join("test_noop.kpack")).unwrap();
-    let mut bad = reference.clone();
-    bad[..4].copy_from_slice(b"KPAX");
-    std::fs::write(work.join("bad_magic.kpack"), bad).unwrap();
-    // The loader scenario: app#0 in both per-target archives, app#1 only
-    // for gfx1101, app#2 damaged.
+fn program() -> &'static Path {
+    static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
+    PROGRAM.get_or_init(|| {
+        let out = build_dir("cxx_api").join("api_test");
+        let mut p = cxx_program();
+        p.input(crate_dir().join("tests/cxx/api_test.cpp"));
+        link_cxx(&mut p, &out);
+        out
+    })
+}
+
+/// The loader scenario: app#0 in both per-target archives, app#1 only for
+/// gfx1101, app#2 damaged.
+fn loader_scenario(work: &Path) -> (PathBuf, PathBuf) {
     write_archive(
         &work.join("lib_gfx1100.kpack"),
         &["gfx1100"],
@@ -30,23 +42,93 @@ fn cxx_api() {
     );
     let meta = work.join("app.meta");
     write_metadata(&meta, "app", &["lib_@GFXARCH@.kpack", "lib_gfx1100.kpack"]);
+    (meta, work.join("app"))
+}
 
-    let program = build_dir("cxx_api").join("api_test");
-    build_program(
-        "c++17",
-        &crate_dir().join("tests/cxx/api_test.cpp"),
-        &staticlib(),
-        &program,
-    );
+#[test]
+fn cxx_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path();
+    write_bad_archives(work);
+    let (meta, bin) = loader_scenario(work);
     let fixtures = reference_fixtures();
-    let bin = work.join("app");
     let args = [
+        "all",
         fixtures.to_str().unwrap(),
         work.to_str().unwrap(),
         meta.to_str().unwrap(),
         bin.to_str().unwrap(),
     ];
-    let out = run_ok(std::process::Command::new(&program).args(args));
+    let out = run_ok(
+        Command::new(program())
+            .args(args)
+            .env_remove("ROCM_KPACK_PATH")
+            .env_remove("ROCM_KPACK_PATH_PREFIX")
+            .env_remove("ROCM_KPACK_DISABLE"),
+    );
     assert!(stdout(&out).contains("PASS"), "{}", stdout(&out));
-    run_under_valgrind("memcheck", &program, &args, &[]);
+    run_under_valgrind("memcheck", program(), &args, &[]);
+}
+
+#[test]
+fn cxx_out_of_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("huge.kpack");
+    write_huge_archive(&p);
+    let meta = dir.path().join("m");
+    write_metadata(&meta, "k", &[p.to_str().unwrap()]);
+    let out = run_ok(
+        Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -v 1048576 && exec \"$0\" \"$@\"")
+            .arg(program())
+            .arg("oom")
+            .arg(&p)
+            .arg(&meta)
+            .arg(dir.path().join("k")),
+    );
+    assert!(stdout(&out).contains("PASS"), "{}", stdout(&out));
+}
+
+#[test]
+fn cxx_shared_library_exports_only_the_api() {
+    // A C++ shared library using kpack.hpp, linked as CMake's
+    // kpack::runtime links C++ targets (--exclude-libs for the glue).
+    let dir = build_dir("cxx_api");
+    let src = dir.join("cxxprobe.cpp");
+    std::fs::write(
+        &src,
+        "#include <rocm_kpack/kpack.hpp>\n\
+         __attribute__((visibility(\"default\"))) size_t cxxprobe(const char* p) {\n\
+           return kpack::Archive(p).kernels().size();\n\
+         }\n",
+    )
+    .unwrap();
+    let lib = dir.join("libcxxprobe.so");
+    let mut p = cxx_program();
+    p.cc()
+        .flag("-shared")
+        .flag("-fPIC")
+        .flag("-fvisibility=hidden")
+        .flag("-fvisibility-inlines-hidden")
+        .flag("-Wl,--no-undefined")
+        .flag("-Wl,--exclude-libs,librocm_kpack_cxx.a");
+    p.input(&src);
+    link_cxx(&mut p, &lib);
+    let out = run_ok(Command::new("nm").args(["-D", "--defined-only"]).arg(&lib));
+    let mut defined: Vec<String> = stdout(&out)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2).map(str::to_owned))
+        .filter(|n| !["_init", "_fini", "__bss_start", "_edata", "_end"].contains(&n.as_str()))
+        // The library's own C++ (std::string code kpack.hpp instantiates).
+        .filter(|n| !n.starts_with("_ZNSt") && !n.starts_with("_ZSt"))
+        .collect();
+    defined.sort();
+    let mut want: Vec<String> = rocm_kpack::prelink::EXPORTED_SYMBOLS
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    want.push("_Z8cxxprobePKc".into());
+    want.sort();
+    assert_eq!(defined, want);
 }

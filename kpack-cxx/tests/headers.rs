@@ -1,4 +1,5 @@
-//! The public headers compile cleanly as C99, C11 and C++17 with
+//! The public headers (as installed, with the generated bridge header and
+//! cxx's `rust/cxx.h` for kpack.hpp) compile cleanly as C99, C11 and C++17 with
 //! `-Wall -Wextra -Werror -pedantic`, and declare exactly the reference's
 //! prototypes, types and values (see tests/c/headers.c).
 
@@ -12,7 +13,11 @@ fn compile(std: &str, source: &str) {
     let out = build_dir("headers").join(format!("{std}.o"));
     let mut p = program(std);
     if std.starts_with("c++") {
-        p.cc().flag("-x").flag("c++");
+        // kpack.hpp includes the generated bridge header and rust/cxx.h.
+        p.cc()
+            .flag("-x")
+            .flag("c++")
+            .include(installed().join("include"));
     }
     built(p.input(crate_dir().join(source)).compile(&out));
 }

@@ -11,7 +11,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use common::*;
-use rocm_kpack::prelink::{self, EXPORTED_SYMBOLS};
+use rocm_kpack::prelink::{self, Bridge, EXPORTED_SYMBOLS};
 
 /// `nm` output lines `(type, name)` of `file` with extra flags.
 fn nm(flags: &[&str], file: &Path) -> Vec<(String, String)> {
@@ -51,10 +51,33 @@ fn prelinked() -> PathBuf {
     ARCHIVE
         .get_or_init(|| {
             let out = build_dir("symbols").join("librocm_kpack.a");
-            prelink::prelink(&staticlib(), &out).expect("prelink");
+            let bridge = Bridge::from_out_dir(&cxx_out_dir()).expect("build.rs's output");
+            prelink::prelink(&staticlib(), &bridge, &out).expect("prelink");
             out
         })
         .clone()
+}
+
+/// The global symbols `archive` defines: (default visibility, hidden).
+fn global_definitions(archive: &Path) -> (BTreeSet<String>, BTreeSet<String>) {
+    let out = run_ok(Command::new("readelf").args(["-sW"]).arg(archive));
+    let mut visible = BTreeSet::new();
+    let mut hidden = BTreeSet::new();
+    for line in stdout(&out).lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // Num: Value Size Type Bind Vis Ndx Name
+        if let [_, _, _, _, "GLOBAL", vis, ndx, name] = f[..] {
+            if ndx == "UND" {
+                continue;
+            }
+            if vis == "HIDDEN" {
+                hidden.insert(name.to_string());
+            } else {
+                visible.insert(name.to_string());
+            }
+        }
+    }
+    (visible, hidden)
 }
 
 /// The link flag that finds the shared library `lib` where it is.
@@ -64,6 +87,11 @@ fn rpath(lib: &Path) -> String {
 
 /// libprobe.so from tests/c/probe.c and `archive`.
 fn probe_library(archive: &Path, name: &str) -> PathBuf {
+    probe_library_with(archive, name, &[])
+}
+
+/// [`probe_library`] with more link inputs.
+fn probe_library_with(archive: &Path, name: &str, extra: &[&str]) -> PathBuf {
     let lib = build_dir("symbols").join(name);
     let mut p = Program::c("gnu17");
     p.cc()
@@ -73,6 +101,9 @@ fn probe_library(archive: &Path, name: &str) -> PathBuf {
         .include(include_dir());
     p.input(crate_dir().join("tests/c/probe.c"))
         .static_runtime(archive);
+    for e in extra {
+        p.input(e);
+    }
     built(p.link(&lib));
     lib
 }
@@ -80,12 +111,26 @@ fn probe_library(archive: &Path, name: &str) -> PathBuf {
 #[test]
 fn prelinked_archive_exports_only_the_api() {
     let archive = prelinked();
-    // Global definitions: exactly the API.
-    let defined: BTreeSet<String> = nm(&["-g", "--defined-only"], &archive)
-        .into_iter()
-        .map(|(_, n)| n)
+    // Global definitions of default visibility: exactly the API; the
+    // others are the bridge's, hidden.
+    let (visible, hidden) = global_definitions(&archive);
+    assert_eq!(visible, exports());
+    let bridge = Bridge::from_out_dir(&cxx_out_dir()).unwrap();
+    assert_eq!(hidden, bridge.symbols.iter().cloned().collect());
+    assert!(
+        hidden.iter().all(|s| s.contains("cxxbridge1$")),
+        "{hidden:?}"
+    );
+    // No C++ runtime: C programs link it with the C compiler alone.
+    let undefined = nm(&["-u"], &archive);
+    let cxx: Vec<_> = undefined
+        .iter()
+        .filter(|(kind, n)| {
+            kind == "U"
+                && (n.starts_with("_ZNSt") || n.starts_with("_ZN4rust") || n.starts_with("__cxa_"))
+        })
         .collect();
-    assert_eq!(defined, exports());
+    assert!(cxx.is_empty(), "{cxx:?}");
     // No debug info, no embedded bitcode.
     let sections = stdout(&run_ok(Command::new("readelf").arg("-SW").arg(&archive)));
     assert!(sections.contains(".text"), "{sections}");
@@ -130,8 +175,9 @@ fn prelinked_archive_exports_only_the_api() {
 #[test]
 fn plain_staticlib_would_leak() {
     // The reason for prelinking: the archive cargo builds exports Rust's
-    // symbols from any shared library that links it.
-    let lib = probe_library(&staticlib(), "libprobe_plain.so");
+    // symbols from any shared library that links it (and, with the cxx
+    // crate's C++ runtime inside, it needs libstdc++).
+    let lib = probe_library_with(&staticlib(), "libprobe_plain.so", &["-lstdc++"]);
     let dynamic = nm(&["-D", "--defined-only"], &lib);
     assert!(dynamic.iter().any(|(_, n)| is_leak(n)), "{dynamic:?}");
 }

@@ -1,31 +1,36 @@
 // SPDX-License-Identifier: MIT
-// kpack runtime C++ API: a header-only C++17 layer over the C API of
-// <rocm_kpack/kpack.h>. Link librocm_kpack as for the C API; nothing else
-// (no generated headers, no Rust toolchain) is needed to build against it.
+// kpack runtime C++ API (C++17): kpack::Archive, kpack::Cache, kpack::Error.
 //
-//   kpack::Archive a("blas_gfx942.kpack");
-//   for (const std::string& key : a.binaries()) { ... }
-//   std::vector<uint8_t> code = a.kernel("lib/librocblas.so#0", "gfx942");
+// A thin face over the same Rust archive and loader as the C API, through a
+// cxx bridge (kpack-cxx/src/bridge.rs; its generated header is
+// <rocm_kpack/kpack_bridge.h>, cxx's is <rust/cxx.h>). Link
+// librocm_kpack_cxx.a (the C++ glue) before librocm_kpack.a, or the CMake
+// target kpack::runtime from a C++ target. No Rust toolchain is needed.
+//
+//   kpack::Archive a = kpack::Archive::open("blas_gfx942.kpack");
+//   for (const kpack::KernelInfo& k : a.kernels()) { ... k.binary, k.target, k.size }
+//   rust::Vec<std::uint8_t> code = a.kernel("lib/librocblas.so#0", "gfx942");
 //
 //   kpack::Cache cache;  // reads ROCM_KPACK_* now
-//   std::vector<uint8_t> co = cache.load_code_object(
+//   kpack::Bytes co = cache.load_code_object(
 //       metadata, "/opt/rocm/lib/librocblas.so", 0, {"gfx942:sramecc+:xnack-"});
 //
-// Failures throw kpack::Error, which carries the kpack_error_t.
+// Failures throw kpack::Error: code() is the kpack_error_t, what() the
+// message the kpack command prints for the same problem (the file, and
+// what is wrong with it).
 #ifndef ROCM_KPACK_HPP
 #define ROCM_KPACK_HPP
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <exception>
-#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "kpack.h"
+#include "rust/cxx.h"
+#include "rocm_kpack/kpack_bridge.h"
 
 namespace kpack {
 
@@ -51,105 +56,155 @@ inline const char* error_name(kpack_error_t code) noexcept {
   return "KPACK_ERROR_(unknown)";
 }
 
-// A failed kpack call: code() is the C API's error, what() says which call
-// on what and the error's name.
+// A failed kpack call: code() is the C API's error value, what() kpack's
+// message (e.g. "a.kpack: TOC field `gfx_arches` is a int, expected array").
 class Error : public std::runtime_error {
  public:
-  Error(kpack_error_t code, const std::string& context)
-      : std::runtime_error(context + ": " + error_name(code)), code_(code) {}
+  Error(kpack_error_t code, const std::string& message)
+      : std::runtime_error(message), code_(code) {}
   kpack_error_t code() const noexcept { return code_; }
 
  private:
   kpack_error_t code_;
 };
 
-namespace detail {
+// Code objects: a Rust-owned vector (data(), size(), begin(), end(),
+// operator[]), handed over without a copy.
+using Bytes = rust::Vec<std::uint8_t>;
 
-inline void check(kpack_error_t code, const std::string& context) {
-  if (code != KPACK_SUCCESS) throw Error(code, context);
-}
-
-struct FreeDeleter {
-  void operator()(void* p) const noexcept { std::free(p); }
+// One code object of an archive.
+struct KernelInfo {
+  std::string binary;   // the binary key, with its "#N"
+  std::string target;   // the target ID ("gfx942", "gfx90a:xnack-")
+  std::uint64_t size;   // uncompressed size in bytes
+  std::uint32_t ordinal;  // index in the archive's blob
 };
 
-// Take ownership of a malloc'ed buffer and copy it into a vector.
-inline std::vector<uint8_t> take_buffer(void* data, size_t size) {
-  std::unique_ptr<void, FreeDeleter> owned(data);
-  const uint8_t* bytes = static_cast<const uint8_t*>(owned.get());
-  return std::vector<uint8_t>(bytes, bytes + size);
+// Where an address lives: the mapped file and the address's offset in it.
+struct BinaryLocation {
+  std::string path;
+  std::size_t offset = 0;
+};
+
+namespace detail {
+
+// Call a bridge function `f(failure)`; a failure becomes kpack::Error.
+template <typename F>
+auto call(F&& f) -> decltype(f(std::declval<bridge::Failure&>())) {
+  bridge::Failure failure;
+  failure.code = KPACK_SUCCESS;
+  auto result = f(failure);
+  if (failure.code != KPACK_SUCCESS)
+    throw Error(static_cast<kpack_error_t>(failure.code),
+                std::string(failure.message.data(), failure.message.size()));
+  return result;
 }
 
-inline std::string quoted(const std::string& s) { return "\"" + s + "\""; }
+inline rust::Slice<const std::uint8_t> bytes(const std::string& s) noexcept {
+  return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
+}
+
+inline std::string text(const rust::String& s) { return std::string(s.data(), s.size()); }
+
+inline std::vector<std::string> texts(const rust::Vec<rust::String>& v) {
+  std::vector<std::string> out;
+  out.reserve(v.size());
+  for (const rust::String& s : v) out.push_back(text(s));
+  return out;
+}
+
+[[noreturn]] inline void moved_from(const char* what) {
+  throw Error(KPACK_ERROR_INVALID_ARGUMENT, std::string(what) + ": used after being moved from");
+}
 
 }  // namespace detail
 
-// An open .kpack archive. Move-only; const member functions may be called
-// from several threads at once.
+// An open .kpack archive (memory-mapped until destruction). Move-only;
+// const member functions may be called from several threads at once.
 class Archive {
  public:
-  // Open the archive at `path`; throws Error.
-  explicit Archive(const std::string& path) {
-    detail::check(kpack_open(path.c_str(), &handle_),
-                  "kpack_open(" + detail::quoted(path) + ")");
-  }
+  // Open the archive at `path`; throws Error (FILE_NOT_FOUND, IO_ERROR,
+  // INVALID_FORMAT, UNSUPPORTED_VERSION, MSGPACK_PARSE_FAILED).
+  explicit Archive(const std::string& path)
+      : impl_(detail::call([&](bridge::Failure& f) {
+          return bridge::open_archive(detail::bytes(path), f);
+        })) {}
   static Archive open(const std::string& path) { return Archive(path); }
 
-  Archive(Archive&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+  Archive(Archive&& other) noexcept : impl_(std::exchange(other.impl_, nullptr)) {}
   Archive& operator=(Archive&& other) noexcept {
     if (this != &other) {
-      kpack_close(handle_);
-      handle_ = std::exchange(other.handle_, nullptr);
+      reset();
+      impl_ = std::exchange(other.impl_, nullptr);
     }
     return *this;
   }
   Archive(const Archive&) = delete;
   Archive& operator=(const Archive&) = delete;
-  ~Archive() { kpack_close(handle_); }
+  ~Archive() { reset(); }
+
+  // The path it was opened with.
+  std::string path() const {
+    rust::Vec<std::uint8_t> p = get().path();
+    return std::string(p.begin(), p.end());
+  }
 
   // The target IDs the archive serves, in its gfx_arches order.
-  std::vector<std::string> architectures() const {
-    size_t n = 0;
-    detail::check(kpack_get_architecture_count(handle_, &n), "kpack_get_architecture_count");
-    std::vector<std::string> out;
-    out.reserve(n);
-    for (size_t i = 0; i < n; ++i) {
-      const char* s = nullptr;
-      detail::check(kpack_get_architecture(handle_, i, &s), "kpack_get_architecture");
-      out.emplace_back(s);
-    }
-    return out;
-  }
+  std::vector<std::string> architectures() const { return detail::texts(get().architectures()); }
 
   // The binary keys ("lib/libfoo.so#0"), sorted bytewise.
-  std::vector<std::string> binaries() const {
-    size_t n = 0;
-    detail::check(kpack_get_binary_count(handle_, &n), "kpack_get_binary_count");
-    std::vector<std::string> out;
-    out.reserve(n);
-    for (size_t i = 0; i < n; ++i) {
-      const char* s = nullptr;
-      detail::check(kpack_get_binary(handle_, i, &s), "kpack_get_binary");
-      out.emplace_back(s);
-    }
+  std::vector<std::string> binaries() const { return detail::texts(get().binaries()); }
+
+  // Every code object: binary key, target, size, in TOC order (keys in file
+  // order, then their targets).
+  std::vector<KernelInfo> kernels() const {
+    rust::Vec<bridge::KernelInfo> v = get().kernels();
+    std::vector<KernelInfo> out;
+    out.reserve(v.size());
+    for (const bridge::KernelInfo& k : v)
+      out.push_back({detail::text(k.binary), detail::text(k.target), k.size, k.ordinal});
     return out;
   }
 
-  // The code object of `binary` (exact key with "#N") for `arch`.
-  std::vector<uint8_t> kernel(const std::string& binary, const std::string& arch) const {
-    void* data = nullptr;
-    size_t size = 0;
-    detail::check(kpack_get_kernel(handle_, binary.c_str(), arch.c_str(), &data, &size),
-                  "kpack_get_kernel(" + detail::quoted(binary) + ", " +
-                      detail::quoted(arch) + ")");
-    return detail::take_buffer(data, size);
+  // The size of the code object of `binary` (exact key with "#N") for
+  // `arch` (exact target ID); KERNEL_NOT_FOUND, DECOMPRESSION_FAILED.
+  std::size_t kernel_size(const std::string& binary, const std::string& arch) const {
+    return detail::call([&](bridge::Failure& c) {
+      return get().kernel_size(detail::bytes(binary), detail::bytes(arch), c);
+    });
   }
 
-  // The C handle (owned by this object).
-  kpack_archive_t handle() const noexcept { return handle_; }
+  // Decompress that code object straight into `out` (at least
+  // kernel_size() bytes: else INVALID_ARGUMENT); returns its size.
+  std::size_t read_kernel(const std::string& binary, const std::string& arch, std::uint8_t* out,
+                          std::size_t capacity) const {
+    return detail::call([&](bridge::Failure& c) {
+      return get().read_kernel(detail::bytes(binary), detail::bytes(arch),
+                               rust::Slice<std::uint8_t>(out, capacity), c);
+    });
+  }
+
+  // That code object, decompressed into a new buffer (no further copy).
+  Bytes kernel(const std::string& binary, const std::string& arch) const {
+    return detail::call([&](bridge::Failure& c) {
+      return get().kernel(detail::bytes(binary), detail::bytes(arch), c);
+    });
+  }
+
+  // The same archive as a C handle, for the C API (owned by this object:
+  // do not kpack_close it); NULL after a move.
+  kpack_archive_t handle() const noexcept { return reinterpret_cast<kpack_archive_t>(impl_); }
 
  private:
-  kpack_archive_t handle_ = nullptr;
+  const bridge::KpackArchive& get() const {
+    if (impl_ == nullptr) detail::moved_from("kpack::Archive");
+    return *impl_;
+  }
+  void reset() noexcept {
+    kpack_close(handle());
+    impl_ = nullptr;
+  }
+  bridge::KpackArchive* impl_;
 };
 
 // A loader cache: reads ROCM_KPACK_* once at construction; opened archives
@@ -157,84 +212,73 @@ class Archive {
 // from several threads at once.
 class Cache {
  public:
-  Cache() { detail::check(kpack_cache_create(&handle_), "kpack_cache_create"); }
-  Cache(Cache&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+  Cache() : impl_(detail::call([](bridge::Failure& c) { return bridge::new_cache(c); })) {}
+  Cache(Cache&& other) noexcept : impl_(std::exchange(other.impl_, nullptr)) {}
   Cache& operator=(Cache&& other) noexcept {
     if (this != &other) {
-      kpack_cache_destroy(handle_);
-      handle_ = std::exchange(other.handle_, nullptr);
+      reset();
+      impl_ = std::exchange(other.impl_, nullptr);
     }
     return *this;
   }
   Cache(const Cache&) = delete;
   Cache& operator=(const Cache&) = delete;
-  ~Cache() { kpack_cache_destroy(handle_); }
+  ~Cache() { reset(); }
 
-  // The code object `kernel_name#co_index` for the first of `archs` that
-  // an archive serves (see kpack_load_code_object).
-  std::vector<uint8_t> load_code_object(const void* hipk_metadata,
-                                        const std::string& binary_path, uint32_t co_index,
-                                        const std::vector<std::string>& archs) const {
-    std::vector<const char*> list;
-    list.reserve(archs.size());
-    for (const std::string& a : archs) list.push_back(a.c_str());
-    void* data = nullptr;
-    size_t size = 0;
-    detail::check(kpack_load_code_object(handle_, hipk_metadata, binary_path.c_str(), co_index,
-                                         list.data(), list.size(), &data, &size),
-                  "kpack_load_code_object(" + detail::quoted(binary_path) + ", " +
-                      std::to_string(co_index) + ")");
-    return detail::take_buffer(data, size);
+  // The code object `kernel_name#co_index` of the binary at `binary_path`
+  // whose HIPK metadata is `hipk_metadata`, for the first of `archs` (in
+  // priority order) that an archive serves (see kpack_load_code_object).
+  Bytes load_code_object(const void* hipk_metadata, const std::string& binary_path,
+                         std::uint32_t co_index, const std::vector<std::string>& archs) const {
+    std::string names;
+    std::vector<std::size_t> lens;
+    lens.reserve(archs.size());
+    for (const std::string& a : archs) {
+      names += a;
+      lens.push_back(a.size());
+    }
+    const bridge::KpackCache& cache = get();
+    return detail::call([&](bridge::Failure& c) {
+      return cache.load_code_object(static_cast<const std::uint8_t*>(hipk_metadata),
+                                    detail::bytes(binary_path), co_index, detail::bytes(names),
+                                    rust::Slice<const std::size_t>(lens.data(), lens.size()), c);
+    });
   }
 
-  // The C handle (owned by this object).
-  kpack_cache_t handle() const noexcept { return handle_; }
+  // The same cache as a C handle (owned by this object); NULL after a move.
+  kpack_cache_t handle() const noexcept { return reinterpret_cast<kpack_cache_t>(impl_); }
 
  private:
-  kpack_cache_t handle_ = nullptr;
-};
-
-// Where an address lives: the mapped file and the address's offset in it.
-struct BinaryLocation {
-  std::string path;
-  size_t offset = 0;
-};
-
-// The file mapped at `address` (see kpack_discover_binary_path).
-inline BinaryLocation discover_binary_path(const void* address) {
-  // Paths longer than the buffer give INVALID_ARGUMENT: retry bigger.
-  for (size_t size = 4096; size <= (size_t{1} << 20); size *= 16) {
-    std::vector<char> buf(size);
-    size_t offset = 0;
-    kpack_error_t e = kpack_discover_binary_path(address, buf.data(), buf.size(), &offset);
-    if (e == KPACK_SUCCESS) return BinaryLocation{std::string(buf.data()), offset};
-    if (e != KPACK_ERROR_INVALID_ARGUMENT || address == nullptr)
-      throw Error(e, "kpack_discover_binary_path");
+  const bridge::KpackCache& get() const {
+    if (impl_ == nullptr) detail::moved_from("kpack::Cache");
+    return *impl_;
   }
-  throw Error(KPACK_ERROR_INVALID_ARGUMENT, "kpack_discover_binary_path: path too long");
+  void reset() noexcept {
+    kpack_cache_destroy(handle());
+    impl_ = nullptr;
+  }
+  bridge::KpackCache* impl_;
+};
+
+// The file mapped at `address` (see kpack_discover_binary_path):
+// PATH_DISCOVERY_FAILED, NOT_IMPLEMENTED, INVALID_ARGUMENT for NULL.
+inline BinaryLocation discover_binary_path(const void* address) {
+  bridge::MappedFile f = detail::call([&](bridge::Failure& c) {
+    return bridge::discover_binary_path(reinterpret_cast<std::size_t>(address), c);
+  });
+  return BinaryLocation{std::string(f.path.begin(), f.path.end()),
+                        static_cast<std::size_t>(f.offset)};
 }
 
-// The architectures of the archive at `path`, read with
-// kpack_enumerate_architectures; `f(arch)` returns false to stop. An
-// exception thrown by `f` is rethrown after the archive is closed.
+// Call `f(arch)` for each architecture of the archive at `path` until it
+// returns false. An exception thrown by `f` propagates (the archive is
+// closed first).
 template <typename F>
 void enumerate_architectures(const std::string& path, F&& f) {
-  struct State {
-    F* f;
-    std::exception_ptr error;
-  } state{&f, nullptr};
-  auto trampoline = [](const char* arch, void* user) -> bool {
-    State* s = static_cast<State*>(user);
-    try {
-      return static_cast<bool>((*s->f)(std::string(arch)));
-    } catch (...) {
-      s->error = std::current_exception();
-      return false;
-    }
-  };
-  kpack_error_t e = kpack_enumerate_architectures(path.c_str(), trampoline, &state);
-  if (state.error) std::rethrow_exception(state.error);
-  detail::check(e, "kpack_enumerate_architectures(" + detail::quoted(path) + ")");
+  std::vector<std::string> archs = Archive(path).architectures();
+  for (const std::string& a : archs) {
+    if (!static_cast<bool>(f(a))) break;
+  }
 }
 
 }  // namespace kpack

@@ -54,6 +54,48 @@ pub fn sharedlib() -> PathBuf {
     p
 }
 
+/// build.rs's output directory of this build: the C++ glue
+/// (`librocm_kpack_cxx.a`), the generated bridge header, `rust/cxx.h`, the
+/// bridge symbols and the stand-ins the prelink step uses.
+pub fn cxx_out_dir() -> PathBuf {
+    PathBuf::from(env!("KPACK_CXX_OUT_DIR"))
+}
+
+/// The installed layout of the runtime library (`rocm-kpack-prelink`'s
+/// output: the prelinked `librocm_kpack.a`, `librocm_kpack_cxx.a`, the
+/// headers), made once per test process from this build.
+pub fn installed() -> PathBuf {
+    static DONE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DONE.get_or_init(|| {
+        let dir = build_dir("installed");
+        let exe = profile_dir().join("rocm-kpack-prelink");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut build = Command::new(cargo);
+        build
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "kpack-cxx",
+                "--bin",
+                "rocm-kpack-prelink",
+            ])
+            .current_dir(crate_dir());
+        if profile_dir().file_name().is_some_and(|n| n == "release") {
+            build.arg("--release");
+        }
+        assert!(build.status().expect("cargo build").success());
+        run_ok(
+            Command::new(exe)
+                .arg(staticlib())
+                .arg(dir.join("lib"))
+                .arg(dir.join("include")),
+        );
+        dir
+    })
+    .clone()
+}
+
 pub fn crate_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -124,6 +166,27 @@ pub fn program(std: &str) -> Program {
 pub fn build_program(std: &str, source: &Path, lib: &Path, out: &Path) {
     let mut p = program(std);
     p.input(source).static_runtime(lib);
+    built(p.link(out));
+}
+
+/// A C++17 program against the installed C++ API ([`installed`]): its
+/// headers, the glue first, then the prelinked library.
+pub fn cxx_program() -> Program {
+    let inst = installed();
+    let mut p = Program::cxx("c++17");
+    p.strict()
+        .cc()
+        .flag("-pedantic")
+        .flag("-pthread")
+        .include(inst.join("include"));
+    p
+}
+
+/// Link [`cxx_program`]'s inputs with the installed libraries into `out`.
+pub fn link_cxx(p: &mut Program, out: &Path) {
+    let lib = installed().join("lib");
+    p.input(lib.join("librocm_kpack_cxx.a"))
+        .static_runtime(&lib.join("librocm_kpack.a"));
     built(p.link(out));
 }
 
@@ -236,4 +299,90 @@ pub fn at<'a>(v: &'a mut Value, path: &[&str]) -> &'a mut Value {
             .unwrap_or_else(|| panic!("no {key}"));
     }
     cur
+}
+
+/// Files that are not usable archives, for the C and C++ test programs.
+pub fn write_bad_archives(dir: &Path) {
+    let reference = std::fs::read(reference_fixtures().join("test_zstd.kpack")).unwrap();
+    let mut b = reference.clone();
+    b[..4].copy_from_slice(b"KPAX");
+    std::fs::write(dir.join("bad_magic.kpack"), b).unwrap();
+    std::fs::write(dir.join("short.kpack"), &reference[..10]).unwrap();
+    let mut b = reference.clone();
+    b[4..8].copy_from_slice(&2u32.to_le_bytes());
+    std::fs::write(dir.join("bad_version.kpack"), b).unwrap();
+    let mut b = reference.clone();
+    let past = reference.len() as u64 + 100;
+    b[8..16].copy_from_slice(&past.to_le_bytes());
+    std::fs::write(dir.join("toc_past_end.kpack"), b).unwrap();
+    let toc_offset = u64::from_le_bytes(reference[8..16].try_into().unwrap()) as usize;
+    let mut b = reference[..toc_offset].to_vec();
+    b.push(0xc1);
+    std::fs::write(dir.join("bad_toc.kpack"), b).unwrap();
+    let mut b = reference[..toc_offset].to_vec();
+    b.push(0x90);
+    std::fs::write(dir.join("toc_not_a_map.kpack"), b).unwrap();
+    let b = edit_toc(&reference, |t| {
+        *at(t, &["compression_scheme"]) = Value::from("lz4")
+    });
+    std::fs::write(dir.join("unknown_scheme.kpack"), b).unwrap();
+    let b = edit_toc(&reference, |t| *at(t, &["gfx_arches"]) = Value::from(5));
+    std::fs::write(dir.join("wrong_type.kpack"), b).unwrap();
+    std::fs::create_dir_all(dir.join("a_directory.kpack")).unwrap();
+
+    // The reference's three kernels, written by kpack (with checksums),
+    // the first frame damaged.
+    let reference =
+        kpack_core::archive::Archive::open(reference_fixtures().join("test_zstd.kpack")).unwrap();
+    let mut w = ArchiveWriter::new("test", "gfx110X", reference.gfx_arches().to_vec());
+    for (key, target, _) in reference.entries_by_ordinal() {
+        w.add(key, target, reference.kernel(key, target).unwrap(), None)
+            .unwrap();
+    }
+    let mut b = w.to_vec().unwrap();
+    damage_frame(&mut b, 0);
+    std::fs::write(dir.join("corrupt_zstd.kpack"), b).unwrap();
+}
+
+/// A valid archive at `p` whose one kernel, `k#0` @ gfx1100, really is
+/// 4 GiB (a frame of RLE blocks, 128 KiB on disk): only the allocation
+/// fails. (A TOC that merely claims 4 GiB is a corrupt archive:
+/// DECOMPRESSION_FAILED.)
+pub fn write_huge_archive(p: &Path) {
+    let mut w = ArchiveWriter::new("o", "gfx1100", vec!["gfx1100".into()]);
+    w.add("k#0", "gfx1100", vec![1u8; 100], None).unwrap();
+    let small = w.to_vec().unwrap();
+    let toc_offset = u64::from_le_bytes(small[8..16].try_into().unwrap()) as usize;
+    let frame = rle_frame(1 << 32);
+    let mut b = small[..64].to_vec();
+    b.extend(1u32.to_le_bytes());
+    b.extend((frame.len() as u32).to_le_bytes());
+    b.extend(&frame);
+    let new_toc_offset = b.len() as u64;
+    b[8..16].copy_from_slice(&new_toc_offset.to_le_bytes());
+    b.extend(&small[toc_offset..]);
+    let b = edit_toc(&b, |t| {
+        *at(t, &["toc", "k#0", "gfx1100", "original_size"]) = Value::from(1u64 << 32);
+        *at(t, &["zstd_size"]) = Value::from(8 + frame.len() as u64);
+    });
+    std::fs::write(p, b).unwrap();
+}
+
+/// A zstd frame of `size` zero bytes made of RLE blocks, with its content
+/// size in the header.
+pub fn rle_frame(size: u64) -> Vec<u8> {
+    // Magic, descriptor (8-byte content size, window descriptor follows),
+    // window 128 KiB, content size.
+    let mut f = vec![0x28, 0xb5, 0x2f, 0xfd, 0xc0, 0x38];
+    f.extend(size.to_le_bytes());
+    const BLOCK: u64 = 128 << 10;
+    let blocks = size.div_ceil(BLOCK);
+    for i in 0..blocks {
+        let n = BLOCK.min(size - i * BLOCK) as u32;
+        // last-block flag, block type 1 (RLE), size; then the byte.
+        let h = u32::from(i + 1 == blocks) | (1 << 1) | (n << 3);
+        f.extend(&h.to_le_bytes()[..3]);
+        f.push(0);
+    }
+    f
 }

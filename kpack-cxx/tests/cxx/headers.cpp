@@ -10,7 +10,10 @@ static_assert(std::is_nothrow_move_constructible<kpack::Archive>::value, "");
 static_assert(!std::is_copy_constructible<kpack::Cache>::value, "");
 static_assert(std::is_nothrow_move_constructible<kpack::Cache>::value, "");
 static_assert(std::is_same<decltype(std::declval<const kpack::Archive&>().kernel("", "")),
-                           std::vector<uint8_t>>::value,
+                           rust::Vec<uint8_t>>::value,
+              "");
+static_assert(std::is_same<decltype(std::declval<const kpack::Archive&>().kernels()),
+                           std::vector<kpack::KernelInfo>>::value,
               "");
 static_assert(std::is_same<decltype(std::declval<kpack::Error&>().code()), kpack_error_t>::value,
               "");
