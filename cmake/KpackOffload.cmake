@@ -92,9 +92,9 @@ function(kpack_offload_target target)
     COMMAND kpack::kpack ${_args}
     COMMENT "kpack: offloading the device code of ${target}"
     VERBATIM)
-  # Building kpack from source: make sure it exists before the target's
-  # post-build step runs.
-  if(TARGET kpack_cargo_build)
-    add_dependencies(${target} kpack_cargo_build)
+  # Building kpack from source (either way): make sure it exists before the
+  # target's post-build step runs.
+  if(TARGET kpack_build)
+    add_dependencies(${target} kpack_build)
   endif()
 endfunction()

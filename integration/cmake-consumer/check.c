@@ -4,9 +4,15 @@
  *   consumer_c LIBRARY EXPECTED_DIR TARGET...
  *
  * Stands in for the HIP runtime: dlopen() runs the library's constructor,
- * whose __hipRegisterFatBinary call lands here with the wrapper.
+ * whose __hipRegisterFatBinary call lands here with the wrapper. Every
+ * wrapper of the library's .hipFatBinSegment is checked too, also those
+ * its constructors do not register (-fgpu-rdc units share one handle, so
+ * only the first registers).
  * Expected bytes: EXPECTED_DIR/<target>#<co_index>.co, else <target>.co. */
+#define _GNU_SOURCE
 #include <dlfcn.h>
+#include <elf.h>
+#include <link.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,6 +59,33 @@ static unsigned char* read_file(const char* path, size_t* size) {
   return buf;
 }
 
+/* Add the wrappers of LIBRARY's .hipFatBinSegment (read from the file's
+ * section headers, at the library's load address) not registered yet. */
+static int add_section_wrappers(const char* path, void* handle) {
+  struct link_map* map = NULL;
+  if (dlinfo(handle, RTLD_DI_LINKMAP, &map) != 0 || !map) return -1;
+  size_t size = 0;
+  unsigned char* file = read_file(path, &size);
+  if (!file || size < sizeof(Elf64_Ehdr)) return -1;
+  const Elf64_Ehdr* eh = (const Elf64_Ehdr*)file;
+  const Elf64_Shdr* sh = (const Elf64_Shdr*)(file + eh->e_shoff);
+  const char* names = (const char*)file + sh[eh->e_shstrndx].sh_offset;
+  int found = -1;
+  for (int i = 0; i < eh->e_shnum; i++) {
+    if (strcmp(names + sh[i].sh_name, ".hipFatBinSegment") != 0) continue;
+    found = 0;
+    const wrapper_t* w = (const wrapper_t*)(map->l_addr + sh[i].sh_addr);
+    for (size_t k = 0; k < sh[i].sh_size / sizeof(wrapper_t); k++) {
+      int known = 0;
+      for (int j = 0; j < wrapper_count; j++) known |= wrappers[j] == &w[k];
+      if (!known && wrapper_count < MAX_WRAPPERS) wrappers[wrapper_count++] = &w[k];
+      found++;
+    }
+  }
+  free(file);
+  return found;
+}
+
 int main(int argc, char** argv) {
   if (argc < 4) {
     fprintf(stderr, "usage: %s LIBRARY EXPECTED_DIR TARGET...\n", argv[0]);
@@ -67,6 +100,13 @@ int main(int argc, char** argv) {
     fprintf(stderr, "no fat binary was registered\n");
     return 1;
   }
+  int registered = wrapper_count;
+  int in_section = add_section_wrappers(argv[1], lib);
+  if (in_section < registered) {
+    fprintf(stderr, "%s: cannot read its .hipFatBinSegment\n", argv[1]);
+    return 1;
+  }
+  printf("%d wrappers (%d registered)\n", wrapper_count, registered);
   kpack_cache_t cache = NULL;
   if (kpack_cache_create(&cache) != KPACK_SUCCESS) return 1;
   int failures = 0, loaded = 0;

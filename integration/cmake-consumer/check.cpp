@@ -1,8 +1,10 @@
-// The C++17 checker: the same as check.c through rocm_kpack/kpack.hpp.
+// The C++17 checker: the same as check.c through rocm_kpack/kpack.hpp (the
+// C++ API; the code object comes back as a Rust-owned vector, no copy).
 //
 //   consumer_cxx LIBRARY EXPECTED_DIR TARGET...
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -21,6 +23,13 @@ struct Wrapper {
 };
 std::vector<const Wrapper*> g_wrappers;
 void* g_handle[1];
+
+// EXPECTED_DIR/<target>#<co_index>.co, else <target>.co (as check.c).
+std::string expected(const std::string& dir, const std::string& target, uint64_t index) {
+  std::string p = dir + "/" + target + "#" + std::to_string(index) + ".co";
+  if (std::ifstream(p).good()) return p;
+  return dir + "/" + target + ".co";
+}
 
 std::vector<uint8_t> read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -61,10 +70,10 @@ int main(int argc, char** argv) {
       }
       kpack::BinaryLocation where = kpack::discover_binary_path(w);
       for (int t = 3; t < argc; t++) {
-        std::vector<uint8_t> co = cache.load_code_object(w->binary, where.path,
-                                                         static_cast<uint32_t>(w->reserved1), {argv[t]});
-        std::vector<uint8_t> want = read_file(std::string(argv[2]) + "/" + argv[t] + ".co");
-        if (want.empty() || co != want) {
+        kpack::Bytes co = cache.load_code_object(w->binary, where.path,
+                                                 static_cast<uint32_t>(w->reserved1), {argv[t]});
+        std::vector<uint8_t> want = read_file(expected(argv[2], argv[t], w->reserved1));
+        if (want.empty() || !std::equal(co.begin(), co.end(), want.begin(), want.end())) {
           std::fprintf(stderr, "%s (%s): %zu bytes, expected %zu\n", where.path.c_str(), argv[t], co.size(),
                        want.size());
           return 1;

@@ -124,7 +124,8 @@ impl Bridge {
 /// Prelink the static library `staticlib` (cargo's `librocm_kpack.a`)
 /// into `out`, keeping the C API and the `bridge` symbols global, with the
 /// tools of [`Tools::default`]. `out` is written through a temporary file
-/// in its directory and renamed into place.
+/// in its directory and renamed into place (left alone when its bytes
+/// would not change).
 pub fn prelink(staticlib: &Path, bridge: &Bridge, out: &Path) -> io::Result<()> {
     prelink_with(&Tools::default(), staticlib, bridge, out)
 }
@@ -204,7 +205,16 @@ fn prelink_in(
         .arg("rcsD")
         .arg(&archive)
         .arg(&object))?;
-    std::fs::rename(&archive, out)
+    replace_if_changed(&archive, out)
+}
+
+/// Rename `new` over `out`, unless `out` already has the same bytes (then
+/// `out` keeps its modification time, so build systems relink nothing).
+pub fn replace_if_changed(new: &Path, out: &Path) -> io::Result<()> {
+    if std::fs::read(out).ok() == Some(std::fs::read(new)?) {
+        return std::fs::remove_file(new);
+    }
+    std::fs::rename(new, out)
 }
 
 /// The stand-in sections still in `object` (readelf, which unlike nm

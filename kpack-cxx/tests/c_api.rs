@@ -44,7 +44,7 @@ fn cmd() -> Command {
 #[test]
 fn archive_functions_and_errors() {
     let dir = tempfile::tempdir().unwrap();
-    write_bad_archives(dir.path());
+    write_bad_archives(dir.path(), &reference_fixtures());
     let fixtures = reference_fixtures();
     let args = [
         "archive",
@@ -54,27 +54,6 @@ fn archive_functions_and_errors() {
     let out = run_ok(cmd().args(args));
     assert!(stdout(&out).contains("PASS"));
     run_under_valgrind("memcheck", program(), &args, &[]);
-}
-
-/// The loader scenario of `api_test loader`: two per-target archives, one
-/// damaged code object.
-fn loader_scenario(dir: &Path) -> (PathBuf, PathBuf) {
-    write_archive(
-        &dir.join("lib_gfx1100.kpack"),
-        &["gfx1100"],
-        &[("app#0", "gfx1100"), ("app#2", "gfx1100")],
-    );
-    let mut b = std::fs::read(dir.join("lib_gfx1100.kpack")).unwrap();
-    damage_frame(&mut b, 1);
-    std::fs::write(dir.join("lib_gfx1100.kpack"), b).unwrap();
-    write_archive(
-        &dir.join("lib_gfx1101.kpack"),
-        &["gfx1101"],
-        &[("app#0", "gfx1101"), ("app#1", "gfx1101")],
-    );
-    let meta = dir.join("app.meta");
-    write_metadata(&meta, "app", &["lib_@GFXARCH@.kpack", "lib_gfx1100.kpack"]);
-    (meta, dir.join("app"))
 }
 
 #[test]

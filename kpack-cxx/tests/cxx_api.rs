@@ -24,32 +24,11 @@ fn program() -> &'static Path {
     })
 }
 
-/// The loader scenario: app#0 in both per-target archives, app#1 only for
-/// gfx1101, app#2 damaged.
-fn loader_scenario(work: &Path) -> (PathBuf, PathBuf) {
-    write_archive(
-        &work.join("lib_gfx1100.kpack"),
-        &["gfx1100"],
-        &[("app#0", "gfx1100"), ("app#2", "gfx1100")],
-    );
-    let mut b = std::fs::read(work.join("lib_gfx1100.kpack")).unwrap();
-    damage_frame(&mut b, 1);
-    std::fs::write(work.join("lib_gfx1100.kpack"), b).unwrap();
-    write_archive(
-        &work.join("lib_gfx1101.kpack"),
-        &["gfx1101"],
-        &[("app#0", "gfx1101"), ("app#1", "gfx1101")],
-    );
-    let meta = work.join("app.meta");
-    write_metadata(&meta, "app", &["lib_@GFXARCH@.kpack", "lib_gfx1100.kpack"]);
-    (meta, work.join("app"))
-}
-
 #[test]
 fn cxx_api() {
     let dir = tempfile::tempdir().unwrap();
     let work = dir.path();
-    write_bad_archives(work);
+    write_bad_archives(work, &reference_fixtures());
     let (meta, bin) = loader_scenario(work);
     let fixtures = reference_fixtures();
     let args = [

@@ -2,12 +2,20 @@
 //! consumer project (integration/cmake-consumer) builds a HIP library,
 //! offloads it with kpack_offload_target(), and its C11 and C++17 checkers
 //! (linking kpack::runtime / rocm::rocm_kpack) load every code object back
-//! through the runtime, in the build tree and after `cmake --install`; then
-//! the same project with kpack built from source (add_subdirectory).
+//! through the runtime, in the build tree and after `cmake --install`; the
+//! C++ API's test program (against kpack::cxx) passes and a C shared
+//! library linking kpack::runtime exports only the C API and its own
+//! symbol. Then the same project with kpack built from source
+//! (add_subdirectory) through cargo, kpack's fallback when Corrosion is
+//! absent (the Corrosion path: tests/superbuild.rs).
 
+mod cmake_common;
+
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 
+use cmake_common::*;
 use kpack_e2e::*;
 
 fn cmake(args: &[&dyn AsRef<std::ffi::OsStr>]) -> String {
@@ -18,22 +26,31 @@ fn cmake(args: &[&dyn AsRef<std::ffi::OsStr>]) -> String {
     run_ok(&mut c)
 }
 
-fn configure(src: &Path, build: &Path, extra: &[String]) -> std::process::Output {
-    let mut c = Command::new("cmake");
-    c.arg("-S").arg(src).arg("-B").arg(build).args([
-        "-DCMAKE_C_COMPILER=clang-19",
-        "-DCMAKE_CXX_COMPILER=clang++-19",
-    ]);
-    c.args(extra);
-    c.output().expect("cmake")
+/// What a build tree of the consumer must show beside its ctest: the C++
+/// API's program passes, the C probe exports only the C API and its own.
+fn check_build_tree(build_dir: &Path, scratch: &Path) {
+    run_cxx_api_test(&build_dir.join("cxx_api_test"), scratch);
+    let nm = run_ok(
+        Command::new("nm")
+            .args(["-D", "--defined-only"])
+            .arg(build_dir.join("libprobe_c.so")),
+    );
+    let defined: BTreeSet<&str> = nm
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .filter(|n| !["_init", "_fini", "__bss_start", "_edata", "_end"].contains(n))
+        .collect();
+    let mut want: BTreeSet<&str> = rocm_kpack::prelink::EXPORTED_SYMBOLS.into_iter().collect();
+    want.insert("probe_c");
+    assert_eq!(defined, want);
 }
 
-fn build_and_test(build: &Path) {
-    cmake(&[&"--build", &build]);
+fn build_and_test(build_dir: &Path) {
+    cmake_build(build_dir);
     let out = run_ok(
         Command::new("ctest")
             .arg("--test-dir")
-            .arg(build)
+            .arg(build_dir)
             .arg("--output-on-failure"),
     );
     assert!(out.contains("100% tests passed"), "{out}");
@@ -84,9 +101,12 @@ fn installed_package_and_from_source() {
     );
     for f in [
         "lib/librocm_kpack.a",
+        "lib/librocm_kpack_cxx.a",
         "bin/kpack",
         "include/rocm_kpack/kpack.h",
         "include/rocm_kpack/kpack.hpp",
+        "include/rocm_kpack/kpack_bridge.h",
+        "include/rust/cxx.h",
     ] {
         assert!(prefix.join(f).is_file(), "dist did not install {f}");
     }
@@ -128,6 +148,7 @@ fn installed_package_and_from_source() {
         String::from_utf8_lossy(&out.stderr)
     );
     build_and_test(&build);
+    check_build_tree(&build, scratch.path());
     check_installed(&build, &scratch.path().join("inst-installed"));
 
     // Misuse is a clear message: a static library at configure time, a
@@ -167,25 +188,28 @@ fn installed_package_and_from_source() {
         "{text}"
     );
 
-    // From source: add_subdirectory, cargo driven by CMake.
+    // From source: add_subdirectory, cargo driven by CMake (no Corrosion
+    // here), in the Debug profile. cargo's target directory is this
+    // workspace's, whose debug build the test run has made already.
     let build = scratch.path().join("build-source");
-    let out = configure(
+    configure_ok(
         &consumer,
         &build,
         &[
             "-DKPACK_FROM_SOURCE=ON".into(),
+            "-DKPACK_USE_CORROSION=OFF".into(),
+            "-DCMAKE_BUILD_TYPE=Debug".into(),
             format!("-DKPACK_SOURCE_DIR={}", root.display()),
+            format!("-DKPACK_CARGO_TARGET_DIR={}", root.join("target").display()),
         ],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     build_and_test(&build);
+    check_build_tree(&build, scratch.path());
     assert!(
-        build.join("kpack/cargo/release/kpack").is_file(),
-        "cargo's target directory is in the CMake build tree"
+        build
+            .join("kpack/kpack-runtime/lib/librocm_kpack_cxx.a")
+            .is_file(),
+        "the installed layout is in the CMake build tree"
     );
     check_installed(&build, &scratch.path().join("inst-source"));
 }

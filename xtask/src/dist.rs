@@ -1,7 +1,9 @@
 //! `cargo xtask dist --prefix P [--shared]`: a release build installed as a
 //! relocatable package: `P/lib/librocm_kpack.a` (prelinked: only the C API
-//! is global), `P/include/rocm_kpack/`, `P/bin/kpack`, and the CMake package
-//! in `P/lib/cmake/rocm-kpack/`. No Rust toolchain is needed to consume it.
+//! is global, no C++ runtime needed), `P/lib/librocm_kpack_cxx.a` (the C++
+//! API's glue), `P/include/rocm_kpack/` and `P/include/rust/cxx.h`,
+//! `P/bin/kpack`, and the CMake package in `P/lib/cmake/rocm-kpack/`. No
+//! Rust toolchain (nor cxx) is needed to consume it, from C or C++17.
 
 use std::path::Path;
 
@@ -26,7 +28,7 @@ pub fn run(sh: &Shell, root: &Path, prefix: &Path, shared: bool) -> Result<()> {
     let system_libs = native_static_libs(sh)?;
 
     let lib = prefix.join(LIBDIR);
-    let include = prefix.join("include/rocm_kpack");
+    let include = prefix.join("include");
     let bin = prefix.join("bin");
     let cmake = lib.join("cmake/rocm-kpack");
     for d in [&lib, &include, &bin, &cmake] {
@@ -34,19 +36,15 @@ pub fn run(sh: &Shell, root: &Path, prefix: &Path, shared: bool) -> Result<()> {
     }
 
     // The static library, prelinked so that a shared library linking it
-    // (libamdhip64) exports nothing of Rust or zstd.
+    // (libamdhip64) exports nothing of Rust or zstd; the C++ glue; the
+    // headers (kpack-cxx/src/bin/rocm-kpack-prelink.rs).
     let prelink = release.join("rocm-kpack-prelink");
     let staticlib = release.join("librocm_kpack.a");
-    let out_a = lib.join("librocm_kpack.a");
-    cmd!(sh, "{prelink} {staticlib} {out_a}").run()?;
+    cmd!(sh, "{prelink} {staticlib} {lib} {include}").run()?;
     if shared {
         let so = lib.join("librocm_kpack.so");
         sh.copy_file(release.join("librocm_kpack.so"), &so)?;
         cmd!(sh, "strip --strip-debug {so}").run()?;
-    }
-    for entry in std::fs::read_dir(root.join("kpack-cxx/include/rocm_kpack"))? {
-        let p = entry?.path();
-        sh.copy_file(&p, &include)?;
     }
     let kpack = bin.join("kpack");
     sh.copy_file(release.join("kpack"), &kpack)?;
@@ -69,7 +67,9 @@ pub fn run(sh: &Shell, root: &Path, prefix: &Path, shared: bool) -> Result<()> {
         let text = sh.read_file(root.join("cmake").join(template))?;
         sh.write_file(cmake.join(out), fill(&text))?;
     }
-    sh.copy_file(root.join("cmake/KpackOffload.cmake"), &cmake)?;
+    for module in ["KpackOffload.cmake", "KpackTargets.cmake"] {
+        sh.copy_file(root.join("cmake").join(module), &cmake)?;
+    }
     println!("installed kpack {version} into {}", prefix.display());
     println!(
         "  link libraries of kpack::runtime: {}",
@@ -79,7 +79,10 @@ pub fn run(sh: &Shell, root: &Path, prefix: &Path, shared: bool) -> Result<()> {
 }
 
 /// The system libraries the static library needs, as rustc reports them
-/// (`-lpthread` becomes `Threads::Threads`; libc goes without saying).
+/// (`-lpthread` becomes `Threads::Threads`; libc goes without saying;
+/// `-lstdc++`, which the cxx crate asks for, is for the C++ glue only and
+/// comes with the C++ compiler that links it: the prelinked C library
+/// needs no C++ runtime).
 fn native_static_libs(sh: &Shell) -> Result<Vec<String>> {
     let cargo = cargo();
     let out = cmd!(
@@ -100,7 +103,7 @@ fn native_static_libs(sh: &Shell) -> Result<Vec<String>> {
     for flag in line.split_whitespace() {
         let name = flag.strip_prefix("-l").unwrap_or(flag);
         let name = match name {
-            "c" => continue,
+            "c" | "stdc++" => continue,
             "pthread" => "Threads::Threads",
             n => n,
         };

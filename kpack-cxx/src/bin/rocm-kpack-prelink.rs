@@ -63,11 +63,12 @@ fn install(staticlib: &Path, libdir: &Path, includedir: &Path) -> std::io::Resul
     Ok(())
 }
 
-/// Copy through a temporary file renamed into place.
+/// Copy through a temporary file renamed into place (a file that would
+/// not change is left alone, so build systems rebuild nothing).
 fn copy(from: &Path, to: &Path) -> std::io::Result<()> {
     let name = to.file_name().unwrap_or_default().to_string_lossy();
     let tmp = to.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
     std::fs::copy(from, &tmp)
         .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", from.display())))?;
-    std::fs::rename(&tmp, to)
+    rocm_kpack::prelink::replace_if_changed(&tmp, to)
 }
