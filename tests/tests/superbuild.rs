@@ -213,7 +213,14 @@ fn corrosion_through_fetchcontent_and_find_package() {
             );
             // Install Corrosion itself, for find_package.
             let b = scratch.path().join("corrosion-build");
-            configure_ok(dir, &b, &["-DCORROSION_INSTALL_ONLY=ON".into()]);
+            configure_ok(
+                dir,
+                &b,
+                &[
+                    "-DCORROSION_INSTALL_ONLY=ON".into(),
+                    "-DCORROSION_BUILD_TESTS=OFF".into(),
+                ],
+            );
             let p = scratch.path().join("corrosion-prefix");
             cmake_install(&b, &p);
             Some(p)

@@ -35,6 +35,7 @@ pub fn run(sh: &Shell, root: &Path) -> Result<()> {
 
     let cargo = cargo();
     let fixtures_dir = root.join(FIXTURES_DIR);
+    let corrosion = corrosion(sh, root);
     let steps = [
         (
             "cargo test",
@@ -59,11 +60,48 @@ pub fn run(sh: &Shell, root: &Path) -> Result<()> {
             failed.push(name);
         }
     }
+    // The CMake tests exercise kpack's Corrosion path only when Corrosion
+    // is there (tests/tests/cmake_common): say which, never skip silently.
+    match &corrosion {
+        Some(how) => println!("Corrosion path: exercised ({how})"),
+        None => {
+            println!(
+                "Corrosion path: NOT exercised (set CORROSION_SOURCE_DIR to a Corrosion \
+                 source tree, e.g. ../shared/vendor/corrosion, or install Corrosion)"
+            );
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                failed.push("the Corrosion path (not exercised under CI=true)");
+            }
+        }
+    }
     if !failed.is_empty() {
         bail!("failed: {}", failed.join(", "));
     }
     println!("all tests and checks passed");
     Ok(())
+}
+
+/// Where the CMake tests get Corrosion from, as they decide it: a source
+/// tree in `CORROSION_SOURCE_DIR` (relative to the workspace), else an
+/// installed package `find_package(Corrosion)` finds; `None` if neither.
+fn corrosion(sh: &Shell, root: &Path) -> Option<String> {
+    if let Some(dir) = std::env::var_os("CORROSION_SOURCE_DIR").filter(|d| !d.is_empty()) {
+        let dir = root.join(dir);
+        return dir
+            .join("CMakeLists.txt")
+            .is_file()
+            .then(|| format!("CORROSION_SOURCE_DIR={}", dir.display()));
+    }
+    let found = cmd!(
+        sh,
+        "cmake --find-package -DNAME=Corrosion -DCOMPILER_ID=GNU -DLANGUAGE=C -DMODE=EXIST"
+    )
+    .quiet()
+    .ignore_stdout()
+    .ignore_stderr()
+    .run()
+    .is_ok();
+    found.then(|| "an installed Corrosion package".to_string())
 }
 
 fn install_debian_packages(sh: &Shell) -> Result<()> {
