@@ -86,6 +86,8 @@ fn superbuild_through_corrosion() {
     assert!(built_kpack, "no kpack built in {}", cargo_tree.display());
 
     check_symbols(&build_dir);
+    assert_no_cxx_runtime(&build_dir.join("check_c"));
+    assert_no_cxx_runtime(&build_dir.join("libprobe_c.so"));
     let expected = scratch.path().join("expected");
     for (lib, _) in LIBRARIES {
         write_expected(
@@ -160,19 +162,8 @@ fn check_symbols(build_dir: &Path) {
         want.insert(own.to_string());
         assert_eq!(defined, want, "{lib}");
     }
-    let readelf = run_ok(
-        Command::new("readelf")
-            .arg("-sW")
-            .arg(build_dir.join("kpack/kpack-runtime/lib/librocm_kpack.a")),
-    );
-    let visible: BTreeSet<String> = readelf
-        .lines()
-        .filter_map(|l| match l.split_whitespace().collect::<Vec<_>>()[..] {
-            [_, _, _, _, "GLOBAL", "DEFAULT", ndx, name] if ndx != "UND" => Some(name.to_owned()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(visible, api);
+    let archive = build_dir.join("kpack/kpack-runtime/lib/librocm_kpack.a");
+    assert_eq!(default_visibility_globals(&archive), api);
 }
 
 /// `dir/<target>#<bundle>.co`: what clang-offload-bundler extracts from each

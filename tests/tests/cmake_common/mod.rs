@@ -109,3 +109,25 @@ pub fn run_cxx_api_test(program: &Path, scratch: &Path) {
     );
     assert!(out.contains("PASS"), "{out}");
 }
+
+/// A C program or library linking kpack::runtime needs no C++ runtime.
+pub fn assert_no_cxx_runtime(binary: &Path) {
+    let d = run_ok(Command::new("readelf").arg("-d").arg(binary));
+    assert!(
+        !d.contains("libstdc++") && !d.contains("libc++"),
+        "{} needs a C++ runtime:\n{d}",
+        binary.display()
+    );
+}
+
+/// The global symbols `object` (an archive or object) defines with default
+/// visibility.
+pub fn default_visibility_globals(object: &Path) -> std::collections::BTreeSet<String> {
+    let out = run_ok(Command::new("readelf").arg("-sW").arg(object));
+    out.lines()
+        .filter_map(|l| match l.split_whitespace().collect::<Vec<_>>()[..] {
+            [_, _, _, _, "GLOBAL", "DEFAULT", ndx, name] if ndx != "UND" => Some(name.to_owned()),
+            _ => None,
+        })
+        .collect()
+}
