@@ -151,16 +151,6 @@ fn guard<T: Default>(out: &mut ffi::Failure, f: impl FnOnce() -> Result<T, Failu
     }
 }
 
-/// A key or target from C++: not UTF-8 names no kernel.
-fn text<'a>(archive: &KpackArchive, bytes: &'a [u8], other: &[u8]) -> Result<&'a str, Failure> {
-    std::str::from_utf8(bytes).map_err(|_| {
-        archive.failure(ArchiveError::KernelNotFound {
-            key: String::from_utf8_lossy(bytes).into_owned(),
-            target: String::from_utf8_lossy(other).into_owned(),
-        })
-    })
-}
-
 fn open_archive(path: &[u8], failure: &mut ffi::Failure) -> *mut KpackArchive {
     let opened = guard(failure, || {
         KpackArchive::open_path(cstr_path_bytes(path))
@@ -213,14 +203,17 @@ impl KpackArchive {
         binary: &[u8],
         arch: &[u8],
     ) -> Result<&kpack_core::archive::Entry, Failure> {
-        let key = text(self, binary, arch)?;
-        let target = text(self, arch, binary)?;
-        let entry = self.archive.entry(key, target).ok_or_else(|| {
+        let not_found = || {
             self.failure(ArchiveError::KernelNotFound {
-                key: key.to_owned(),
-                target: target.to_owned(),
+                key: String::from_utf8_lossy(binary).into_owned(),
+                target: String::from_utf8_lossy(arch).into_owned(),
             })
-        })?;
+        };
+        // Keys and targets are UTF-8: other bytes name no kernel.
+        let (Ok(key), Ok(target)) = (std::str::from_utf8(binary), std::str::from_utf8(arch)) else {
+            return Err(not_found());
+        };
+        let entry = self.archive.entry(key, target).ok_or_else(not_found)?;
         self.archive.check(entry).map_err(|e| self.failure(e))?;
         Ok(entry)
     }
