@@ -202,18 +202,24 @@ fn corrosion_through_fetchcontent_and_find_package() {
                 out.contains("superbuild: kpack built with Corrosion"),
                 "{out}"
             );
-            // Install Corrosion itself, for find_package.
+            // Install Corrosion itself, for find_package, into a scratch
+            // prefix: its install rules use absolute destinations made at
+            // configure time, so the prefix is set there.
             let b = scratch.path().join("corrosion-build");
+            let p = scratch.path().join("corrosion-prefix");
             configure_ok(
                 dir,
                 &b,
                 &[
                     "-DCORROSION_INSTALL_ONLY=ON".into(),
                     "-DCORROSION_BUILD_TESTS=OFF".into(),
+                    format!("-DCMAKE_INSTALL_PREFIX={}", p.display()),
                 ],
             );
-            let p = scratch.path().join("corrosion-prefix");
             cmake_install(&b, &p);
+            assert!(p
+                .join("lib/cmake/Corrosion/CorrosionConfig.cmake")
+                .is_file());
             Some(p)
         }
         Corrosion::Package => None,

@@ -62,23 +62,31 @@ pub fn run(sh: &Shell, root: &Path) -> Result<()> {
     }
     // The CMake tests exercise kpack's Corrosion path only when Corrosion
     // is there (tests/tests/cmake_common): say which, never skip silently.
-    match &corrosion {
-        Some(how) => println!("Corrosion path: exercised ({how})"),
-        None => {
-            println!(
-                "Corrosion path: NOT exercised (set CORROSION_SOURCE_DIR to a Corrosion \
-                 source tree, e.g. ../shared/vendor/corrosion, or install Corrosion)"
-            );
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                failed.push("the Corrosion path (not exercised under CI=true)");
-            }
-        }
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    let (line, fails) = corrosion_summary(corrosion.as_deref(), ci);
+    println!("{line}");
+    if fails {
+        failed.push("the Corrosion path (not exercised under CI=true)");
     }
     if !failed.is_empty() {
         bail!("failed: {}", failed.join(", "));
     }
     println!("all tests and checks passed");
     Ok(())
+}
+
+/// The summary line about kpack's Corrosion path, and whether it fails the
+/// run (not exercised, under CI).
+fn corrosion_summary(corrosion: Option<&str>, ci: bool) -> (String, bool) {
+    match corrosion {
+        Some(how) => (format!("Corrosion path: exercised ({how})"), false),
+        None => (
+            "Corrosion path: NOT exercised (set CORROSION_SOURCE_DIR to a Corrosion source \
+             tree, e.g. ../shared/vendor/corrosion, or install Corrosion)"
+                .to_string(),
+            ci,
+        ),
+    }
 }
 
 /// Where the CMake tests get Corrosion from, as they decide it: a source
@@ -172,4 +180,22 @@ fn install_rust_components(sh: &Shell) -> Result<()> {
             .context("installing rustfmt/clippy needs rustup")?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn corrosion_summary_says_whether_the_path_ran() {
+        let (line, fails) = corrosion_summary(Some("CORROSION_SOURCE_DIR=x"), true);
+        assert_eq!(
+            (line.as_str(), fails),
+            ("Corrosion path: exercised (CORROSION_SOURCE_DIR=x)", false)
+        );
+        let (line, fails) = corrosion_summary(None, false);
+        assert!(line.starts_with("Corrosion path: NOT exercised"), "{line}");
+        assert!(!fails);
+        assert!(corrosion_summary(None, true).1, "fails under CI=true");
+    }
 }
