@@ -41,6 +41,10 @@ pub fn run(sh: &Shell, root: &Path, prefix: &Path, shared: bool) -> Result<()> {
     let prelink = release.join("rocm-kpack-prelink");
     let staticlib = release.join("librocm_kpack.a");
     cmd!(sh, "{prelink} {staticlib} {lib} {include}").run()?;
+    // The glue is compiled with the release profile's line tables: drop
+    // them, as for the other installed binaries.
+    let glue = lib.join("librocm_kpack_cxx.a");
+    cmd!(sh, "strip --strip-debug {glue}").run()?;
     if shared {
         let so = lib.join("librocm_kpack.so");
         sh.copy_file(release.join("librocm_kpack.so"), &so)?;
