@@ -54,6 +54,7 @@ pub mod output;
 pub mod loader;
 
 pub mod artifact;
+pub mod wheel;
 
 pub mod error;
 

@@ -25,13 +25,13 @@
 pub mod config;
 pub mod databases;
 pub mod manifest;
-mod pack;
+pub(crate) mod pack;
 pub mod pack_tree;
 pub mod recombine;
 pub mod split;
 #[cfg(test)]
 mod test_util;
-mod tree;
+pub(crate) mod tree;
 pub mod verify;
 
 use std::path::PathBuf;
