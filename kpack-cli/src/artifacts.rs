@@ -444,13 +444,13 @@ fn print_json(v: &impl Serialize) {
 
 /// Notes (under --verbose) and warnings on stderr, and a progress bar of
 /// the bytes processed when stderr is a terminal (never with --json).
-struct Reporter {
+pub(crate) struct Reporter {
     verbose: bool,
     bar: Option<ProgressBar>,
 }
 
 impl Reporter {
-    fn new(verbose: bool, json: bool) -> Self {
+    pub(crate) fn new(verbose: bool, json: bool) -> Self {
         let bar = (!json && std::io::stderr().is_terminal())
             .then(|| progress_bar(ProgressDrawTarget::stderr_with_hz(10)));
         Reporter { verbose, bar }
@@ -464,7 +464,7 @@ impl Reporter {
         }
     }
 
-    fn finish(&self) {
+    pub(crate) fn finish(&self) {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }

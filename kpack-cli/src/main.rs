@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 mod artifacts;
+mod wheels;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -96,6 +97,11 @@ enum Command {
     },
     #[command(flatten)]
     Artifact(artifacts::ArtifactCommand),
+    /// Split a Python wheel whose package carries fat binaries (PyTorch)
+    /// into a host wheel of the same name and one device wheel per GPU
+    /// bundle (`pip install "torch[device-gfx942]"`); the flags of
+    /// `python -m rocm_kpack.tools.split_python_wheels`.
+    SplitWheels(Box<wheels::SplitWheelsArgs>),
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -108,6 +114,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
         Command::Artifact(c) => artifacts::run(c),
+        Command::SplitWheels(a) => wheels::split_wheels(*a),
         command => run(Cli { command }).map_err(Into::into),
     };
     match result {
@@ -167,7 +174,7 @@ fn run(cli: Cli) -> kpack_core::Result<()> {
             offload(&input, &output, &opts, json)
         }
         Command::VerifyElf { file, json } => verify_elf(&file, json),
-        Command::Artifact(_) => unreachable!("dispatched in main"),
+        Command::Artifact(_) | Command::SplitWheels(_) => unreachable!("dispatched in main"),
     }
 }
 

@@ -123,7 +123,14 @@ pub fn package_owner(target: &str) -> String {
 }
 
 /// The sub-family of a target known to the tables.
-fn sub_family_of(target: &str) -> Option<&'static (&'static str, &'static str, &'static str, &'static [&'static str])> {
+fn sub_family_of(
+    target: &str,
+) -> Option<&'static (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static [&'static str],
+)> {
     SUB_FAMILIES.iter().find(|sf| sf.3.contains(&target))
 }
 
@@ -163,7 +170,9 @@ pub fn lookup(key: &str) -> Bundle {
 /// key is its own chain.
 pub fn chain(target_key: &str) -> Vec<String> {
     match sub_family_of(target_key) {
-        Some((sf, _, family, _)) => vec![target_key.to_string(), sf.to_string(), family.to_string()],
+        Some((sf, _, family, _)) => {
+            vec![target_key.to_string(), sf.to_string(), family.to_string()]
+        }
         None => vec![target_key.to_string()],
     }
 }
@@ -192,7 +201,10 @@ mod tests {
     #[test]
     fn lookups_and_chains() {
         let b = lookup("gfx942");
-        assert_eq!((b.level, b.display_name.as_str(), b.known), (Level::Target, "gfx942", true));
+        assert_eq!(
+            (b.level, b.display_name.as_str(), b.known),
+            (Level::Target, "gfx942", true)
+        );
         assert_eq!(lookup("gfx12_0").level, Level::SubFamily);
         assert_eq!(lookup("gfx12_0").display_name, "RDNA4");
         assert_eq!(lookup("gfx11").display_name, "RDNA3");
@@ -209,7 +221,10 @@ mod tests {
         assert_eq!(chain("gfx1201"), ["gfx1201", "gfx12_0", "gfx12"]);
         assert_eq!(chain("gfx1250"), ["gfx1250", "gfx12_5", "gfx12"]);
         assert_eq!(chain("gfx1300"), ["gfx1300"]);
-        assert_eq!(device_dist_name("amd-torch-device", "gfx12_0"), "amd-torch-device-gfx12-0");
+        assert_eq!(
+            device_dist_name("amd-torch-device", "gfx12_0"),
+            "amd-torch-device-gfx12-0"
+        );
     }
 
     #[test]

@@ -33,7 +33,12 @@ impl Identity {
     /// A wheel file name for distribution `name` at this version and tag:
     /// `<name with "-" → "_">-<version>-<tag>.whl`.
     pub fn file_name(&self, name: &str) -> String {
-        format!("{}-{}-{}.whl", name.replace('-', "_"), self.version, self.tag())
+        format!(
+            "{}-{}-{}.whl",
+            name.replace('-', "_"),
+            self.version,
+            self.tag()
+        )
     }
 
     /// The dist-info directory of distribution `name` at this version.
@@ -90,7 +95,10 @@ fn dist_info_dir(wheel: &Path, root: &Path) -> Result<String> {
         0 => Err(WheelError::invalid(wheel, "no *.dist-info directory")),
         n => Err(WheelError::invalid(
             wheel,
-            format!("{n} *.dist-info directories ({}); a wheel has exactly one", found.join(", ")),
+            format!(
+                "{n} *.dist-info directories ({}); a wheel has exactly one",
+                found.join(", ")
+            ),
         )),
     }
 }
@@ -137,7 +145,10 @@ mod tests {
         assert_eq!(header(t, "Name").as_deref(), Some("torch"));
         assert_eq!(header(t, "Version").as_deref(), Some("2.10.0+rocm7.1"));
         assert_eq!(header(t, "Tag"), None);
-        assert_eq!(header("Tag: a-b-c\nTag: d-e-f\n", "Tag").as_deref(), Some("a-b-c"));
+        assert_eq!(
+            header("Tag: a-b-c\nTag: d-e-f\n", "Tag").as_deref(),
+            Some("a-b-c")
+        );
     }
 
     #[test]
@@ -147,7 +158,11 @@ mod tests {
         let di = w.join("Torch_X-1.0+l.dist-info");
         fs::create_dir(&di).unwrap();
         fs::write(di.join("METADATA"), "Name: Torch-X\nVersion: 1.0+l\n").unwrap();
-        fs::write(di.join("WHEEL"), "Wheel-Version: 1.0\nTag: cp313-cp313-linux_x86_64\nTag: cp313-cp313-other\n").unwrap();
+        fs::write(
+            di.join("WHEEL"),
+            "Wheel-Version: 1.0\nTag: cp313-cp313-linux_x86_64\nTag: cp313-cp313-other\n",
+        )
+        .unwrap();
         let id = read(w, w).unwrap();
         assert_eq!(id.group(), "torch_x");
         assert_eq!(id.tag(), "cp313-cp313-linux_x86_64");

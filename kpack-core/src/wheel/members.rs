@@ -78,7 +78,15 @@ impl Outputs {
             prefix: &opts.device_package_prefix,
             bundles: &bundles,
         };
-        let (host, classic) = host_output(input, id, scan, &devices_meta, scratch, &mut warnings, observer)?;
+        let (host, classic) = host_output(
+            input,
+            id,
+            scan,
+            &devices_meta,
+            scratch,
+            &mut warnings,
+            observer,
+        )?;
         let variant = opts
             .variant_label
             .as_deref()
@@ -86,7 +94,18 @@ impl Outputs {
         let host_names: BTreeSet<&str> = host.members.iter().map(|m| m.name.as_str()).collect();
         let devices = bundles
             .iter()
-            .map(|b| device_output(input, id, scan, offload, opts, b, &devices_meta, &host_names))
+            .map(|b| {
+                device_output(
+                    input,
+                    id,
+                    scan,
+                    offload,
+                    opts,
+                    b,
+                    &devices_meta,
+                    &host_names,
+                )
+            })
             .collect::<Result<Vec<_>>>()?;
         let mut architectures: BTreeSet<String> = offload.archives.keys().cloned().collect();
         architectures.extend(scan.databases.values().cloned());
@@ -129,8 +148,12 @@ impl Outputs {
                 let path = staged.join(o.entry_name(format));
                 observer.note(&format!("writing {}", o.entry_name(format)));
                 match format {
-                    OutputFormat::Wheel => zipio::write_wheel(&path, &o.members, &o.dist_info, observer),
-                    OutputFormat::Directory => zipio::write_directory(&path, &o.members, &o.dist_info, observer),
+                    OutputFormat::Wheel => {
+                        zipio::write_wheel(&path, &o.members, &o.dist_info, observer)
+                    }
+                    OutputFormat::Directory => {
+                        zipio::write_directory(&path, &o.members, &o.dist_info, observer)
+                    }
                 }
             })
             .collect::<Result<_>>()?;
@@ -142,7 +165,11 @@ impl Outputs {
         }
         stage.commit_entries(&names)?;
         let shown = |o: &Output, w: &Written| WheelOutput {
-            path: opts.output_dir.join(o.entry_name(format)).display().to_string(),
+            path: opts
+                .output_dir
+                .join(o.entry_name(format))
+                .display()
+                .to_string(),
             files: w.files,
             bytes: w.bytes_in,
             size: w.bytes_out,
@@ -234,7 +261,10 @@ fn host_output(
             NodeKind::Symlink(_) => {
                 let followed = follow(input, &canon_root, &rel, scan);
                 if let Err(why) = &followed {
-                    let msg = format!("{}: {rel}: {why}: left out of the host wheel", input.path.display());
+                    let msg = format!(
+                        "{}: {rel}: {why}: left out of the host wheel",
+                        input.path.display()
+                    );
                     observer.warn(&msg);
                     warnings.push(msg);
                 }
@@ -246,7 +276,11 @@ fn host_output(
             continue;
         }
         let member = if rel == metadata_name {
-            Member { name: rel, mode, source: zipio::Source::Bytes(classic.clone().into_bytes()) }
+            Member {
+                name: rel,
+                mode,
+                source: zipio::Source::Bytes(classic.clone().into_bytes()),
+            }
         } else if scan.fat.contains(&from) {
             Member::file(rel, mode, scratch.join("host").join(&from))
         } else if Path::new(&from).is_absolute() {
@@ -257,7 +291,10 @@ fn host_output(
         members.push(member);
     }
     sort_members(&mut members);
-    let file_name = input.file_name.clone().unwrap_or_else(|| id.file_name(&id.name));
+    let file_name = input
+        .file_name
+        .clone()
+        .unwrap_or_else(|| id.file_name(&id.name));
     Ok((
         Output {
             file_name,
@@ -271,7 +308,12 @@ fn host_output(
 /// Where the symlink at `rel` leads: a file of the wheel (its path in the
 /// wheel) or, outside it, an absolute path; and that file's mode. Links to
 /// directories, dangling links and links to database files are left out.
-fn follow(input: &Input, canon_root: &Path, rel: &str, scan: &Scan) -> std::result::Result<(String, u32), String> {
+fn follow(
+    input: &Input,
+    canon_root: &Path,
+    rel: &str,
+    scan: &Scan,
+) -> std::result::Result<(String, u32), String> {
     let path = input.root.join(rel);
     let target = fs::canonicalize(&path).map_err(|e| format!("a dangling symlink ({e})"))?;
     let meta = fs::metadata(&target).map_err(|e| e.to_string())?;
@@ -283,7 +325,9 @@ fn follow(input: &Input, canon_root: &Path, rel: &str, scan: &Scan) -> std::resu
         Ok(inside) => {
             let t = rel_string(inside).ok_or("a link target whose name is not UTF-8")?;
             if scan.databases.contains_key(&t) {
-                return Err(format!("a symlink to the database file {t}, which goes to a device wheel"));
+                return Err(format!(
+                    "a symlink to the database file {t}, which goes to a device wheel"
+                ));
             }
             Ok((t, mode))
         }
@@ -293,7 +337,13 @@ fn follow(input: &Input, canon_root: &Path, rel: &str, scan: &Scan) -> std::resu
 
 /// The variant wheel: the host wheel with the variant `METADATA` and
 /// `variant.json`.
-fn variant_output(host: &Output, id: &Identity, classic: &str, devices: &Devices, label: &str) -> Output {
+fn variant_output(
+    host: &Output,
+    id: &Identity,
+    classic: &str,
+    devices: &Devices,
+    label: &str,
+) -> Output {
     let metadata_name = format!("{}/METADATA", id.dist_info);
     let mut members: Vec<Member> = host
         .members
@@ -337,13 +387,24 @@ fn device_output(
     let prefix = overlay_prefix(opts.overlay());
     let mut payload: BTreeMap<String, (PathBuf, u32)> = BTreeMap::new();
     let mut archives = Vec::new();
-    for (_, (path, _)) in offload.archives.iter().filter(|(t, _)| owner(t) == bundle.key) {
-        let name = format!("{prefix}.kpack/{}", path.file_name().unwrap_or_default().to_string_lossy());
+    for (_, (path, _)) in offload
+        .archives
+        .iter()
+        .filter(|(t, _)| owner(t) == bundle.key)
+    {
+        let name = format!(
+            "{prefix}.kpack/{}",
+            path.file_name().unwrap_or_default().to_string_lossy()
+        );
         archives.push(name.clone());
         add_payload(input, &mut payload, name, path.clone(), 0o644)?;
     }
     let mut database_files = 0;
-    for (rel, _) in scan.databases.iter().filter(|(_, t)| owner(t) == bundle.key) {
+    for (rel, _) in scan
+        .databases
+        .iter()
+        .filter(|(_, t)| owner(t) == bundle.key)
+    {
         let src = input.root.join(rel);
         let meta = fs::metadata(&src).map_err(|e| WheelError::io(&src, e))?;
         let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777;
@@ -361,7 +422,10 @@ fn device_output(
         format!("{dist_info}/METADATA"),
         metadata::device_metadata(id, bundle, devices, &opts.device_requires_dist),
     ));
-    members.push(Member::bytes(format!("{dist_info}/WHEEL"), metadata::device_wheel_file(id)));
+    members.push(Member::bytes(
+        format!("{dist_info}/WHEEL"),
+        metadata::device_wheel_file(id),
+    ));
     members.push(Member::bytes(
         format!("{dist_info}/top_level.txt"),
         format!("{}\n", opts.overlay()),
@@ -388,9 +452,15 @@ fn add_payload(
     src: PathBuf,
     mode: u32,
 ) -> Result<()> {
-    let safe = !name.starts_with('/') && name.split('/').all(|c| !c.is_empty() && c != "." && c != "..");
+    let safe = !name.starts_with('/')
+        && name
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..");
     if !safe {
-        return Err(WheelError::invalid(&input.path, format!("invalid device payload path: {name}")));
+        return Err(WheelError::invalid(
+            &input.path,
+            format!("invalid device payload path: {name}"),
+        ));
     }
     if let Some((other, _)) = payload.get(&name) {
         if !same_bytes(other, &src)? {
@@ -423,7 +493,9 @@ fn check_payload(
         if let Some(child) = payload.keys().find(|k| k.starts_with(&dir)) {
             return Err(WheelError::invalid(
                 &input.path,
-                format!("conflicting device entry types: {name} is a file and the directory of {child}"),
+                format!(
+                    "conflicting device entry types: {name} is a file and the directory of {child}"
+                ),
             ));
         }
     }

@@ -54,10 +54,16 @@ pub fn host_metadata(original: &str, id: &Identity, devices: &Devices) -> String
         }
     }
     lines.push("Provides-Extra: device-all".to_string());
-    let mut all: Vec<String> = devices.bundles.iter().map(|b| devices.dist_name(&b.key)).collect();
+    let mut all: Vec<String> = devices
+        .bundles
+        .iter()
+        .map(|b| devices.dist_name(&b.key))
+        .collect();
     all.sort();
     for d in all {
-        lines.push(format!("Requires-Dist: {d} == {v}; extra == \"device-all\""));
+        lines.push(format!(
+            "Requires-Dist: {d} == {v}; extra == \"device-all\""
+        ));
     }
     let block = lines.join("\n") + "\n";
     match original.find("\n\n") {
@@ -115,13 +121,21 @@ fn split_extra(line: &str) -> Option<(&str, &str)> {
 }
 
 /// A device wheel's `METADATA`.
-pub fn device_metadata(id: &Identity, bundle: &Bundle, devices: &Devices, requires: &[String]) -> String {
+pub fn device_metadata(
+    id: &Identity,
+    bundle: &Bundle,
+    devices: &Devices,
+    requires: &[String],
+) -> String {
     let v = &id.version;
     let mut lines = vec![
         "Metadata-Version: 2.4".to_string(),
         format!("Name: {}", devices.dist_name(&bundle.key)),
         format!("Version: {v}"),
-        format!("Summary: AMD device kernels ({}) for {}", bundle.display_name, id.name),
+        format!(
+            "Summary: AMD device kernels ({}) for {}",
+            bundle.display_name, id.name
+        ),
         format!("Requires-Dist: {} == {v}", id.name),
     ];
     for r in requires {
@@ -130,7 +144,10 @@ pub fn device_metadata(id: &Identity, bundle: &Bundle, devices: &Devices, requir
         if r.contains(GFXARCH) && bundle.level != Level::Target {
             continue;
         }
-        lines.push(format!("Requires-Dist: {}", r.replace(GFXARCH, &bundle.key)));
+        lines.push(format!(
+            "Requires-Dist: {}",
+            r.replace(GFXARCH, &bundle.key)
+        ));
     }
     lines.join("\n") + "\n"
 }
@@ -185,7 +202,12 @@ pub fn variant_json(devices: &Devices) -> String {
         },
         variants: targets
             .iter()
-            .map(|t| (*t, BTreeMap::from([("amd", BTreeMap::from([("gfx_arch", vec![*t])]))])))
+            .map(|t| {
+                (
+                    *t,
+                    BTreeMap::from([("amd", BTreeMap::from([("gfx_arch", vec![*t])]))]),
+                )
+            })
             .collect(),
     };
     serde_json::to_string_pretty(&doc).expect("variant.json serializes") + "\n"
@@ -213,8 +235,15 @@ mod tests {
     #[test]
     fn host_extras_follow_the_chains() {
         let b = bundles(&["gfx1100", "gfx110x", "gfx11", "gfx942"]);
-        let d = Devices { prefix: "amd-torch-device", bundles: &b };
-        let m = host_metadata("Metadata-Version: 2.1\nName: torch\n\nBody text\n", &id(), &d);
+        let d = Devices {
+            prefix: "amd-torch-device",
+            bundles: &b,
+        };
+        let m = host_metadata(
+            "Metadata-Version: 2.1\nName: torch\n\nBody text\n",
+            &id(),
+            &d,
+        );
         let v = "2.10.0+rocm7.1";
         let want = format!(
             "Metadata-Version: 2.1\nName: torch\n\
@@ -233,7 +262,8 @@ mod tests {
              \nBody text\n"
         );
         assert_eq!(m, want);
-        assert!(host_metadata("Name: t\nVersion: 1", &id(), &d).starts_with("Name: t\nVersion: 1\nRequires-Dist: rocm-bootstrap"));
+        assert!(host_metadata("Name: t\nVersion: 1", &id(), &d)
+            .starts_with("Name: t\nVersion: 1\nRequires-Dist: rocm-bootstrap"));
 
         let var = variant_metadata(&m);
         assert!(var.contains(&format!(
@@ -256,8 +286,14 @@ mod tests {
     #[test]
     fn device_files() {
         let b = bundles(&["gfx12_0", "gfx1201"]);
-        let d = Devices { prefix: "amd-torch-device", bundles: &b };
-        let req = vec!["rocm-sdk-device-@GFXARCH@ == 7.1".to_string(), "other".to_string()];
+        let d = Devices {
+            prefix: "amd-torch-device",
+            bundles: &b,
+        };
+        let req = vec![
+            "rocm-sdk-device-@GFXARCH@ == 7.1".to_string(),
+            "other".to_string(),
+        ];
         let m = device_metadata(&id(), &b[0], &d, &req);
         assert_eq!(
             m,
@@ -268,7 +304,8 @@ mod tests {
         let m = device_metadata(&id(), &b[1], &d, &req);
         assert!(m.contains("Summary: AMD device kernels (gfx1201) for torch\n"));
         assert!(m.contains("Requires-Dist: rocm-sdk-device-gfx1201 == 7.1\nRequires-Dist: other\n"));
-        assert!(device_wheel_file(&id()).ends_with("Root-Is-Purelib: false\nTag: cp313-cp313-linux_x86_64\n"));
+        assert!(device_wheel_file(&id())
+            .ends_with("Root-Is-Purelib: false\nTag: cp313-cp313-linux_x86_64\n"));
         let j = variant_json(&d);
         assert_eq!(
             j,

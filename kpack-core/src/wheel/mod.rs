@@ -31,8 +31,8 @@
 
 pub mod bootstrap;
 pub mod identity;
-pub mod metadata;
 mod members;
+pub mod metadata;
 pub mod zipio;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -48,7 +48,7 @@ use crate::archive::{Scheme, DEFAULT_ZSTD_LEVEL};
 use crate::artifact::databases::{classify as claim_database, Claim, Database};
 use crate::artifact::pack::{FileJob, Offloaded, Outcome, Packer};
 use crate::artifact::split::search_path;
-use crate::artifact::tree::{scan, rel_string, Node, NodeKind};
+use crate::artifact::tree::{rel_string, scan, Node, NodeKind};
 use crate::artifact::{ArtifactError, Observer};
 use crate::binary::{classify, could_be_binary, Class};
 use crate::input::map_file;
@@ -256,7 +256,15 @@ pub fn split_wheel(
     observer.note(&format!("wheel {} {} ({})", id.name, id.version, id.tag()));
     let scan = scan_wheel(&input, opts, observer)?;
     let offloaded = offload(&input, &id, &scan, opts, scratch.path(), observer)?;
-    let outputs = Outputs::plan(&input, &id, &scan, &offloaded, opts, scratch.path(), observer)?;
+    let outputs = Outputs::plan(
+        &input,
+        &id,
+        &scan,
+        &offloaded,
+        opts,
+        scratch.path(),
+        observer,
+    )?;
     let mut summary = outputs.write(opts, observer)?;
     summary.input = input.path.display().to_string();
     summary.seconds = start.elapsed().as_secs_f64();
@@ -272,12 +280,16 @@ fn check_input(input: &Path, opts: &SplitWheelOptions) -> Result<()> {
     })?;
     if meta.is_dir() {
         let canon = fs::canonicalize(input).map_err(|e| WheelError::io(input, e))?;
-        let out = std::path::absolute(&opts.output_dir).map_err(|e| WheelError::io(&opts.output_dir, e))?;
+        let out = std::path::absolute(&opts.output_dir)
+            .map_err(|e| WheelError::io(&opts.output_dir, e))?;
         let out = fs::canonicalize(&out).unwrap_or(out);
         if out.starts_with(&canon) {
             return Err(WheelError::invalid(
                 input,
-                format!("the output directory {} lies inside the input wheel", opts.output_dir.display()),
+                format!(
+                    "the output directory {} lies inside the input wheel",
+                    opts.output_dir.display()
+                ),
             ));
         }
         return Ok(());
@@ -327,7 +339,9 @@ fn scan_wheel(input: &Input, opts: &SplitWheelOptions, observer: &dyn Observer) 
     let prefix = overlay_prefix(overlay);
     let mut files = Vec::new();
     for n in &nodes {
-        let rel = rel_string(&n.rel).ok_or_else(|| input.member_error(format!("{}: file name is not UTF-8", n.rel.display())))?;
+        let rel = rel_string(&n.rel).ok_or_else(|| {
+            input.member_error(format!("{}: file name is not UTF-8", n.rel.display()))
+        })?;
         if matches!(n.kind, NodeKind::File { .. }) && rel.starts_with(&prefix) {
             files.push(rel);
         }
@@ -354,7 +368,11 @@ fn scan_wheel(input: &Input, opts: &SplitWheelOptions, observer: &dyn Observer) 
         fat.len(),
         databases.len()
     ));
-    Ok(Scan { nodes, fat, databases })
+    Ok(Scan {
+        nodes,
+        fat,
+        databases,
+    })
 }
 
 /// `overlay/` (empty for the wheel's root).
@@ -381,7 +399,10 @@ fn is_fat(input: &Input, rel: &str, observer: &dyn Observer) -> Result<bool> {
     Ok(match classify(&map) {
         Class::Fat => true,
         Class::Inconsistent(why) => {
-            observer.warn(&format!("{}: {rel}: {why}: left as it is", input.path.display()));
+            observer.warn(&format!(
+                "{}: {rel}: {why}: left as it is",
+                input.path.display()
+            ));
             false
         }
         _ => false,
@@ -459,5 +480,8 @@ fn offload(
         .into_iter()
         .map(|a| (a.target.clone(), (place(&a.target, &[]).0, a.code_objects)))
         .collect();
-    Ok(Offload { archives, code_objects })
+    Ok(Offload {
+        archives,
+        code_objects,
+    })
 }

@@ -104,8 +104,7 @@ pub fn entry_time() -> DateTime {
 fn time_of(epoch: i64) -> DateTime {
     let min = 315_532_800; // 1980-01-01T00:00:00Z
     let max = 4_354_819_198; // 2107-12-31T23:59:58Z
-    let t = time::OffsetDateTime::from_unix_timestamp(epoch.clamp(min, max))
-        .expect("in range");
+    let t = time::OffsetDateTime::from_unix_timestamp(epoch.clamp(min, max)).expect("in range");
     let p = time::PrimitiveDateTime::new(t.date(), t.time());
     DateTime::try_from(p).unwrap_or_default()
 }
@@ -172,7 +171,8 @@ pub fn write_wheel(
                 Err(e) => return Err(WheelError::io(source_path(m, path), e)),
             };
             hash.update(&buf[..n]);
-            zip.write_all(&buf[..n]).map_err(|e| WheelError::io(path, e))?;
+            zip.write_all(&buf[..n])
+                .map_err(|e| WheelError::io(path, e))?;
             size += n as u64;
             observer.advance(n as u64);
         }
@@ -186,7 +186,8 @@ pub fn write_wheel(
         .system(zip::System::Unix)
         .last_modified_time(time)
         .unix_permissions(0o644);
-    zip.start_file(record_name.as_str(), options).map_err(zerr)?;
+    zip.start_file(record_name.as_str(), options)
+        .map_err(zerr)?;
     zip.write_all(record(lines, &record_name).as_bytes())
         .map_err(|e| WheelError::io(path, e))?;
     let mut out = zip.finish().map_err(zerr)?;
@@ -221,7 +222,10 @@ pub fn write_directory(
         let mut out = File::create(&dst).map_err(|e| WheelError::io(&dst, e))?;
         let mut hash = Sha256::new();
         let mut input = m.open()?;
-        let mut tee = HashingWriter { out: &mut out, hash: &mut hash };
+        let mut tee = HashingWriter {
+            out: &mut out,
+            hash: &mut hash,
+        };
         let size = io::copy(&mut input, &mut tee).map_err(|e| WheelError::io(&dst, e))?;
         fs::set_permissions(&dst, fs::Permissions::from_mode(m.mode & 0o7777))
             .map_err(|e| WheelError::io(&dst, e))?;
@@ -284,7 +288,8 @@ impl Seek for SharedFile {
             SeekFrom::End(d) => self.len.checked_add_signed(d),
             SeekFrom::Current(d) => self.pos.checked_add_signed(d),
         };
-        self.pos = pos.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "seek before start"))?;
+        self.pos =
+            pos.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "seek before start"))?;
         Ok(self.pos)
     }
 }
@@ -303,7 +308,11 @@ struct InputMember {
 pub fn extract(wheel: &Path, dest: &Path, observer: &dyn Observer) -> Result<u64> {
     let file = File::open(wheel).map_err(|e| WheelError::io(wheel, e))?;
     let len = file.metadata().map_err(|e| WheelError::io(wheel, e))?.len();
-    let reader = SharedFile { file: Arc::new(file), pos: 0, len };
+    let reader = SharedFile {
+        file: Arc::new(file),
+        pos: 0,
+        len,
+    };
     let archive = ZipArchive::new(reader)
         .map_err(|e| WheelError::invalid(wheel, format!("not a wheel: not a zip archive ({e})")))?;
     let members = list_members(wheel, &archive)?;
@@ -340,20 +349,25 @@ fn list_members(wheel: &Path, archive: &ZipArchive<SharedFile>) -> Result<Vec<In
             .by_index_raw(index)
             .map_err(|e| WheelError::invalid(wheel, format!("member #{index}: {e}")))?;
         let name = String::from_utf8_lossy(f.name_raw()).into_owned();
-        let plain = !name.starts_with('/')
-            && !name.contains('\\')
-            && name.split('/').all(|c| c != "..");
+        let plain =
+            !name.starts_with('/') && !name.contains('\\') && name.split('/').all(|c| c != "..");
         let rel = f
             .enclosed_name()
             .filter(|p| plain && p.components().all(|c| matches!(c, Component::Normal(_))))
             .ok_or_else(|| {
-                WheelError::invalid(wheel, format!("member {name:?}: an absolute path or one with `..`"))
+                WheelError::invalid(
+                    wheel,
+                    format!("member {name:?}: an absolute path or one with `..`"),
+                )
             })?;
         if rel.as_os_str().is_empty() {
             continue;
         }
         if !seen.insert(rel.clone()) {
-            return Err(WheelError::invalid(wheel, format!("member {name:?} appears twice")));
+            return Err(WheelError::invalid(
+                wheel,
+                format!("member {name:?} appears twice"),
+            ));
         }
         out.push(InputMember {
             index,
@@ -381,9 +395,8 @@ fn extract_one(
         .by_index(m.index)
         .map_err(|e| WheelError::invalid(wheel, format!("member {}: {e}", m.rel.display())))?;
     let mut out = File::create(&dst).map_err(|e| WheelError::io(&dst, e))?;
-    let n = io::copy(&mut entry, &mut out).map_err(|e| {
-        WheelError::invalid(wheel, format!("member {}: {e}", m.rel.display()))
-    })?;
+    let n = io::copy(&mut entry, &mut out)
+        .map_err(|e| WheelError::invalid(wheel, format!("member {}: {e}", m.rel.display())))?;
     if m.mode != 0 {
         fs::set_permissions(&dst, fs::Permissions::from_mode(m.mode))
             .map_err(|e| WheelError::io(&dst, e))?;
@@ -399,9 +412,24 @@ mod tests {
 
     #[test]
     fn component_order_is_pathlibs() {
-        let mut v = vec!["a-c", "a/b", "torch-1.dist-info/RECORD", "torch/x", "torchgen/y"];
+        let mut v = vec![
+            "a-c",
+            "a/b",
+            "torch-1.dist-info/RECORD",
+            "torch/x",
+            "torchgen/y",
+        ];
         v.sort_by(|a, b| component_order(a, b));
-        assert_eq!(v, ["a/b", "a-c", "torch/x", "torch-1.dist-info/RECORD", "torchgen/y"]);
+        assert_eq!(
+            v,
+            [
+                "a/b",
+                "a-c",
+                "torch/x",
+                "torch-1.dist-info/RECORD",
+                "torchgen/y"
+            ]
+        );
     }
 
     #[test]
@@ -411,7 +439,10 @@ mod tests {
             record_line("a/b.py", &h, 5),
             "a/b.py,sha256=LPJNul-wow4m6DsqxbninhsWHlwfp0JecwQzYpOLmCQ,5"
         );
-        let r = record(vec![("z".into(), "z,x,1".into()), ("a".into(), "a,y,2".into())], "d.dist-info/RECORD");
+        let r = record(
+            vec![("z".into(), "z,x,1".into()), ("a".into(), "a,y,2".into())],
+            "d.dist-info/RECORD",
+        );
         assert_eq!(r, "a,y,2\nd.dist-info/RECORD,,\nz,x,1\n");
     }
 
@@ -419,7 +450,17 @@ mod tests {
     fn times() {
         assert_eq!(time_of(0), DateTime::default());
         let t = time_of(1_700_000_000); // 2023-11-14T22:13:20Z
-        assert_eq!((t.year(), t.month(), t.day(), t.hour(), t.minute(), t.second()), (2023, 11, 14, 22, 13, 20));
+        assert_eq!(
+            (
+                t.year(),
+                t.month(),
+                t.day(),
+                t.hour(),
+                t.minute(),
+                t.second()
+            ),
+            (2023, 11, 14, 22, 13, 20)
+        );
     }
 
     #[test]
@@ -439,22 +480,52 @@ mod tests {
         assert_eq!(w.files, 4);
         let mut a = ZipArchive::new(File::open(&whl).unwrap()).unwrap();
         let names: Vec<String> = a.file_names().map(|n| n.unwrap().into_owned()).collect();
-        assert_eq!(names, ["p/.kpack/p_gfx942.kpack", "p/lib/big.bin", "p-1.dist-info/METADATA", "p-1.dist-info/RECORD"]);
-        assert_eq!(a.by_name("p/.kpack/p_gfx942.kpack").unwrap().compression(), CompressionMethod::Stored);
-        assert_eq!(a.by_name("p/lib/big.bin").unwrap().unix_mode().unwrap() & 0o777, 0o755);
+        assert_eq!(
+            names,
+            [
+                "p/.kpack/p_gfx942.kpack",
+                "p/lib/big.bin",
+                "p-1.dist-info/METADATA",
+                "p-1.dist-info/RECORD"
+            ]
+        );
+        assert_eq!(
+            a.by_name("p/.kpack/p_gfx942.kpack").unwrap().compression(),
+            CompressionMethod::Stored
+        );
+        assert_eq!(
+            a.by_name("p/lib/big.bin").unwrap().unix_mode().unwrap() & 0o777,
+            0o755
+        );
         let mut rec = String::new();
-        a.by_name("p-1.dist-info/RECORD").unwrap().read_to_string(&mut rec).unwrap();
+        a.by_name("p-1.dist-info/RECORD")
+            .unwrap()
+            .read_to_string(&mut rec)
+            .unwrap();
         assert!(rec.ends_with("p-1.dist-info/RECORD,,\n"), "{rec}");
         assert_eq!(rec.lines().count(), 4);
 
         let out = d.path().join("x");
         fs::create_dir(&out).unwrap();
         extract(&whl, &out, &Silent).unwrap();
-        assert_eq!(fs::read(out.join("p/lib/big.bin")).unwrap(), fs::read(&src).unwrap());
-        assert_eq!(fs::metadata(out.join("p/lib/big.bin")).unwrap().permissions().mode() & 0o777, 0o755);
+        assert_eq!(
+            fs::read(out.join("p/lib/big.bin")).unwrap(),
+            fs::read(&src).unwrap()
+        );
+        assert_eq!(
+            fs::metadata(out.join("p/lib/big.bin"))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o755
+        );
         let dir = d.path().join("dir");
         write_directory(&dir, &members, "p-1.dist-info", &Silent).unwrap();
-        assert_eq!(fs::read_to_string(dir.join("p-1.dist-info/RECORD")).unwrap(), rec);
+        assert_eq!(
+            fs::read_to_string(dir.join("p-1.dist-info/RECORD")).unwrap(),
+            rec
+        );
     }
 
     #[test]
@@ -476,7 +547,9 @@ mod tests {
             assert!(e.contains(want), "{names:?}: {e}");
         }
         fs::write(d.path().join("n.whl"), b"not a zip").unwrap();
-        let e = extract(&d.path().join("n.whl"), d.path(), &Silent).unwrap_err().to_string();
+        let e = extract(&d.path().join("n.whl"), d.path(), &Silent)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not a wheel"), "{e}");
     }
 }
