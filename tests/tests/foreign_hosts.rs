@@ -192,18 +192,20 @@ fn packaged_copies(f: &Fixture, out: &Path, scratch: &Path) -> Vec<(&'static str
         "objcopy --add-gnu-debuglink",
     );
     // The debug file itself: NOBITS .hip_fatbin, nothing to offload.
-    let ls = kpack(&[
+    let dbg_out = scratch.join("dbg.out");
+    let s = kpack_ok(&[
         &"offload",
         &dbg,
         &"-o",
-        &scratch.join("dbg.out"),
+        &dbg_out,
         &"--archive-dir",
         &scratch.join("dbgk"),
+        &"--json",
     ]);
-    assert!(
-        ls.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ls.stderr)
+    assert!(s.contains("\"debug_only\""), "{}: {s}", f.name);
+    assert_eq!(
+        std::fs::read(&dbg).unwrap(),
+        std::fs::read(&dbg_out).unwrap()
     );
     let patched = copy("patchelf");
     quiet(
