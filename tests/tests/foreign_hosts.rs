@@ -68,7 +68,11 @@ fn check(name: &str) {
 
     let truth = code_objects(&f.path);
     check_runs_and_resolves(&f, &out, &truth);
-    for (label, copy) in packaged_copies(&f, &out, dir.path()) {
+    let mut copies = packaged_copies(&f, &out, dir.path());
+    if let Some(dwzed) = dwz_accepts(&f.path, &out, dir.path()) {
+        copies.push(("dwz", dwzed));
+    }
+    for (label, copy) in copies {
         kpack_ok(&[&"verify-elf", &copy]);
         let log = dir.path().join(format!("{label}.log"));
         run_host(&f, &copy, &log);

@@ -216,6 +216,16 @@ fn check_fixture(name: &str) {
 
     // The packagers' tools still work, and what they write still loads.
     let scratch = tempfile::tempdir().unwrap();
+    if let Some(dwzed) = dwz_accepts(&f.path, &o.out, scratch.path()) {
+        let copy = o.out.with_file_name(format!("dwz-{kernel_name}"));
+        std::fs::copy(&dwzed, &copy).unwrap();
+        kpack_ok(&[&"verify-elf", &copy]);
+        assert_eq!(
+            registered(&f, &copy).len(),
+            registrations,
+            "{name} after dwz"
+        );
+    }
     let tools: [(&str, &[&str]); 4] = [
         ("strip", &["strip"]),
         ("eu-strip", &["eu-strip"]),
@@ -302,6 +312,7 @@ offload_tests! {
     libmulti => "libmulti.so",
     libwide => "libwide.so",
     libvadd_relr => "libvadd_relr.so",
+    libvadd_dwarf4 => "libvadd_dwarf4.so",
 }
 
 #[test]
