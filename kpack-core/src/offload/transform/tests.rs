@@ -133,6 +133,10 @@ const SHSTRTAB: usize = 7;
 /// `.dynsym`/`.dynstr`/`.rela.dyn` right after the table, `.hip_fatbin` at
 /// the next page, then `.hipFatBinSegment` and `.dynamic` in the RW
 /// segment, `.shstrtab` and the section headers.
+///
+/// Long on purpose: one file layout written top to bottom, whose offsets
+/// tie every part to the others; split up, they would have to be passed
+/// around or recomputed.
 fn build(spec: &Spec) -> Vec<u8> {
     let mut bundles = Vec::new();
     let mut starts = Vec::new();
