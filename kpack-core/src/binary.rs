@@ -34,8 +34,9 @@ pub enum Class {
     /// A host binary without device code (no `.hip_fatbin`).
     HostOnly,
     /// A debug-info file (`objcopy --only-keep-debug`, TheRock's `*_dbg`
-    /// artifacts): `.hip_fatbin` and the wrapper table are NOBITS headers
-    /// without bytes and there is no metadata. Nothing to offload.
+    /// artifacts), of a fat or an offloaded binary: `.hip_fatbin`, the
+    /// wrapper table and any metadata section are NOBITS headers without
+    /// bytes. Nothing to offload.
     DebugOnly,
     /// A relocatable object (`ET_REL`): a link input, not a run-time
     /// binary.
@@ -197,7 +198,8 @@ impl<'a> HostBinary<'a> {
             Err(_) if fat => return Class::Fat,
             Err(e) => return Class::Inconsistent(e.to_string()),
         };
-        let has_metadata = self.elf.section_index(METADATA_SECTION).is_some();
+        // A debug-info file keeps the section headers, NOBITS.
+        let has_metadata = matches!(self.metadata(), Ok(Some(m)) if !m.is_nobits());
         match fatbin {
             Some(_) if fat => Class::Fat,
             Some(_) if wrappers.all_hipk() => Class::Offloaded,

@@ -10,7 +10,7 @@ use crate::binary::{classify, Class};
 use crate::bundle::Method;
 use crate::elf::ElfType;
 use crate::error::Result;
-use crate::fatbin::{read_device_code, Container, DeviceCode};
+use crate::fatbin::{read_device_code, Container, DeviceCode, FatBinary};
 use crate::hipk::{Wrapper, HIPF_MAGIC, HIPK_MAGIC};
 use crate::input::map_file;
 
@@ -132,84 +132,11 @@ pub fn list(path: &Path) -> Result<Listing> {
     let file = path.display().to_string();
     let file_size = mapped.len() as u64;
     if classify(&mapped) == Class::Archive {
-        let a = Archive::open(path)?;
-        let kernels = a
-            .entries_by_ordinal()
-            .map(|(key, target, e)| KernelListing {
-                key: key.to_string(),
-                target: target.to_string(),
-                ordinal: e.ordinal.into(),
-                original_size: e.original_size,
-            })
-            .collect();
-        return Ok(Listing::Archive(ArchiveListing {
-            file,
-            file_size,
-            format_version: a.format_version(),
-            group_name: a.group_name().to_string(),
-            gfx_arch_family: a.gfx_arch_family().to_string(),
-            gfx_arches: a.gfx_arches().to_vec(),
-            compression_scheme: a.scheme().name().to_string(),
-            kernels,
-        }));
+        return Ok(Listing::Archive(archive_listing(path, file, file_size)?));
     }
-    match read_device_code(path, &mapped)? {
-        DeviceCode::Fat(fat) => {
-            let mut targets: Vec<String> = fat
-                .bundles
-                .iter()
-                .flat_map(|b| b.device_entries().map(|e| e.target().to_string()))
-                .collect();
-            targets.sort();
-            targets.dedup();
-            let (container, section_offset) = match &fat.container {
-                Container::Raw => ("bundle".to_string(), None),
-                Container::Elf {
-                    elf_type,
-                    section_offset,
-                    ..
-                } => (
-                    format!("{elf_type:?}").to_lowercase(),
-                    Some(*section_offset),
-                ),
-            };
-            let bundles = fat
-                .bundles
-                .iter()
-                .map(|b| BundleListing {
-                    index: b.index,
-                    offset: b.range.start,
-                    stored_size: b.range.len(),
-                    compressed: b.compressed.as_ref().map(|(c, i)| CompressedListing {
-                        version: c.version,
-                        method: c.method,
-                        uncompressed_size: c.uncompressed_size,
-                        hash_matches: c.hash_matches,
-                        inner_index: *i,
-                    }),
-                    entries: b
-                        .entries
-                        .iter()
-                        .map(|e| EntryListing {
-                            triple: e.triple.clone(),
-                            target: (!e.is_host()).then(|| e.target().to_string()),
-                            size: e.data.len() as u64,
-                        })
-                        .collect(),
-                })
-                .collect();
-            Ok(Listing::FatBinary(FatBinaryListing {
-                file,
-                file_size,
-                container,
-                section_offset,
-                section_size: fat.data.len() as u64,
-                bundles,
-                targets,
-                wrappers: wrappers(&fat.wrappers),
-            }))
-        }
-        DeviceCode::Offloaded(o) => Ok(Listing::Offloaded(OffloadedListing {
+    Ok(match read_device_code(path, &mapped)? {
+        DeviceCode::Fat(fat) => Listing::FatBinary(fat_listing(&fat, file, file_size)),
+        DeviceCode::Offloaded(o) => Listing::Offloaded(OffloadedListing {
             file,
             file_size,
             elf_type: o.elf_type,
@@ -217,6 +144,84 @@ pub fn list(path: &Path) -> Result<Listing> {
             search_paths: o.metadata.search_paths.clone(),
             metadata_address: o.metadata_addr,
             wrappers: wrappers(&o.wrappers),
-        })),
+        }),
+    })
+}
+
+fn archive_listing(path: &Path, file: String, file_size: u64) -> Result<ArchiveListing> {
+    let a = Archive::open(path)?;
+    let kernels = a
+        .entries_by_ordinal()
+        .map(|(key, target, e)| KernelListing {
+            key: key.to_string(),
+            target: target.to_string(),
+            ordinal: e.ordinal.into(),
+            original_size: e.original_size,
+        })
+        .collect();
+    Ok(ArchiveListing {
+        file,
+        file_size,
+        format_version: a.format_version(),
+        group_name: a.group_name().to_string(),
+        gfx_arch_family: a.gfx_arch_family().to_string(),
+        gfx_arches: a.gfx_arches().to_vec(),
+        compression_scheme: a.scheme().name().to_string(),
+        kernels,
+    })
+}
+
+fn fat_listing(fat: &FatBinary, file: String, file_size: u64) -> FatBinaryListing {
+    let mut targets: Vec<String> = fat
+        .bundles
+        .iter()
+        .flat_map(|b| b.device_entries().map(|e| e.target().to_string()))
+        .collect();
+    targets.sort();
+    targets.dedup();
+    let (container, section_offset) = match &fat.container {
+        Container::Raw => ("bundle".to_string(), None),
+        Container::Elf {
+            elf_type,
+            section_offset,
+            ..
+        } => (
+            format!("{elf_type:?}").to_lowercase(),
+            Some(*section_offset),
+        ),
+    };
+    FatBinaryListing {
+        file,
+        file_size,
+        container,
+        section_offset,
+        section_size: fat.data.len() as u64,
+        bundles: fat.bundles.iter().map(bundle_listing).collect(),
+        targets,
+        wrappers: wrappers(&fat.wrappers),
+    }
+}
+
+fn bundle_listing(b: &crate::bundle::Bundle) -> BundleListing {
+    BundleListing {
+        index: b.index,
+        offset: b.range.start,
+        stored_size: b.range.len(),
+        compressed: b.compressed.as_ref().map(|(c, i)| CompressedListing {
+            version: c.version,
+            method: c.method,
+            uncompressed_size: c.uncompressed_size,
+            hash_matches: c.hash_matches,
+            inner_index: *i,
+        }),
+        entries: b
+            .entries
+            .iter()
+            .map(|e| EntryListing {
+                triple: e.triple.clone(),
+                target: (!e.is_host()).then(|| e.target().to_string()),
+                size: e.data.len() as u64,
+            })
+            .collect(),
     }
 }

@@ -376,3 +376,35 @@ pub fn read_registrations(log: &Path) -> Vec<Registered> {
         })
         .collect()
 }
+
+/// If `original` carries DWARF (`.debug_info`), run dwz (Debian's dh_dwz)
+/// on it and on its offloaded form `rewritten`: dwz must accept both alike
+/// (it refuses, for one, allocatable sections after non-allocatable ones).
+/// Returns dwz's output for the rewritten binary, to be checked further.
+pub fn dwz_accepts(original: &Path, rewritten: &Path, scratch: &Path) -> Option<PathBuf> {
+    let data = std::fs::read(original).unwrap();
+    let elf = kpack_core::elf::ElfView::parse(&data).unwrap();
+    elf.section(".debug_info").unwrap()?;
+    let dwz = |input: &Path, out: &Path| {
+        let o = Command::new("dwz")
+            .arg("-o")
+            .arg(out)
+            .arg(input)
+            .output()
+            .expect("dwz (package dwz)");
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (ok, err) = dwz(original, &scratch.join("original.dwz"));
+    assert!(ok, "dwz refuses the input {}: {err}", original.display());
+    let out = scratch.join("rewritten.dwz");
+    let (ok, err) = dwz(rewritten, &out);
+    assert!(
+        ok && err.trim().is_empty(),
+        "dwz on {}: {err}",
+        rewritten.display()
+    );
+    Some(out)
+}

@@ -216,6 +216,16 @@ fn check_fixture(name: &str) {
 
     // The packagers' tools still work, and what they write still loads.
     let scratch = tempfile::tempdir().unwrap();
+    if let Some(dwzed) = dwz_accepts(&f.path, &o.out, scratch.path()) {
+        let copy = o.out.with_file_name(format!("dwz-{kernel_name}"));
+        std::fs::copy(&dwzed, &copy).unwrap();
+        kpack_ok(&[&"verify-elf", &copy]);
+        assert_eq!(
+            registered(&f, &copy).len(),
+            registrations,
+            "{name} after dwz"
+        );
+    }
     let tools: [(&str, &[&str]); 4] = [
         ("strip", &["strip"]),
         ("eu-strip", &["eu-strip"]),
@@ -230,13 +240,39 @@ fn check_fixture(name: &str) {
             .join(format!("{label}-{kernel_name}"));
         std::fs::copy(&o.out, &copy).unwrap();
         if label == "debuglink" {
+            // objcopy warns (and still exits 0) when it cannot lay a segment
+            // out ("section ... can't be allocated in segment"): quiet too.
             let dbg = scratch.path().join("x.debug");
-            run_ok(Command::new(cmd[0]).args(&cmd[1..]).arg(&copy).arg(&dbg));
-            run_ok(
+            let quiet = |c: &mut Command| {
+                let out = c.output().unwrap();
+                let err = String::from_utf8_lossy(&out.stderr);
+                assert!(
+                    out.status.success() && err.trim().is_empty(),
+                    "{c:?} on {name}: {err}"
+                );
+            };
+            quiet(Command::new(cmd[0]).args(&cmd[1..]).arg(&copy).arg(&dbg));
+            quiet(
                 Command::new("objcopy")
                     .arg("--strip-debug")
                     .arg(format!("--add-gnu-debuglink={}", dbg.display()))
                     .arg(&copy),
+            );
+            // The debug file: no device code to offload, copied unchanged.
+            let dbg_out = scratch.path().join("dbg.out");
+            let s = kpack_ok(&[
+                &"offload",
+                &dbg,
+                &"-o",
+                &dbg_out,
+                &"--archive-dir",
+                &scratch.path().join("k"),
+                &"--json",
+            ]);
+            assert!(s.contains("\"debug_only\""), "{name}: {s}");
+            assert_eq!(
+                std::fs::read(&dbg).unwrap(),
+                std::fs::read(&dbg_out).unwrap()
             );
         } else {
             let out = Command::new(cmd[0])
@@ -276,6 +312,7 @@ offload_tests! {
     libmulti => "libmulti.so",
     libwide => "libwide.so",
     libvadd_relr => "libvadd_relr.so",
+    libvadd_dwarf4 => "libvadd_dwarf4.so",
 }
 
 #[test]

@@ -254,6 +254,23 @@ pub const FIXTURES: &[Fixture] = &[
         description: "packed relative relocations (.relr.dyn, DT_RELR)",
     },
     Fixture {
+        name: "libvadd_dwarf4.so",
+        soname: None,
+        kind: Kind::Shared,
+        host: Host::X86_64Linux,
+        targets: &["gfx1100", "gfx942"],
+        build: Build::Single {
+            sources: &["vadd.hip"],
+            flags: &["-g", "-gdwarf-4"],
+        },
+        bundles: 1,
+        wrappers: 1,
+        compressed_bundles: 0,
+        relr: false,
+        host_check: VADD_CHECK,
+        description: "DWARF 4 debug info (what dwz, Debian's dh_dwz, rewrites)",
+    },
+    Fixture {
         name: "libhostonly.so",
         soname: None,
         kind: Kind::Shared,
@@ -342,14 +359,14 @@ pub fn foreign_fixtures(host: Host) -> Vec<Fixture> {
             targets: &["gfx1100", "gfx942"],
             build: Build::Single {
                 sources: &["vadd.hip", "vadd_main.cpp", "hipstub.c"],
-                flags: &[],
+                flags: &["-g", "-gdwarf-4"],
             },
             bundles: 1,
             wrappers: 1,
             compressed_bundles: 0,
             relr: false,
             host_check: None,
-            description: "PIE executable with the stand-in HIP runtime linked in",
+            description: "PIE executable with the stand-in HIP runtime linked in, DWARF 4",
         },
     ]
 }

@@ -26,6 +26,15 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "valgrind",
     "binutils",
     "g++",
+    // Foreign hosts: AArch64 and ppc64le fixtures, linked by GNU ld and run
+    // under qemu-user.
+    "gcc-aarch64-linux-gnu",
+    "gcc-powerpc64le-linux-gnu",
+    "libc6-dev-arm64-cross",
+    "libc6-dev-ppc64el-cross",
+    "qemu-user",
+    // Debian's dh_dwz runs dwz on every package's binaries.
+    "dwz",
 ];
 
 pub fn run(sh: &Shell, root: &Path) -> Result<()> {

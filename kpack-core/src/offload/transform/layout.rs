@@ -38,6 +38,32 @@ impl BlockMove {
     }
 }
 
+/// A note section of the moved block placed back at the start of its
+/// segment, right after the grown program header table, instead of moving
+/// with the block: `objcopy --only-keep-debug` keeps the bytes of notes and
+/// empties every other allocated section, and a segment whose bytes come
+/// after emptied sections cannot be laid out (it warns "section can't be
+/// allocated in segment"), so notes must stay ahead of the others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotePlace {
+    pub index: usize,
+    pub addr: u64,
+    pub off: u64,
+    pub size: u64,
+    pub new_addr: u64,
+    pub new_off: u64,
+}
+
+impl NotePlace {
+    fn holds_addr(&self, addr: u64) -> bool {
+        (self.addr..self.addr + self.size).contains(&addr)
+    }
+
+    fn holds_off(&self, off: u64) -> bool {
+        (self.off..self.off + self.size).contains(&off)
+    }
+}
+
 /// The output layout.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -54,6 +80,9 @@ pub struct Plan {
     /// End of the input's program header table in the file.
     pub old_table_end: u64,
     pub block: Option<BlockMove>,
+    /// The block's notes, placed right after the grown table (empty when
+    /// they do not fit there: then they move with the block).
+    pub notes: Vec<NotePlace>,
     /// The new program header table.
     pub phdrs: Vec<ProgramHeader>,
 }
@@ -81,6 +110,31 @@ impl Plan {
     fn in_block_off(&self, off: u64) -> bool {
         self.block
             .is_some_and(|bl| (bl.start_off..bl.start_off + bl.len()).contains(&off))
+    }
+
+    /// Where an address inside the moved block goes (a placed note's own
+    /// place, or the block's).
+    pub fn moved_addr(&self, addr: u64) -> u64 {
+        match self.notes.iter().find(|n| n.holds_addr(addr)) {
+            Some(n) => n.new_addr + (addr - n.addr),
+            None => addr.wrapping_add(self.block.map_or(0, |bl| bl.addr_delta)),
+        }
+    }
+
+    /// Where a file offset inside the moved block goes.
+    pub fn moved_off(&self, off: u64) -> u64 {
+        match self.notes.iter().find(|n| n.holds_off(off)) {
+            Some(n) => n.new_off + (off - n.off),
+            None => off.wrapping_add(self.block.map_or(0, |bl| bl.off_delta)),
+        }
+    }
+
+    /// How far the addresses of moved section `index` move.
+    pub fn section_addr_delta(&self, index: usize) -> u64 {
+        match self.notes.iter().find(|n| n.index == index) {
+            Some(n) => n.new_addr.wrapping_sub(n.addr),
+            None => self.block.map_or(0, |bl| bl.addr_delta),
+        }
     }
 
     /// The end of the kept part of `.hip_fatbin` (symbols into it name the
@@ -113,7 +167,7 @@ pub fn plan(input: &Input, meta_len: u64) -> Result<Plan, TransformError> {
     let old_table_end = phoff + (phnum * PHDR_SIZE) as u64;
     let new_table_end = phoff + ((phnum + grow) * PHDR_SIZE) as u64;
     let block = if grow > 0 {
-        block_to_move(elf, old_table_end, new_table_end)?
+        block_with_room_for_notes(elf, old_table_end, new_table_end)?
     } else {
         None
     };
@@ -164,11 +218,88 @@ pub fn plan(input: &Input, meta_len: u64) -> Result<Plan, TransformError> {
         cut_addr_end,
         old_table_end,
         block: if split { block } else { None },
+        notes: Vec::new(),
         phdrs: Vec::new(),
     };
+    if let Some(bl) = plan.block {
+        plan.notes = place_notes(elf, &bl, new_table_end);
+    }
     check_block_relocations(input, &plan)?;
     plan.phdrs = segments(input, &plan, grow)?;
     Ok(plan)
+}
+
+/// The block to move, taken larger than the table's growth needs when
+/// that makes room to keep its notes right after the table (see
+/// [`NotePlace`]); if no larger block can move, the notes move with it.
+fn block_with_room_for_notes(
+    elf: &ElfView,
+    old_end: u64,
+    new_end: u64,
+) -> Result<Option<BlockMove>, TransformError> {
+    let Some(block) = block_to_move(elf, old_end, new_end)? else {
+        return Ok(None);
+    };
+    let mut end = new_end;
+    let mut candidate = block;
+    for _ in 0..16 {
+        let notes = place_notes(elf, &candidate, new_end);
+        if !notes.is_empty() || notes_in(elf, &candidate).is_empty() {
+            return Ok(Some(candidate));
+        }
+        // Vacate more: up to the end of the block, plus the notes' bytes.
+        let need: u64 = notes_in(elf, &candidate)
+            .iter()
+            .map(|&i| elf.shdrs()[i].sh_size(LE) + elf.shdrs()[i].sh_addralign(LE).max(1))
+            .sum();
+        end = end.max(candidate.start_off + candidate.len()) + need;
+        match block_to_move(elf, old_end, end) {
+            Ok(Some(bigger)) if bigger.len() > candidate.len() => candidate = bigger,
+            _ => break,
+        }
+    }
+    Ok(Some(block))
+}
+
+/// The note sections (with file bytes) inside the block, in file order.
+fn notes_in(elf: &ElfView, bl: &BlockMove) -> Vec<usize> {
+    let mut notes: Vec<usize> = (1..elf.shdrs().len())
+        .filter(|&i| {
+            let s = &elf.shdrs()[i];
+            s.sh_type(LE) == elf::SHT_NOTE
+                && file_size(s) > 0
+                && (bl.start_off..bl.start_off + bl.len()).contains(&s.sh_offset(LE))
+        })
+        .collect();
+    notes.sort_by_key(|&i| elf.shdrs()[i].sh_offset(LE));
+    notes
+}
+
+/// The note sections of the block, in address order, packed from
+/// `table_end` (each at its alignment, with the block's address-to-offset
+/// difference); none if they do not all fit inside the block's old range.
+fn place_notes(elf: &ElfView, bl: &BlockMove, table_end: u64) -> Vec<NotePlace> {
+    let notes = notes_in(elf, bl);
+    let bias = bl.start_addr.wrapping_sub(bl.start_off);
+    let mut pos = table_end;
+    let mut placed = Vec::with_capacity(notes.len());
+    for i in notes {
+        let s = &elf.shdrs()[i];
+        pos = align_up(pos, s.sh_addralign(LE).max(1));
+        placed.push(NotePlace {
+            index: i,
+            addr: s.sh_addr(LE),
+            off: s.sh_offset(LE),
+            size: s.sh_size(LE),
+            new_addr: pos.wrapping_add(bias),
+            new_off: pos,
+        });
+        pos += s.sh_size(LE);
+    }
+    if pos > bl.start_off + bl.len() {
+        return Vec::new();
+    }
+    placed
 }
 
 /// `bl` moved to address `new_addr` in the kept pages of the section at
@@ -350,10 +481,10 @@ fn segments(input: &Input, plan: &Plan, grow: usize) -> Result<Vec<ProgramHeader
             q.p_memsz.set(LE, table);
         } else if !p.is_load() && filesz > 0 && plan.in_block_off(off) {
             // PT_INTERP, PT_NOTE: follow the moved sections.
-            let bl = plan.block.expect("in the block");
-            q.p_offset.set(LE, off.wrapping_add(bl.off_delta));
-            q.p_vaddr.set(LE, p.p_vaddr(LE).wrapping_add(bl.addr_delta));
-            q.p_paddr.set(LE, p.p_paddr(LE).wrapping_add(bl.addr_delta));
+            let delta = plan.moved_addr(p.p_vaddr(LE)).wrapping_sub(p.p_vaddr(LE));
+            q.p_offset.set(LE, plan.moved_off(off));
+            q.p_vaddr.set(LE, p.p_vaddr(LE).wrapping_add(delta));
+            q.p_paddr.set(LE, p.p_paddr(LE).wrapping_add(delta));
         } else if removed > 0 && filesz > 0 {
             if off >= plan.cut.end {
                 q.p_offset.set(LE, off - removed);
@@ -429,14 +560,12 @@ pub fn sections(
             continue;
         }
         let alloc = s.sh_flags(LE) & u64::from(elf::SHF_ALLOC) != 0;
-        if let Some(bl) = plan.block.filter(|_| i > 0 && alloc && fsz > 0) {
-            if plan.in_block(s.sh_addr(LE)) {
-                t.sh_addr.set(LE, s.sh_addr(LE).wrapping_add(bl.addr_delta));
-                t.sh_offset.set(LE, off.wrapping_add(bl.off_delta));
-                moved.push(i);
-                out.push(t);
-                continue;
-            }
+        if i > 0 && alloc && fsz > 0 && plan.in_block(s.sh_addr(LE)) {
+            t.sh_addr.set(LE, plan.moved_addr(s.sh_addr(LE)));
+            t.sh_offset.set(LE, plan.moved_off(off));
+            moved.push(i);
+            out.push(t);
+            continue;
         }
         if i > 0 && removed > 0 {
             if off >= plan.cut.end {

@@ -37,6 +37,9 @@ struct Spec {
     /// `p_align` of every segment (the read-write segment's address is its
     /// file offset plus this).
     align: u64,
+    /// A GNU build-id note right after the program header table (with a
+    /// PT_NOTE), as GNU ld and lld lay them out.
+    note: bool,
 }
 
 impl Default for Spec {
@@ -49,6 +52,7 @@ impl Default for Spec {
             writable: false,
             stray_reloc: false,
             align: PAGE,
+            note: false,
         }
     }
 }
@@ -129,6 +133,10 @@ const SHSTRTAB: usize = 7;
 /// `.dynsym`/`.dynstr`/`.rela.dyn` right after the table, `.hip_fatbin` at
 /// the next page, then `.hipFatBinSegment` and `.dynamic` in the RW
 /// segment, `.shstrtab` and the section headers.
+///
+/// Long on purpose: one file layout written top to bottom, whose offsets
+/// tie every part to the others; split up, they would have to be passed
+/// around or recomputed.
 fn build(spec: &Spec) -> Vec<u8> {
     let mut bundles = Vec::new();
     let mut starts = Vec::new();
@@ -146,7 +154,10 @@ fn build(spec: &Spec) -> Vec<u8> {
         bundles.resize(bundles.len().div_ceil(PAGE as usize) * PAGE as usize, 0);
     }
     let phoff = EHDR_SIZE as u64;
-    let dynsym_off = phoff + 4 * PHDR_SIZE as u64;
+    let phnum = 4 + u64::from(spec.note);
+    let note_off = phoff + phnum * PHDR_SIZE as u64;
+    let note_len = if spec.note { NOTE.len() as u64 } else { 0 };
+    let dynsym_off = (note_off + note_len).div_ceil(8) * 8;
     let dynstr_off = dynsym_off + 2 * 24;
     let dynstr = b"\0__hip_fatbin\0";
     let nrel = spec.wrappers.len() + usize::from(spec.stray_reloc);
@@ -159,13 +170,16 @@ fn build(spec: &Spec) -> Vec<u8> {
     let dyn_off = data_off + 8;
     let dyn_len = 6 * 16;
     let str_off = dyn_off + dyn_len;
-    let names =
-        b"\0.dynsym\0.dynstr\0.rela.dyn\0.hip_fatbin\0.hipFatBinSegment\0.dynamic\0.shstrtab\0";
+    let names = b"\0.dynsym\0.dynstr\0.rela.dyn\0.hip_fatbin\0.hipFatBinSegment\0.dynamic\0.shstrtab\0.note.gnu.build-id\0";
     let sh_off = (str_off + names.len() as u64).div_ceil(8) * 8;
     let rw = |off: u64| off + spec.align;
 
     let mut out = Vec::new();
     // Sections.
+    if spec.note {
+        out.resize(note_off as usize, 0);
+        out.extend_from_slice(NOTE);
+    }
     put(&mut out, dynsym_off, &Sym::default_null());
     let sym = Sym {
         st_name: u32_(1),
@@ -295,14 +309,19 @@ fn build(spec: &Spec) -> Vec<u8> {
             0,
         ),
     ];
+    let mut sections = sections.to_vec();
+    if spec.note {
+        let n = shdr(76, elf::SHT_NOTE, a, note_off, note_off, note_len, 0, 4, 0);
+        sections.push(n);
+    }
     for (i, s) in sections.iter().enumerate() {
         put(&mut out, sh_off + (i * SHDR_SIZE) as u64, s);
     }
     let x_flags = elf::PF_R | if spec.writable { elf::PF_W } else { 0 };
     let rw_len = str_off - rw_off;
-    let table = 4 * PHDR_SIZE as u64;
+    let table = phnum * PHDR_SIZE as u64;
     let a = spec.align;
-    let phdrs = [
+    let mut phdrs = vec![
         phdr(elf::PT_PHDR, elf::PF_R, phoff, phoff, (table, table), 8),
         phdr(elf::PT_LOAD, x_flags, 0, 0, (fat_end, fat_end), a),
         phdr(
@@ -322,14 +341,16 @@ fn build(spec: &Spec) -> Vec<u8> {
             8,
         ),
     ];
+    if spec.note {
+        let n = (note_len, note_len);
+        phdrs.push(phdr(elf::PT_NOTE, elf::PF_R, note_off, note_off, n, 4));
+    }
     for (i, p) in phdrs.iter().enumerate() {
         put(&mut out, phoff + (i * PHDR_SIZE) as u64, p);
     }
-    put(
-        &mut out,
-        0,
-        &file_header(phoff, sh_off, sections.len() as u16),
-    );
+    let mut fh = file_header(phoff, sh_off, sections.len() as u16);
+    fh.e_phnum = u16_(phnum as u16);
+    put(&mut out, 0, &fh);
     out
 }
 
@@ -386,6 +407,9 @@ fn file_header(phoff: u64, shoff: u64, shnum: u16) -> FileHeader {
         e_shstrndx: u16_(SHSTRTAB as u16),
     }
 }
+
+/// A GNU build-id note: namesz 4, descsz 20, NT_GNU_BUILD_ID, "GNU\0".
+const NOTE: &[u8] = b"\x04\0\0\0\x14\0\0\0\x03\0\0\0GNU\0ABCDEFGHIJKLMNOPQRST";
 
 const META: &[u8] = b"\x82\xb2kpack_search_paths\x91\xa5x.kpk\xabkernel_name\xa3lib";
 
@@ -656,5 +680,51 @@ fn large_page_unit_with_a_section_off_the_boundary() {
     let out = ElfView::parse(&t.bytes).unwrap();
     for ph in out.phdrs().iter().filter(|p| p.is_load()) {
         assert_eq!(ph.p_offset(LE) % UNIT, ph.p_vaddr(LE) % UNIT);
+    }
+}
+
+/// A note right after the table stays at the start of its segment (moved
+/// only as far as the grown table needs) while the rest of the block moves
+/// to the kept page: `objcopy --only-keep-debug` keeps notes' bytes and
+/// cannot lay out a segment where they come after sections it empties.
+#[test]
+fn notes_stay_ahead_of_the_moved_block() {
+    let b = build(&Spec {
+        note: true,
+        ..Spec::default()
+    });
+    let input = analyze(&b).unwrap();
+    let p = plan(&input, META.len() as u64).unwrap();
+    let new_table_end = EHDR_SIZE as u64 + 6 * PHDR_SIZE as u64;
+    assert!(p.split);
+    assert_eq!(p.phdrs.len(), 6);
+    assert_eq!(p.notes.len(), 1);
+    assert_eq!(p.notes[0].new_off, new_table_end);
+    let (_, t) = transformed(&Spec {
+        note: true,
+        ..Spec::default()
+    });
+    let out = ElfView::parse(&t.bytes).unwrap();
+    let note = out.section(".note.gnu.build-id").unwrap().unwrap();
+    assert_eq!(
+        (note.offset, note.addr, note.data),
+        (new_table_end, new_table_end, NOTE)
+    );
+    let pt_note = out
+        .phdrs()
+        .iter()
+        .find(|p| p.p_type(LE) == elf::PT_NOTE)
+        .unwrap();
+    assert_eq!(
+        (pt_note.p_offset(LE), pt_note.p_vaddr(LE)),
+        (new_table_end, new_table_end)
+    );
+    // Every other allocated section of the first segment comes after it.
+    let dynsym = out.section(".dynsym").unwrap().unwrap();
+    assert!(dynsym.addr > PAGE);
+    for s in out.sections().unwrap().iter().skip(1) {
+        if s.flags & u64::from(elf::SHF_ALLOC) != 0 && s.addr < PAGE && s.name != note.name {
+            panic!("{} at {:#x} stays before the kept page", s.name, s.addr);
+        }
     }
 }

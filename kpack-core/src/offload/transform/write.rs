@@ -44,7 +44,7 @@ const DT_ADDRESS_TAGS: [u32; 18] = [
 pub fn output(input: &Input, plan: &Plan, metadata: &[u8]) -> Result<Vec<u8>, TransformError> {
     let mut out = body(input, plan)?;
     write_wrappers(&mut out, input, plan)?;
-    move_block(&mut out, plan);
+    move_block(&mut out, input, plan);
     write_phdrs(&mut out, input, plan, metadata)?;
     fix_dynamic(&mut out, input, plan)?;
     let (mut shdrs, moved) = layout::sections(input, plan)?;
@@ -145,13 +145,22 @@ fn write_wrappers(out: &mut [u8], input: &Input, plan: &Plan) -> Result<(), Tran
 }
 
 /// Move the block into the kept pages and clear its old place (the grown
-/// program header table is written over it).
-fn move_block(out: &mut [u8], plan: &Plan) {
+/// program header table is written over it); its notes go back right after
+/// the table.
+fn move_block(out: &mut [u8], input: &Input, plan: &Plan) {
     if let Some(bl) = plan.block {
         let from = bl.start_off as usize..(bl.start_off + bl.len()) as usize;
         let to = from.start.wrapping_add(bl.off_delta as usize);
         out.copy_within(from.clone(), to);
         out[plan.old_table_end as usize..from.end].fill(0);
+        for n in &plan.notes {
+            let (src, dst) = (n.off as usize, n.new_off as usize);
+            let len = n.size as usize;
+            out[dst..dst + len].copy_from_slice(&input.elf.bytes()[src..src + len]);
+            // Nothing of it stays in the block's copy.
+            let copy = src.wrapping_add(bl.off_delta as usize);
+            out[copy..copy + len].fill(0);
+        }
     }
 }
 
@@ -173,9 +182,9 @@ fn write_phdrs(
 
 /// Dynamic entries that point into the moved block follow it.
 fn fix_dynamic(out: &mut [u8], input: &Input, plan: &Plan) -> Result<(), TransformError> {
-    let Some(bl) = plan.block else {
+    if plan.block.is_none() {
         return Ok(());
-    };
+    }
     let elf = &input.elf;
     for (i, s) in elf.shdrs().iter().enumerate() {
         if s.sh_type(LE) != elf::SHT_DYNAMIC {
@@ -193,7 +202,7 @@ fn fix_dynamic(out: &mut [u8], input: &Input, plan: &Plan) -> Result<(), Transfo
             let val = u64_at(entry, 8).expect("16 bytes");
             let address_tag = u32::try_from(tag).is_ok_and(|t| DT_ADDRESS_TAGS.contains(&t));
             if address_tag && plan.in_block(val) {
-                put_u64(entry, 8, val.wrapping_add(bl.addr_delta));
+                put_u64(entry, 8, plan.moved_addr(val));
             }
         }
     }
@@ -267,7 +276,6 @@ fn fix_symbols(
     let too_many = || ElfError::Malformed("too many sections".into());
     let meta_index = u16::try_from(shdrs.len() - 1).map_err(|_| too_many())?;
     let f = input.fatbin;
-    let addr_delta = plan.block.map_or(0, |bl| bl.addr_delta);
     for (i, s) in elf.shdrs().iter().enumerate() {
         let t = s.sh_type(LE);
         if t != elf::SHT_SYMTAB && t != elf::SHT_DYNSYM {
@@ -291,7 +299,11 @@ fn fix_symbols(
                 put_u16(out, at + 6, meta_index);
                 put_u64(out, at + 8, plan.metadata_addr);
             } else if moved.contains(&shndx) {
-                put_u64(out, at + 8, value.wrapping_add(addr_delta));
+                put_u64(
+                    out,
+                    at + 8,
+                    value.wrapping_add(plan.section_addr_delta(shndx)),
+                );
             }
         }
     }
