@@ -6,11 +6,14 @@ use std::path::PathBuf;
 use clap::Args;
 use kpack_core::archive::Scheme;
 use kpack_core::artifact::{with_jobs, Database, Observer};
-use kpack_core::wheel::{self, OutputFormat, SplitWheelOptions, WheelSummary};
+use kpack_core::wheel::{self, OutputFormat, SplitWheelOptions, WheelError, WheelSummary};
 
 use crate::artifacts::Reporter;
 
+/// Every flag may be given more than once; the last use wins (as with
+/// the reference tool's argparse).
 #[derive(Args)]
+#[command(args_override_self = true)]
 pub struct SplitWheelsArgs {
     /// A `.whl` file or an unpacked wheel directory (never modified).
     #[arg(long, value_name = "WHEEL")]
@@ -30,7 +33,7 @@ pub struct SplitWheelsArgs {
     /// Extra `Requires-Dist` values of the device wheels; `@GFXARCH@` is
     /// replaced by the bundle key (such values only go into target-level
     /// wheels). The last use of the flag wins.
-    #[arg(long, value_name = "REQ", num_args = 0.., overrides_with = "device_requires_dist")]
+    #[arg(long, value_name = "REQ", num_args = 0..)]
     device_requires_dist: Vec<String>,
     /// `wheel` files, or unpacked `directory` trees named like the wheels.
     #[arg(long, value_enum, default_value = "wheel")]
@@ -41,7 +44,7 @@ pub struct SplitWheelsArgs {
     wheel_type: Option<String>,
     /// Database handlers to use, replacing the --wheel-type preset; given
     /// with no names, none.
-    #[arg(long, value_name = "NAME", num_args = 0.., overrides_with = "databases")]
+    #[arg(long, value_name = "NAME", num_args = 0..)]
     databases: Option<Vec<String>>,
     #[arg(long, value_enum, default_value = "zstd")]
     compression: Compression,
@@ -89,15 +92,20 @@ enum Compression {
 }
 
 pub fn split_wheels(a: SplitWheelsArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let databases = match (&a.databases, &a.wheel_type) {
-        (Some(names), _) => Database::parse_list(names)?,
-        (None, Some(t)) => wheel::wheel_type_databases(t)?,
-        (None, None) => Vec::new(),
+    // Bad options are errors about this input, before anything is read.
+    let named = |e: &dyn std::fmt::Display| WheelError::Invalid {
+        wheel: a.input.clone(),
+        what: e.to_string(),
     };
     if let Some(t) = &a.wheel_type {
         // Checked even when --databases overrides it.
-        wheel::wheel_type_databases(t)?;
+        wheel::wheel_type_databases(t).map_err(|e| named(&e))?;
     }
+    let databases = match (&a.databases, &a.wheel_type) {
+        (Some(names), _) => Database::parse_list(names).map_err(|e| named(&e))?,
+        (None, Some(t)) => wheel::wheel_type_databases(t)?,
+        (None, None) => Vec::new(),
+    };
     let mut opts = SplitWheelOptions::new(&a.output_dir, &a.device_package_prefix, &a.overlay_root);
     opts.device_requires_dist = a.device_requires_dist.clone();
     opts.databases = databases;

@@ -16,6 +16,7 @@ mod malformed;
 mod sanitize;
 mod test;
 mod verify;
+mod wheel;
 
 use std::path::{Path, PathBuf};
 
@@ -103,6 +104,18 @@ enum Task {
         #[arg(long)]
         valgrind_only: bool,
     },
+    /// Build kpack as a pip-installable wheel (the `kpack` command and the
+    /// `rocm_kpack.tools.*` entry points) with maturin from PyPI, into DIR.
+    Wheel {
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// The dev profile (faster to build; not stripped).
+        #[arg(long)]
+        debug: bool,
+    },
+    /// Create or update target/py-venv, the Python environment of the wheel
+    /// tests (pip, wheel, maturin from PyPI; PyPI's rocm-bootstrap wheel).
+    PyEnv,
     /// `kpack split` over a build tree (release build of kpack; same flags,
     /// see `cargo xtask split --help`).
     #[command(disable_help_flag = true)]
@@ -174,6 +187,12 @@ fn main() -> anyhow::Result<()> {
                 valgrind_only,
             },
         )?,
+        Task::Wheel { out, debug } => {
+            wheel::build(&sh, &root, &out, debug)?;
+        }
+        Task::PyEnv => {
+            println!("{}", wheel::py_env(&sh, &root)?.display());
+        }
         Task::Split { args } => artifacts::run(&root, "split", &args)?,
         Task::Verify { args } => artifacts::run(&root, "verify", &args)?,
         Task::Recombine { args } => artifacts::run(&root, "recombine", &args)?,

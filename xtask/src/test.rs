@@ -41,6 +41,7 @@ pub fn run(sh: &Shell, root: &Path) -> Result<()> {
     install_debian_packages(sh)?;
     install_rust_components(sh)?;
     fixtures::build_all(sh, root, false)?;
+    let py_venv = crate::wheel::py_env(sh, root)?;
 
     let cargo = cargo();
     let fixtures_dir = root.join(FIXTURES_DIR);
@@ -49,7 +50,8 @@ pub fn run(sh: &Shell, root: &Path) -> Result<()> {
             "cargo test",
             cmd!(sh, "{cargo} test --workspace")
                 .env("KPACK_FIXTURES_DIR", &fixtures_dir)
-                .env("KPACK_LLVM_BIN", LLVM_BIN),
+                .env("KPACK_LLVM_BIN", LLVM_BIN)
+                .env("KPACK_PY_VENV", &py_venv),
         ),
         ("cargo fmt", cmd!(sh, "{cargo} fmt --all --check")),
         (
