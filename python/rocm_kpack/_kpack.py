@@ -53,10 +53,12 @@ def run_json(args):
     )
     for line in proc.stderr.splitlines(keepends=True):
         sys.stderr.write(_translate(line))
-    summary = None
-    if proc.returncode == 0 and proc.stdout.strip():
-        summary = json.loads(proc.stdout)
-    return proc.returncode, summary
+    try:
+        return proc.returncode, json.loads(proc.stdout)
+    except ValueError:
+        # Not a summary (--help, a failure): shown as it is.
+        sys.stdout.write(proc.stdout)
+        return proc.returncode, None
 
 
 def main(subcommand):
