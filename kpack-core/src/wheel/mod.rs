@@ -45,7 +45,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::archive::{Scheme, DEFAULT_ZSTD_LEVEL};
-use crate::artifact::databases::{classify as claim_database, Claim, Database};
+use crate::artifact::databases::{classify as claim_database, Database};
 use crate::artifact::pack::{FileJob, Offloaded, Outcome, Packer};
 use crate::artifact::split::search_path;
 use crate::artifact::tree::{rel_string, scan, Node, NodeKind};
@@ -54,6 +54,7 @@ use crate::binary::{classify, could_be_binary, Class};
 use crate::input::map_file;
 use crate::offload::archive_file_name;
 use crate::output::ScratchDir;
+use crate::target::normalize_feature_spelling;
 
 pub use bootstrap::{Bundle, Level};
 pub use identity::Identity;
@@ -359,8 +360,8 @@ fn scan_wheel(input: &Input, opts: &SplitWheelOptions, observer: &dyn Observer) 
     }
     let mut databases = BTreeMap::new();
     for rel in &files {
-        if let Some((_, Claim::Target(t))) = claim_database(&opts.databases, &rel[prefix.len()..]) {
-            databases.insert(rel.clone(), t.replace("-xnack", ":xnack"));
+        if let Some(claim) = claim_database(&opts.databases, &rel[prefix.len()..]) {
+            databases.insert(rel.clone(), normalize_feature_spelling(&claim.key));
         }
     }
     observer.note(&format!(
