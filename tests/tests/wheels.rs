@@ -221,12 +221,14 @@ fn check_host_wheel(host: &Path) {
     assert!(m.contains_key("torchgen/__init__.py"));
     // The host binaries have no device code left.
     let t = tempfile::tempdir().unwrap();
-    for (rel, fixture) in FAT {
+    for (rel, _) in FAT {
         let p = t.path().join(rel.replace('/', "_"));
-        fs::write(&p, &m[&format!("torch/{rel}")]).unwrap();
-        assert!(
-            fs::metadata(&p).unwrap().len()
-                < fs::metadata(fixtures_dir().join(fixture)).unwrap().len()
+        let bytes = &m[&format!("torch/{rel}")];
+        fs::write(&p, bytes).unwrap();
+        assert_eq!(
+            kpack_core::binary::classify(bytes),
+            kpack_core::binary::Class::Offloaded,
+            "{rel}"
         );
         verify_file(&p).unwrap_or_else(|e| panic!("{rel}: {e}"));
     }
@@ -241,7 +243,7 @@ fn check_host_wheel(host: &Path) {
         s
     };
     let mut want = format!(
-        "Metadata-Version: 2.1\nName: torch\nVersion: {v}\nSummary: Tensors\nRequires-Dist: filelock\nRequires-Dist: rocm-bootstrap >= 0.3.0\n"
+        "Metadata-Version: 2.1\nName: torch\nVersion: {v}\nSummary: Tensors\nRequires-Dist: rocm-bootstrap >= 0.3.0\n"
     );
     want += &extra("gfx1100", &["gfx1100", "gfx110x"]);
     want += &extra("gfx1101", &["gfx1101", "gfx110x"]);
@@ -584,4 +586,35 @@ fn bad_input_fails_cleanly() {
         &[],
         "conflicting payload path torch/.kpack/torch_gfx942.kpack",
     );
+}
+
+/// A target rocm-bootstrap 0.3.0 does not know gets a device wheel of its
+/// own name, no family chain, and a warning.
+#[test]
+fn unknown_target_gets_its_own_wheel_and_a_warning() {
+    let tmp = scratch();
+    let src = tmp.path().join("w");
+    torch_tree(&src, false);
+    let db = src.join("torch/lib/rocblas/library/TensileLibrary_Type_HH_gfx1300.co");
+    fs::write(&db, "a new GPU").unwrap();
+    let out = tmp.path().join("out");
+    let mut cmd = std::process::Command::new(kpack_bin());
+    cmd.arg("split-wheels").args(therock_args(&src, &out));
+    let o = cmd.output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("kpack: warning: ")
+            && err.contains("gfx1300 is not a target rocm-bootstrap 0.3.0 knows"),
+        "{err}"
+    );
+    let w = out.join(device_wheel("gfx1300"));
+    assert!(members(&w).contains_key("torch/lib/rocblas/library/TensileLibrary_Type_HH_gfx1300.co"));
+    let md = text(
+        &out.join(host_wheel()),
+        &format!("torch-{VERSION}.dist-info/METADATA"),
+    );
+    assert!(md.contains(&format!(
+        "Provides-Extra: device-gfx1300\nRequires-Dist: amd-torch-device-gfx1300 == {VERSION}; extra == \"device-gfx1300\"\nProvides-Extra: device-gfx90a\n"
+    )), "{md}");
 }

@@ -170,7 +170,7 @@ pub fn torch_tree(root: &Path, symlinks: bool) {
     fs::create_dir_all(&di).unwrap();
     fs::write(
         di.join("METADATA"),
-        format!("Metadata-Version: 2.1\nName: torch\nVersion: {VERSION}\nSummary: Tensors\nRequires-Dist: filelock\n\nThe body.\n"),
+        format!("Metadata-Version: 2.1\nName: torch\nVersion: {VERSION}\nSummary: Tensors\n\nThe body.\n"),
     )
     .unwrap();
     fs::write(
