@@ -8,6 +8,7 @@ mod bench;
 mod bench_libs;
 mod bench_pipeline;
 mod bench_runtime;
+mod bench_wheels;
 mod demo;
 mod dist;
 mod fixtures;
