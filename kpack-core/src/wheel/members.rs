@@ -268,7 +268,7 @@ fn host_output(
                     observer.warn(&msg);
                     warnings.push(msg);
                 }
-                followed.ok().map(|(target, mode)| (target, mode))
+                followed.ok()
             }
         };
         let Some((from, mode)) = source else { continue };

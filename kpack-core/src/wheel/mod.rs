@@ -295,7 +295,7 @@ fn check_input(input: &Path, opts: &SplitWheelOptions) -> Result<()> {
         }
         return Ok(());
     }
-    if !input.extension().is_some_and(|e| e == "whl") {
+    if input.extension().is_none_or(|e| e != "whl") {
         return Err(WheelError::invalid(
             input,
             "not a wheel: the input must be a .whl file or an unpacked wheel directory",
