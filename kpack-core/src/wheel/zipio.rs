@@ -394,9 +394,11 @@ fn extract_one(
     let mut entry = archive
         .by_index(m.index)
         .map_err(|e| WheelError::invalid(wheel, format!("member {}: {e}", m.rel.display())))?;
-    let mut out = File::create(&dst).map_err(|e| WheelError::io(&dst, e))?;
+    let file = File::create(&dst).map_err(|e| WheelError::io(&dst, e))?;
+    let mut out = BufWriter::with_capacity(1 << 20, file);
     let n = io::copy(&mut entry, &mut out)
         .map_err(|e| WheelError::invalid(wheel, format!("member {}: {e}", m.rel.display())))?;
+    out.flush().map_err(|e| WheelError::io(&dst, e))?;
     if m.mode != 0 {
         fs::set_permissions(&dst, fs::Permissions::from_mode(m.mode))
             .map_err(|e| WheelError::io(&dst, e))?;
