@@ -189,6 +189,10 @@ impl Packer<'_> {
         };
         let t = rewrite(&job.src, bytes, &metadata)?;
         write_file(&job.dst, &t.bytes, job.mode)?;
+        // The pages parsing and rewriting touched stay resident until the
+        // map goes (after phase 2): drop them now (phase 2 reads the code
+        // objects again), or a run over many large binaries keeps them all.
+        mapped.release(0..mapped.len());
         let (kept, dropped, spill) = self.locate(index, &cos, bytes)?;
         drop(cos);
         let code_objects = refs(kept, mapped, spill)?;
