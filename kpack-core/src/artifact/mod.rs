@@ -78,6 +78,11 @@ pub struct ArchiveInfo {
     pub bytes_in: u64,
     /// Size of the archive file.
     pub bytes_out: u64,
+    /// Code objects stored once for several binaries: entries that share
+    /// the ordinal of an identical code object (same target, same bytes).
+    pub shared_code_objects: usize,
+    /// Uncompressed bytes those shared entries did not store again.
+    pub bytes_saved: u64,
 }
 
 /// What went wrong in an artifact operation. Input problems each have their

@@ -95,6 +95,11 @@ pub struct Totals {
     pub archives: usize,
     pub bytes_in: u64,
     pub bytes_out: u64,
+    /// Code objects stored once for several binaries (see
+    /// [`super::ArchiveInfo::shared_code_objects`]).
+    pub shared_code_objects: usize,
+    /// Uncompressed bytes not stored again thanks to them.
+    pub bytes_saved: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -103,6 +108,8 @@ pub struct TargetTotals {
     pub code_objects: usize,
     pub archive_bytes: u64,
     pub database_files: usize,
+    pub shared_code_objects: usize,
+    pub bytes_saved: u64,
 }
 
 /// One input artifact.
@@ -331,10 +338,14 @@ fn finish(s: &mut SplitSummary, start: Instant) {
         t.bytes_in += a.bytes_in;
         t.bytes_out += a.bytes_out;
         for ar in &a.archives {
+            t.shared_code_objects += ar.shared_code_objects;
+            t.bytes_saved += ar.bytes_saved;
             let e = s.targets.entry(ar.target.clone()).or_default();
             e.archives += 1;
             e.code_objects += ar.code_objects;
             e.archive_bytes += ar.bytes_out;
+            e.shared_code_objects += ar.shared_code_objects;
+            e.bytes_saved += ar.bytes_saved;
         }
         for (target, n) in &a.database_targets {
             s.targets.entry(target.clone()).or_default().database_files += n;

@@ -92,6 +92,11 @@ pub struct ArchiveWritten {
     pub kernels: usize,
     pub bytes_in: u64,
     pub bytes_out: u64,
+    /// Code objects stored once for several bundles (same target, same
+    /// bytes): entries sharing an ordinal.
+    pub shared_code_objects: usize,
+    /// Uncompressed bytes those entries did not store again.
+    pub bytes_saved: u64,
 }
 
 /// What [`offload`] did.
@@ -357,6 +362,8 @@ fn write_archives(
             kernels: s.kernels,
             bytes_in: s.bytes_in,
             bytes_out: s.bytes_out,
+            shared_code_objects: s.shared,
+            bytes_saved: s.bytes_saved,
         });
     }
     Ok(written)
