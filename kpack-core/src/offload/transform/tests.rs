@@ -413,6 +413,10 @@ const NOTE: &[u8] = b"\x04\0\0\0\x14\0\0\0\x03\0\0\0GNU\0ABCDEFGHIJKLMNOPQRST";
 
 const META: &[u8] = b"\x82\xb2kpack_search_paths\x91\xa5x.kpk\xabkernel_name\xa3lib";
 
+fn offload_request() -> Request<'static> {
+    Request::Offload { metadata: META }
+}
+
 #[test]
 fn synthetic_binary_is_a_fat_binary() {
     let b = build(&Spec::default());
@@ -425,7 +429,7 @@ fn synthetic_binary_is_a_fat_binary() {
     assert_eq!(input.bundles, 1);
     assert_eq!(input.wrappers.changes[0].co_index, 0);
     assert_eq!(input.wrappers.changes[0].pointer, PointerKind::RelaRelative);
-    assert_eq!(input.wrappers.rela_edits, vec![0]);
+    assert_eq!(input.wrappers.relas, vec![Some(0)]);
 }
 
 #[test]
@@ -484,7 +488,7 @@ fn analyze_refuses_what_cannot_be_rewritten() {
 fn plan_cuts_whole_pages_and_moves_the_block_after_the_table() {
     let b = build(&Spec::default());
     let input = analyze(&b).unwrap();
-    let p = plan(&input, META.len() as u64).unwrap();
+    let p = plan(&input, &offload_request()).unwrap();
     // .hip_fatbin: 0x1000..0x4000 + tail. The first page is kept (metadata
     // and the moved block), pages 0x2000..0x4000 leave the file.
     assert!(p.split);
@@ -518,7 +522,7 @@ fn plan_without_a_tail_needs_no_new_segment() {
         ..Spec::default()
     });
     let input = analyze(&b).unwrap();
-    let p = plan(&input, META.len() as u64).unwrap();
+    let p = plan(&input, &offload_request()).unwrap();
     assert!(p.split);
     assert!(p.block.is_none());
     assert_eq!(p.phdrs.len(), 4);
@@ -532,14 +536,19 @@ fn plan_for_a_small_section_cuts_nothing() {
         ..Spec::default()
     });
     let input = analyze(&b).unwrap();
-    let p = plan(&input, META.len() as u64).unwrap();
+    let p = plan(&input, &offload_request()).unwrap();
     assert!(!p.split);
     assert_eq!(p.cut.removed, 0);
     assert!(p.block.is_none());
     assert_eq!(p.phdrs.len(), 4);
     // Metadata larger than the section: no room.
     assert!(matches!(
-        plan(&input, 1 << 20),
+        plan(
+            &input,
+            &Request::Offload {
+                metadata: &vec![0; 1 << 20]
+            }
+        ),
         Err(TransformError::NoRoom { .. })
     ));
 }
@@ -663,7 +672,7 @@ fn large_page_unit_with_a_section_off_the_boundary() {
     let b = build(&spec);
     let input = analyze(&b).unwrap();
     assert_eq!((input.unit, input.fatbin.addr), (UNIT, PAGE));
-    let p = plan(&input, META.len() as u64).unwrap();
+    let p = plan(&input, &offload_request()).unwrap();
     assert!(p.split);
     // Kept: up to the first unit boundary; removed: whole units up to the
     // last boundary inside the section.
@@ -694,7 +703,7 @@ fn notes_stay_ahead_of_the_moved_block() {
         ..Spec::default()
     });
     let input = analyze(&b).unwrap();
-    let p = plan(&input, META.len() as u64).unwrap();
+    let p = plan(&input, &offload_request()).unwrap();
     let new_table_end = EHDR_SIZE as u64 + 6 * PHDR_SIZE as u64;
     assert!(p.split);
     assert_eq!(p.phdrs.len(), 6);
