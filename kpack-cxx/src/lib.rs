@@ -75,24 +75,34 @@ pub fn open_error_code(e: &kpack_core::Error) -> KpackError {
 
 /// The code of a failure to read a code object from an open archive.
 pub fn read_error_code(e: &ArchiveError) -> KpackError {
-    match e {
-        ArchiveError::KernelNotFound { .. } => E::KernelNotFound,
-        ArchiveError::Io(_) => E::IoError,
-        _ => E::DecompressionFailed,
-    }
+    from_code(loader::ErrorCode::of_read(e))
 }
 
-/// The code of a failed load.
+/// The code of a failed load (kpack-core decides it: `kpack why` reports
+/// the same).
 pub fn load_error_code(e: &LoadError) -> KpackError {
-    match e {
-        LoadError::NoArchitectures => E::InvalidArgument,
-        LoadError::Disabled => E::NotImplemented,
-        LoadError::Metadata(_) => E::InvalidMetadata,
-        LoadError::Read { source, .. } => read_error_code(source),
-        LoadError::KernelNotFound { .. } => E::KernelNotFound,
-        LoadError::ArchNotFound { .. } => E::ArchNotFound,
-        LoadError::ArchiveNotFound { .. } => E::ArchiveNotFound,
-        LoadError::OutOfMemory { .. } => E::OutOfMemory,
+    from_code(e.code())
+}
+
+/// kpack-core's error code as the C enum, value for value.
+fn from_code(c: loader::ErrorCode) -> KpackError {
+    use loader::ErrorCode as C;
+    match c {
+        C::Success => E::Success,
+        C::InvalidArgument => E::InvalidArgument,
+        C::FileNotFound => E::FileNotFound,
+        C::InvalidFormat => E::InvalidFormat,
+        C::UnsupportedVersion => E::UnsupportedVersion,
+        C::KernelNotFound => E::KernelNotFound,
+        C::DecompressionFailed => E::DecompressionFailed,
+        C::OutOfMemory => E::OutOfMemory,
+        C::NotImplemented => E::NotImplemented,
+        C::IoError => E::IoError,
+        C::MsgpackParseFailed => E::MsgpackParseFailed,
+        C::PathDiscoveryFailed => E::PathDiscoveryFailed,
+        C::InvalidMetadata => E::InvalidMetadata,
+        C::ArchiveNotFound => E::ArchiveNotFound,
+        C::ArchNotFound => E::ArchNotFound,
     }
 }
 
