@@ -257,7 +257,8 @@ impl<'l> Search<'l> {
         candidates: Vec<PathBuf>,
         trace: Option<&'l mut Trace>,
     ) -> Search<'l> {
-        let trace = trace.map(|t| {
+        let mut trace = trace;
+        if let Some(t) = trace.as_deref_mut() {
             t.candidates = candidates
                 .iter()
                 .map(|path| CandidateTrace {
@@ -265,8 +266,7 @@ impl<'l> Search<'l> {
                     status: CandidateStatus::NotReached,
                 })
                 .collect();
-            t
-        });
+        }
         Search {
             loader,
             key,
