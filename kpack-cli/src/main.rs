@@ -94,6 +94,26 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Keep only some targets inside a fat binary's own bundles: the output
+    /// is still a fat binary (HIPF wrappers) that any HIP runtime loads,
+    /// with every other target's bytes gone from the file.
+    Prune {
+        input: PathBuf,
+        /// The pruned binary to write (may be INPUT itself).
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Targets to keep, matched as the loader matches: `gfx90a` keeps
+        /// `gfx90a:xnack+` and `gfx90a:xnack-`; `gfx90a:xnack-` keeps
+        /// `gfx90a:xnack-` and `gfx90a`.
+        #[arg(long, num_args = 1.., required = true, value_name = "TARGET")]
+        targets: Vec<String>,
+        /// Also keep every generic target (`gfx11-generic`, ...).
+        #[arg(long)]
+        keep_generic: bool,
+        /// Print a JSON summary.
+        #[arg(long)]
+        json: bool,
+    },
     #[command(flatten)]
     Artifact(artifacts::ArtifactCommand),
 }
@@ -167,6 +187,13 @@ fn run(cli: Cli) -> kpack_core::Result<()> {
             offload(&input, &output, &opts, json)
         }
         Command::VerifyElf { file, json } => verify_elf(&file, json),
+        Command::Prune {
+            input,
+            output,
+            targets,
+            keep_generic,
+            json,
+        } => prune(&input, &output, targets, keep_generic, json),
         Command::Artifact(_) => unreachable!("dispatched in main"),
     }
 }
@@ -233,6 +260,51 @@ fn offload(
                 a.bytes_out
             );
         }
+    }
+    Ok(())
+}
+
+fn prune(
+    input: &Path,
+    output: &Path,
+    targets: Vec<String>,
+    keep_generic: bool,
+    json: bool,
+) -> kpack_core::Result<()> {
+    let selection = kpack_core::prune::Selection {
+        targets,
+        keep_generic,
+    };
+    let s = kpack_core::prune::prune(input, output, &selection)?;
+    if json {
+        print_json(&s);
+        return Ok(());
+    }
+    println!(
+        "{} -> {}: {} -> {} bytes; kept {}; dropped {}",
+        input.display(),
+        output.display(),
+        s.input_size,
+        s.output_size,
+        s.kept_targets.join(", "),
+        if s.dropped_targets.is_empty() {
+            "nothing".to_string()
+        } else {
+            s.dropped_targets.join(", ")
+        }
+    );
+    for b in &s.bundles {
+        println!(
+            "  bundle {}{}: {} -> {} bytes, kept [{}]",
+            b.index,
+            b.compressed
+                .as_ref()
+                .map(|c| format!(" ({c})"))
+                .unwrap_or_default(),
+            b.bytes_before,
+            b.bytes_after,
+            b.kept.join(", ")
+        );
     }
     Ok(())
 }

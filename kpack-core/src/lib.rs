@@ -50,6 +50,7 @@ pub mod archive;
 pub mod msgpack;
 pub mod offload;
 pub mod output;
+pub mod prune;
 
 pub mod loader;
 

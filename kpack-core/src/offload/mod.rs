@@ -28,7 +28,7 @@ use crate::input::map_file;
 use crate::output::{parent_dir, write_atomically_with_mode};
 
 pub use transform::{TransformError, WrapperChange};
-pub use verify::{verify_elf, Verified, VerifyError};
+pub use verify::{verify_elf, verify_fat, Verified, VerifiedFat, VerifyError};
 
 /// The placeholder for a target ID in search paths.
 pub use crate::hipk::GFXARCH;

@@ -33,6 +33,8 @@ mod analyze;
 mod layout;
 mod write;
 
+pub use layout::align_up;
+
 #[cfg(test)]
 mod tests;
 
