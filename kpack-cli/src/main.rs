@@ -114,8 +114,39 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The way back from an offloaded binary: a fat binary (HIPF wrappers,
+    /// `.hip_fatbin` again) with the chosen targets' code objects, found in
+    /// the archives its metadata names as the runtime finds them
+    /// (ROCM_KPACK_PATH and ROCM_KPACK_PATH_PREFIX honoured).
+    Restore {
+        input: PathBuf,
+        /// The fat binary to write (may be INPUT itself).
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Targets to put back, matched as prune matches them (default:
+        /// every target the archives have).
+        #[arg(long, num_args = 1.., value_name = "TARGET")]
+        targets: Vec<String>,
+        /// With --targets: also every generic target.
+        #[arg(long)]
+        keep_generic: bool,
+        /// Bundle form: `auto` (uncompressed when they fit the original
+        /// range, else compressed), `none` or `zstd` (CCOB).
+        #[arg(long, value_enum, default_value = "auto")]
+        compression: RestoreCompression,
+        /// Print a JSON summary.
+        #[arg(long)]
+        json: bool,
+    },
     #[command(flatten)]
     Artifact(artifacts::ArtifactCommand),
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum RestoreCompression {
+    Auto,
+    None,
+    Zstd,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -194,6 +225,26 @@ fn run(cli: Cli) -> kpack_core::Result<()> {
             keep_generic,
             json,
         } => prune(&input, &output, targets, keep_generic, json),
+        Command::Restore {
+            input,
+            output,
+            targets,
+            keep_generic,
+            compression,
+            json,
+        } => {
+            use kpack_core::restore::Compression as C;
+            let opts = kpack_core::restore::RestoreOptions {
+                targets,
+                keep_generic,
+                compression: match compression {
+                    RestoreCompression::Auto => C::Auto,
+                    RestoreCompression::None => C::None,
+                    RestoreCompression::Zstd => C::Zstd,
+                },
+            };
+            restore(&input, &output, &opts, json)
+        }
         Command::Artifact(_) => unreachable!("dispatched in main"),
     }
 }
@@ -304,6 +355,38 @@ fn prune(
             b.bytes_before,
             b.bytes_after,
             b.kept.join(", ")
+        );
+    }
+    Ok(())
+}
+
+fn restore(
+    input: &Path,
+    output: &Path,
+    opts: &kpack_core::restore::RestoreOptions,
+    json: bool,
+) -> kpack_core::Result<()> {
+    let s = kpack_core::restore::restore(input, output, opts)?;
+    if json {
+        print_json(&s);
+        return Ok(());
+    }
+    println!(
+        "{} -> {}: {} -> {} bytes; restored {} in {} bundle(s){}",
+        input.display(),
+        output.display(),
+        s.input_size,
+        s.output_size,
+        s.targets.join(", "),
+        s.bundles.len(),
+        if s.compressed { ", compressed" } else { "" }
+    );
+    for b in &s.bundles {
+        println!(
+            "  bundle for code object {}: {} bytes, [{}]",
+            b.co_index,
+            b.bytes,
+            b.targets.join(", ")
         );
     }
     Ok(())

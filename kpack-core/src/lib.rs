@@ -51,6 +51,7 @@ pub mod msgpack;
 pub mod offload;
 pub mod output;
 pub mod prune;
+pub mod restore;
 
 pub mod loader;
 

@@ -75,8 +75,6 @@ pub struct Hole {
     /// after it) to the next section after the removed pages.
     pub start: u64,
     pub end: u64,
-    /// Alignment of the restored section.
-    pub align: u64,
     /// X2: the segment that follows X1 in memory and in the file.
     pub x2: Option<usize>,
 }
@@ -359,12 +357,10 @@ pub fn analyze_offloaded(b: &[u8]) -> Result<(Input<'_>, Hole), TransformError> 
         wrappers.relas.push(p.rela);
         wrappers.pointer_addrs.push(slot.addr + 8);
     }
-    let align = elf.shdrs()[fatbin.index].sh_addralign(LE).clamp(16, 4096);
     let hole = Hole {
         meta,
         start,
         end,
-        align,
         x2,
     };
     let input = Input {

@@ -114,6 +114,8 @@ pub struct Plan {
     pub symbol_map: Vec<(u64, u64)>,
     /// Restore: the segment merged into X1 (and dropped from the table).
     pub joined: Option<usize>,
+    /// Restore: the alignment of the restored section.
+    pub align: u64,
     pub cut: Cut,
     /// Whether X is split in two (pages removed from its middle).
     pub split: bool,
@@ -269,6 +271,7 @@ pub fn plan(input: &Input, request: &Request) -> Result<Plan, TransformError> {
         zero: Vec::new(),
         symbol_map,
         joined: None,
+        align: 0,
         cut,
         split,
         keep,
@@ -348,13 +351,19 @@ fn cleared(input: &Input, plan: &Plan) -> Vec<(u64, u64)> {
 /// become one again, and the bundles of `request` take the free range of
 /// `hole`, each wrapper pointing at its code object's bundle.
 pub fn plan_restore(input: &Input, hole: &Hole, request: &Request) -> Result<Plan, TransformError> {
-    let Request::Restore { bundles, starts } = request else {
+    let Request::Restore {
+        bundles,
+        starts,
+        align,
+    } = request
+    else {
         return Err(TransformError::NotRestorable(
             "not a restore request".into(),
         ));
     };
     let x = input.x;
-    let payload_addr = align_up(hole.start, hole.align);
+    let align = (*align).clamp(1, input.unit);
+    let payload_addr = align_up(hole.start, align);
     let need = bundles.len() as u64;
     if payload_addr + need > hole.end {
         return Err(TransformError::RangeTooSmall {
@@ -396,6 +405,7 @@ pub fn plan_restore(input: &Input, hole: &Hole, request: &Request) -> Result<Pla
         zero: vec![(hole.meta.offset, hole.meta.offset + hole.meta.size)],
         symbol_map: Vec::new(),
         joined: hole.x2,
+        align,
         cut: Cut {
             start: at,
             end: at,
@@ -821,7 +831,7 @@ fn progbits_fatbin(plan: &Plan, mut t: SectionHeader) -> SectionHeader {
     t.sh_offset.set(LE, plan.payload_off);
     t.sh_size.set(LE, plan.payload_len);
     if plan.form == Form::Restored {
-        t.sh_addralign.set(LE, t.sh_addralign(LE).clamp(16, 4096));
+        t.sh_addralign.set(LE, plan.align);
     }
     t
 }

@@ -128,10 +128,12 @@ pub enum Request<'a> {
     /// the device code had, the removed pages go back into the file,
     /// `.hip_fatbin` is PROGBITS again and `.rocm_kpack_ref` is dropped;
     /// each wrapper becomes HIPF, pointing at the offset `starts` gives for
-    /// its code object index.
+    /// its code object index. The bundles start at a multiple of `align`
+    /// (4 KiB for uncompressed bundles, whose code objects clang aligns so).
     Restore {
         bundles: &'a [u8],
         starts: Vec<(u32, u64)>,
+        align: u64,
     },
 }
 
