@@ -86,8 +86,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Check an offloaded host binary: segments, program headers, HIPK
-    /// metadata, wrappers and relocations.
+    /// Check a rewritten host binary: segments, program headers,
+    /// relocations and wrappers; for an offloaded binary its HIPK metadata,
+    /// for a fat one (what prune and restore write) its bundles.
     VerifyElf {
         file: PathBuf,
         /// Print a JSON summary.
@@ -393,6 +394,23 @@ fn restore(
 }
 
 fn verify_elf(file: &Path, json: bool) -> kpack_core::Result<()> {
+    let mapped = kpack_core::input::map_file(file)?;
+    if kpack_core::binary::classify(&mapped) == kpack_core::binary::Class::Fat {
+        let v = offload::verify_fat_file(file)?;
+        if json {
+            print_json(&serde_json::json!({"kind": "fat", "verified": v}));
+        } else {
+            println!(
+                "{}: ok: fat binary, {} wrapper(s), {} bundle(s), targets {}",
+                file.display(),
+                v.wrapper_bundles.len(),
+                v.bundles,
+                v.targets.join(", ")
+            );
+        }
+        return Ok(());
+    }
+    drop(mapped);
     let v = offload::verify_file(file)?;
     if json {
         print_json(&v);

@@ -93,7 +93,14 @@ pub fn restore(input: &Path, output: &Path, opts: &RestoreOptions) -> Result<Res
     let binary_path = fs::canonicalize(input).with_path(input)?;
     let loader = Loader::from_env();
     let targets = chosen_targets(input, &loader, &metadata, &binary_path, opts)?;
-    let found = collect(input, &loader, &metadata, &binary_path, &co_indices, &targets)?;
+    let found = collect(
+        input,
+        &loader,
+        &metadata,
+        &binary_path,
+        &co_indices,
+        &targets,
+    )?;
     let host = host_triple(machine);
     let plain: Vec<Vec<u8>> = found.iter().map(|b| bundle_of(&host, b)).collect();
     let (t, compressed) = place(input, bytes, &plain, &co_indices, opts.compression)?;
@@ -165,7 +172,9 @@ fn offloaded(input: &Path, bytes: &[u8]) -> Result<(HipkMetadata, Vec<u32>, u16)
     if cos.is_empty() {
         return Err(request(input, "no wrappers: nothing to restore"));
     }
-    let machine = crate::elf::ElfView::parse(bytes).with_path(input)?.machine();
+    let machine = crate::elf::ElfView::parse(bytes)
+        .with_path(input)?
+        .machine();
     Ok((o.metadata, cos, machine))
 }
 
@@ -291,7 +300,11 @@ fn bundle_of(host: &str, found: &[Found]) -> Vec<u8> {
     let mut sorted: Vec<&Found> = found.iter().collect();
     sorted.sort_by(|a, b| a.target.cmp(&b.target));
     let mut entries: Vec<(&str, &[u8])> = vec![(host, &[])];
-    entries.extend(sorted.iter().map(|f| (f.triple.as_str(), f.data.as_slice())));
+    entries.extend(
+        sorted
+            .iter()
+            .map(|f| (f.triple.as_str(), f.data.as_slice())),
+    );
     write_bundle(&entries, 4096)
 }
 
@@ -331,14 +344,12 @@ fn place(
     let fail = |e: TransformError| request(input, e.to_string());
     match compression {
         Compression::None => attempt(plain, 4096).map(|t| (t, false)).map_err(fail),
-        Compression::Zstd => attempt(&compressed()?, 16)
-            .map(|t| (t, true))
-            .map_err(fail),
+        Compression::Zstd => attempt(&compressed()?, 16).map(|t| (t, true)).map_err(fail),
         Compression::Auto => match attempt(plain, 4096) {
             Ok(t) => Ok((t, false)),
-            Err(TransformError::RangeTooSmall { .. }) => attempt(&compressed()?, 16)
-                .map(|t| (t, true))
-                .map_err(fail),
+            Err(TransformError::RangeTooSmall { .. }) => {
+                attempt(&compressed()?, 16).map(|t| (t, true)).map_err(fail)
+            }
             Err(e) => Err(fail(e)),
         },
     }

@@ -426,6 +426,16 @@ fn request(path: &Path, what: impl Into<String>) -> Error {
     }
 }
 
+/// Check a fat binary on disk, as prune and restore write them
+/// ([`verify_fat`]).
+pub fn verify_fat_file(path: &Path) -> Result<VerifiedFat> {
+    let mapped = map_file(path)?;
+    verify_fat(&mapped).map_err(|e| Error::Request {
+        path: path.into(),
+        what: e.to_string(),
+    })
+}
+
 /// Check an offloaded binary on disk (`kpack verify-elf`).
 pub fn verify_file(path: &Path) -> Result<Verified> {
     let mapped = map_file(path)?;
