@@ -139,6 +139,21 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// For each wrapper of an offloaded binary, what the runtime would load
+    /// for a device with these ISAs and why: the candidate archives in
+    /// order, whether each exists, opens, lists a compatible target and
+    /// holds the key, and the winner or the error code (the loader's own
+    /// search, ROCM_KPACK_* honoured). Exit 0 when every wrapper resolves.
+    Why {
+        binary: PathBuf,
+        /// A device ISA (`gfx90a:xnack-`, `amdgcn-amd-amdhsa--gfx1100`), in
+        /// priority order; repeatable.
+        #[arg(long = "arch", required = true, value_name = "ISA")]
+        archs: Vec<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     #[command(flatten)]
     Artifact(artifacts::ArtifactCommand),
 }
@@ -246,6 +261,11 @@ fn run(cli: Cli) -> kpack_core::Result<()> {
             };
             restore(&input, &output, &opts, json)
         }
+        Command::Why {
+            binary,
+            archs,
+            json,
+        } => why(&binary, &archs, json),
         Command::Artifact(_) => unreachable!("dispatched in main"),
     }
 }
@@ -391,6 +411,88 @@ fn restore(
         );
     }
     Ok(())
+}
+
+fn why(binary: &Path, archs: &[String], json: bool) -> kpack_core::Result<()> {
+    use kpack_core::loader::{AttemptOutcome, CandidateStatus};
+    use kpack_core::why::Outcome;
+    let w = kpack_core::why::why(binary, archs)?;
+    if json {
+        print_json(&w);
+    } else {
+        println!(
+            "{} (found at run time as {}): kernel name {}, search paths {}",
+            binary.display(),
+            w.binary_path.display(),
+            w.kernel_name,
+            w.search_paths.join(", ")
+        );
+        for x in &w.wrappers {
+            println!("wrapper {}: key {}", x.wrapper, x.trace.key);
+            for a in &x.trace.agents {
+                println!("  {} tries {}", a.arch, a.targets.join(", "));
+            }
+            for (i, c) in x.trace.candidates.iter().enumerate() {
+                let status = match &c.status {
+                    CandidateStatus::NotReached => "not reached (found before it)".to_string(),
+                    CandidateStatus::Missing { error } => format!("missing ({error})"),
+                    CandidateStatus::Unusable { error } => format!("does not open: {error}"),
+                    CandidateStatus::SameAs { candidate } => {
+                        format!("the same archive as candidate {}", candidate + 1)
+                    }
+                    CandidateStatus::Opened { targets, .. } => {
+                        format!("opens, lists [{}]", targets.join(", "))
+                    }
+                };
+                println!("  {}. {}: {status}", i + 1, c.path.display());
+                for t in x.trace.attempts.iter().filter(|t| t.candidate == i) {
+                    let what = match &t.outcome {
+                        AttemptOutcome::KeyMissing => {
+                            "listed, but no entry for the key".to_string()
+                        }
+                        AttemptOutcome::ReadFailed { error } => {
+                            format!("has the key, read failed: {error}")
+                        }
+                        AttemptOutcome::Loaded { size } => {
+                            format!("has the key: loaded, {size} bytes")
+                        }
+                    };
+                    println!("       {}: {what}", t.target);
+                }
+            }
+            match &x.result {
+                Outcome::Loaded {
+                    archive,
+                    target,
+                    size,
+                } => println!(
+                    "  => loads {target} from {} ({size} bytes)",
+                    archive.display()
+                ),
+                Outcome::Failed {
+                    code,
+                    error,
+                    message,
+                } => println!("  => {error} ({code}): {message}"),
+            }
+        }
+    }
+    if w.all_resolve() {
+        return Ok(());
+    }
+    let failing = w
+        .wrappers
+        .iter()
+        .filter(|x| !matches!(x.result, Outcome::Loaded { .. }))
+        .count();
+    Err(kpack_core::Error::Request {
+        path: binary.into(),
+        what: format!(
+            "{failing} of {} wrapper(s) do not resolve for {}",
+            w.wrappers.len(),
+            archs.join(", ")
+        ),
+    })
 }
 
 fn verify_elf(file: &Path, json: bool) -> kpack_core::Result<()> {

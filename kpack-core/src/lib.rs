@@ -54,6 +54,7 @@ pub mod prune;
 pub mod restore;
 
 pub mod loader;
+pub mod why;
 
 pub mod artifact;
 
