@@ -152,6 +152,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let kp = dir.path().join(".kpack");
         std::fs::create_dir_all(&kp).unwrap();
+        std::fs::create_dir_all(dir.path().join("lib")).unwrap();
         archive(
             &kp.join("lib_gfx90a:xnack-.kpack"),
             "gfx90a:xnack-",
