@@ -154,6 +154,30 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Where the bytes of a package go: fat and offloaded binaries,
+    /// archives, trees (artifact or install trees) and wheels; host vs
+    /// device bytes, per target and per binary, stored and uncompressed,
+    /// and the code objects archives share.
+    Size {
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        /// Also write a treemap (binary -> host code and targets) as SVG.
+        #[arg(long, value_name = "FILE")]
+        svg: Option<PathBuf>,
+    },
+    /// Compare two paths of the same kind (two builds of a library, two
+    /// trees, two wheels): targets, binaries and code objects added,
+    /// removed, grown or shrunk, with totals.
+    Diff {
+        a: PathBuf,
+        b: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     #[command(flatten)]
     Artifact(artifacts::ArtifactCommand),
 }
@@ -266,6 +290,8 @@ fn run(cli: Cli) -> kpack_core::Result<()> {
             archs,
             json,
         } => why(&binary, &archs, json),
+        Command::Size { paths, json, svg } => size(&paths, json, svg.as_deref()),
+        Command::Diff { a, b, json } => diff(&a, &b, json),
         Command::Artifact(_) => unreachable!("dispatched in main"),
     }
 }
@@ -493,6 +519,116 @@ fn why(binary: &Path, archs: &[String], json: bool) -> kpack_core::Result<()> {
             archs.join(", ")
         ),
     })
+}
+
+fn size(paths: &[PathBuf], json: bool, svg: Option<&Path>) -> kpack_core::Result<()> {
+    use kpack_core::bytes::format_size as fs;
+    let report = kpack_core::size::size(paths)?;
+    if let Some(file) = svg {
+        let doc = kpack_core::svg::treemap(&report.roots);
+        kpack_core::output::write_atomically(file, |f| {
+            std::io::Write::write_all(f, doc.as_bytes())
+        })?;
+    }
+    if json {
+        print_json(&report);
+        return Ok(());
+    }
+    for r in &report.roots {
+        println!(
+            "{}: {}, {} file(s), {}{}: host {}, device {} (stored), headers/padding/TOCs {}, other files {}",
+            r.path,
+            r.kind.name(),
+            r.files,
+            fs(r.bytes),
+            r.unpacked_bytes
+                .map(|u| format!(" ({} unpacked)", fs(u)))
+                .unwrap_or_default(),
+            fs(r.host_bytes),
+            fs(r.device_bytes),
+            fs(r.overhead_bytes),
+            fs(r.other_bytes)
+        );
+        println!(
+            "  {:<24} {:>6} {:>12} {:>14} {:>7} {:>12}",
+            "target", "codes", "stored", "uncompressed", "shared", "saved"
+        );
+        for (t, v) in &r.targets {
+            println!(
+                "  {:<24} {:>6} {:>12} {:>14} {:>7} {:>12}",
+                t,
+                v.code_objects,
+                fs(v.stored),
+                fs(v.uncompressed),
+                v.shared,
+                fs(v.bytes_saved)
+            );
+        }
+        let mut bins: Vec<&kpack_core::size::BinaryBytes> = r.binaries.iter().collect();
+        let total = |b: &kpack_core::size::BinaryBytes| {
+            b.host_bytes + b.targets.values().map(|t| t.stored).sum::<u64>()
+        };
+        bins.sort_by(|a, b| total(b).cmp(&total(a)).then(a.name.cmp(&b.name)));
+        for b in bins {
+            println!(
+                "  {} ({}): host {}, device {} in {} target(s)",
+                b.name,
+                b.kind,
+                fs(b.host_bytes),
+                fs(b.targets.values().map(|t| t.stored).sum()),
+                b.targets.len()
+            );
+        }
+    }
+    Ok(())
+}
+
+fn diff(a: &Path, b: &Path, json: bool) -> kpack_core::Result<()> {
+    use kpack_core::bytes::format_size as fs;
+    let d = kpack_core::size::diff(a, b)?;
+    if json {
+        print_json(&d);
+        return Ok(());
+    }
+    let delta = |x: u64, y: u64| {
+        if y >= x {
+            format!("+{}", fs(y - x))
+        } else {
+            format!("-{}", fs(x - y))
+        }
+    };
+    println!(
+        "{} -> {} ({}): {} -> {} ({}); host {} -> {}; device {} -> {}",
+        d.a,
+        d.b,
+        d.kind.name(),
+        fs(d.bytes_a),
+        fs(d.bytes_b),
+        delta(d.bytes_a, d.bytes_b),
+        fs(d.host_bytes_a),
+        fs(d.host_bytes_b),
+        fs(d.device_bytes_a),
+        fs(d.device_bytes_b)
+    );
+    for (title, list) in [
+        ("targets", &d.targets),
+        ("binaries", &d.binaries),
+        ("code objects", &d.code_objects),
+    ] {
+        println!("{title}:");
+        for c in list {
+            println!(
+                "  {:<8} {}: {} -> {} stored, {} -> {} uncompressed",
+                format!("{:?}", c.change).to_lowercase(),
+                c.name,
+                fs(c.stored_a),
+                fs(c.stored_b),
+                fs(c.uncompressed_a),
+                fs(c.uncompressed_b)
+            );
+        }
+    }
+    Ok(())
 }
 
 fn verify_elf(file: &Path, json: bool) -> kpack_core::Result<()> {

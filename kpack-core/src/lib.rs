@@ -52,6 +52,8 @@ pub mod offload;
 pub mod output;
 pub mod prune;
 pub mod restore;
+pub mod size;
+pub mod svg;
 
 pub mod loader;
 pub mod why;
