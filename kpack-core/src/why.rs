@@ -24,6 +24,7 @@ pub struct WrapperWhy {
     pub co_index: u64,
     #[serde(flatten)]
     pub trace: Trace,
+    #[serde(flatten)]
     pub result: Outcome,
 }
 
