@@ -35,6 +35,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "qemu-user",
     // Debian's dh_dwz runs dwz on every package's binaries.
     "dwz",
+    // rsvg-convert: the tests render `kpack size --svg` treemaps.
+    "librsvg2-bin",
 ];
 
 pub fn run(sh: &Shell, root: &Path) -> Result<()> {
