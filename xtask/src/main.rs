@@ -7,6 +7,7 @@ mod artifacts;
 mod bench;
 mod bench_libs;
 mod bench_pipeline;
+mod bench_rewrite;
 mod bench_runtime;
 mod demo;
 mod dist;
