@@ -74,8 +74,9 @@ pub struct SplitArgs {
     /// Where the output artifacts go (created if missing).
     #[arg(long, value_name = "OUT")]
     output_dir: PathBuf,
-    /// Database handlers to enable: rocblas, hipblaslt, aotriton, miopen,
-    /// hipkernelprovider.
+    /// Database handlers to enable: rocblas, hipblaslt, hipsparselt,
+    /// aotriton, miopen, composablekernel, hipkernelprovider, hotswap_cache
+    /// (the first to claim a file wins, in this order).
     #[arg(long, value_name = "NAME", num_args = 1..)]
     split_databases: Vec<String>,
     #[command(flatten)]

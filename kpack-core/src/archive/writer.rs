@@ -260,29 +260,17 @@ impl<'a> ArchiveWriter<'a> {
     }
 
     /// Write the archive to `path`: into a temporary file in the same
-    /// directory, renamed over `path` only once complete (nothing is left
-    /// behind on error).
+    /// directory, renamed over `path` only once complete and on disk
+    /// ([`crate::output::write_atomically_as`]: nothing is left behind on
+    /// error).
     pub fn write(&self, path: impl AsRef<Path>) -> crate::Result<WriteSummary> {
         let path = path.as_ref();
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        let mut builder = tempfile::Builder::new();
-        builder.prefix(".kpack-tmp-");
-        #[cfg(unix)]
-        {
-            // Like a plain create: 0666 less the umask (not tempfile's 0600).
-            use std::os::unix::fs::PermissionsExt;
-            builder.permissions(std::fs::Permissions::from_mode(0o666));
-        }
-        let tmp = builder.tempfile_in(dir).with_path(path)?;
-        let mut out = BufWriter::with_capacity(1 << 20, tmp.as_file());
-        let summary = self.write_to(&mut out).with_path(path)?;
-        out.flush().with_path(path)?;
-        drop(out);
-        tmp.persist(path).map_err(|e| e.error).with_path(path)?;
-        Ok(summary)
+        crate::output::write_atomically_as(path, None, |file| {
+            let mut out = BufWriter::with_capacity(1 << 20, file);
+            let summary = self.write_to(&mut out).with_path(path)?;
+            out.flush().with_path(path)?;
+            Ok(summary)
+        })
     }
 
     /// Write the archive to `out`, starting at its current position.

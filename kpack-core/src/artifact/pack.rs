@@ -44,8 +44,8 @@ pub struct FileJob {
     pub search_path: String,
     /// Recorded in the archive entries' metadata (`source_prefix`).
     pub source_prefix: Option<String>,
-    /// A database handler claimed the file for this target: it goes to
-    /// this destination instead (unless it is a fat binary).
+    /// A database handler claimed the file for this target: it goes, as
+    /// it is, to this destination instead (whatever it holds).
     pub database: Option<(String, PathBuf)>,
 }
 
@@ -130,6 +130,18 @@ impl Packer<'_> {
     }
 
     fn process(&self, index: usize, job: &FileJob) -> Result<Done> {
+        // A database claim comes before the binary rules: MIOpen's
+        // per-target CK libraries are fat binaries that belong, as they
+        // are, in their target's artifact.
+        if let Some((target, dst)) = &job.database {
+            let n = copy_file(&job.src, dst, job.mode)?;
+            return Ok(Done {
+                outcome: Outcome::Database {
+                    target: target.clone(),
+                },
+                bytes_out: n,
+            });
+        }
         if could_be_binary(&read_head(&job.src)?) {
             let mapped = map_file(&job.src)?;
             let unchanged = |outcome| -> Result<Done> {
@@ -139,7 +151,6 @@ impl Packer<'_> {
             match classify(&mapped) {
                 // Device code with something wrong: offloading reports what.
                 Class::Fat | Class::Inconsistent(_) => return self.offload(index, job, mapped),
-                _ if job.database.is_some() => {}
                 Class::Offloaded => return unchanged(Outcome::AlreadyOffloaded),
                 Class::DebugOnly => return unchanged(Outcome::DebugOnly),
                 Class::Relocatable { device_code } => {
@@ -154,15 +165,6 @@ impl Packer<'_> {
                 Class::StaticArchive => return unchanged(Outcome::LinkInput { note: None }),
                 _ => {}
             }
-        }
-        if let Some((target, dst)) = &job.database {
-            let n = copy_file(&job.src, dst, job.mode)?;
-            return Ok(Done {
-                outcome: Outcome::Database {
-                    target: target.clone(),
-                },
-                bytes_out: n,
-            });
         }
         let n = copy_file(&job.src, &job.dst, job.mode)?;
         Ok(Done {

@@ -22,12 +22,12 @@ use std::time::Instant;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use super::databases::{classify, Claim, Database};
+use super::databases::{classify, is_artifact_key, Database};
 use super::manifest::{
     self, artifact_prefix, generic_name, read_manifest, OutputName, Suffix, MANIFEST,
 };
 use super::pack::{Done, FileJob, Offloaded, Outcome, Packer};
-use super::tree::{copy_dir_modes, copy_symlink, make_dirs, scan, tree_bytes, NodeKind};
+use super::tree::{copy_dir_modes, copy_symlink, make_dirs, scan, tree_bytes, Node, NodeKind};
 use super::{leftover_removed, ArchiveInfo, ArtifactError, Observer, Result};
 use crate::archive::{Scheme, DEFAULT_ZSTD_LEVEL};
 use crate::offload::{archive_file_name, GFXARCH};
@@ -599,9 +599,9 @@ fn walk_input(
         make_dirs(&generic.join(p))?;
         for n in &scan(&root)? {
             let rel = n.rel_str(&root)?;
-            let target = match classify(&opts.databases, &rel) {
-                Some((_, Claim::Target(t))) => Some(t),
-                _ => None,
+            let target = match &n.kind {
+                NodeKind::Dir => None,
+                _ => database_target(&opts.databases, &root, n, &rel)?,
             };
             match &n.kind {
                 NodeKind::Dir => {
@@ -644,6 +644,30 @@ fn walk_input(
         }
     }
     Ok((jobs, target_prefixes))
+}
+
+/// The per-target artifact a database handler puts the file or symlink
+/// `n` in (the claim's base key), if any. A key that can name no artifact
+/// is refused.
+fn database_target(
+    enabled: &[Database],
+    root: &Path,
+    n: &Node,
+    rel: &str,
+) -> Result<Option<String>> {
+    let Some(claim) = classify(enabled, rel) else {
+        return Ok(None);
+    };
+    if !is_artifact_key(&claim.base) {
+        return Err(ArtifactError::input(
+            root.join(&n.rel),
+            format!(
+                "database handler {} gives this file the key {:?}, which names no artifact (neither a target ID nor a family key)",
+                claim.handler, claim.key
+            ),
+        ));
+    }
+    Ok(Some(claim.base))
 }
 
 /// Count what phase 1 did to each file (database files also mark their
@@ -955,6 +979,53 @@ mod tests {
             fs::read_to_string(out.join(format!("blas_lib_gfx942/{MANIFEST}"))).unwrap(),
             "stage\n"
         );
+    }
+
+    /// Database files go to the artifact of their base target: features
+    /// in file names (`-xnack+`) are dropped, `-strict` is kept, family
+    /// keys are artifact keys of their own.
+    #[test]
+    fn database_artifacts_are_keyed_by_base_target() {
+        let t = tempfile::tempdir().unwrap();
+        let input = t.path().join("in/blas_lib_x");
+        small_artifact(&input, &["gfx90a-xnack+", "gfx90a", "gfx1250-strict"]);
+        let stage = input.join("stage");
+        let images = stage.join("lib/aotriton.images/amd-gfx120x");
+        fs::create_dir_all(&images).unwrap();
+        fs::write(images.join("flash.aks2"), b"img").unwrap();
+        let out = t.path().join("out");
+        let mut o = options(&out);
+        o.databases = vec![Database::Rocblas, Database::Aotriton];
+        let s = split_artifact(&input, "blas_lib", &o, &Silent).unwrap();
+        assert_eq!(
+            s.artifacts[0].outputs,
+            [
+                "blas_lib_generic",
+                "blas_lib_gfx1250-strict",
+                "blas_lib_gfx12_0",
+                "blas_lib_gfx90a"
+            ]
+        );
+        let lib = "stage/lib/rocblas/library";
+        for (artifact, file) in [
+            ("blas_lib_gfx90a", "TensileLibrary_gfx90a-xnack+.dat"),
+            ("blas_lib_gfx90a", "TensileLibrary_gfx90a.dat"),
+            (
+                "blas_lib_gfx1250-strict",
+                "TensileLibrary_gfx1250-strict.dat",
+            ),
+        ] {
+            assert!(out.join(artifact).join(lib).join(file).is_file(), "{file}");
+        }
+        assert!(out
+            .join("blas_lib_gfx12_0/stage/lib/aotriton.images/amd-gfx120x/flash.aks2")
+            .is_file());
+        assert!(!out
+            .join("blas_lib_generic/stage/lib/aotriton.images")
+            .exists());
+        let r = crate::artifact::verify_artifacts(&out, &Default::default(), &Silent).unwrap();
+        assert!(r.ok(), "{:?}", r.problems);
+        assert_eq!(r.database_files, 4);
     }
 
     #[test]

@@ -27,7 +27,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::config::PackagingConfig;
-use super::databases::{Claim, Database};
+use super::databases::{self, Database};
 use super::manifest::{read_manifest, OutputName, Suffix, MANIFEST};
 use super::tree::{copy_symlink, make_dirs, rel_string, scan, Node, NodeKind};
 use super::{ArtifactError, Observer, Result};
@@ -618,22 +618,20 @@ fn check_device_entry(
         return f;
     }
     // A file a database handler claims is a database file, whatever it
-    // holds (MIOpen's per-target CK libraries are host libraries).
-    let claim = Database::ALL.iter().find_map(|d| match d.claim(&rel) {
-        Claim::No => None,
-        c => Some(c),
-    });
+    // holds (MIOpen's per-target CK libraries are host libraries): the
+    // claim is checked before the host-binary rule. Database files are
+    // keyed by their base target.
     let host_code = || is_file && map_file(&path).is_ok_and(|m| classify(&m).is_host_code());
-    match claim {
-        Some(Claim::Target(t)) if allowed(&t) => f.database = true,
-        Some(Claim::Target(t)) => f.bad.push(format!(
-            "{shown}: a database file of {t}, which does not belong in {}",
-            a.name
+    match databases::classify(&Database::ALL, &rel) {
+        Some(c) if allowed(&c.base) => f.database = true,
+        Some(c) => f.bad.push(format!(
+            "{shown}: a database file of {} ({} handler, key {}), which does not belong in {}",
+            c.base, c.handler, c.key, a.name
         )),
-        _ if host_code() => f.bad.push(format!(
+        None if host_code() => f.bad.push(format!(
             "{shown}: a host binary in a per-target artifact (only archives and database files belong there)"
         )),
-        _ => f.bad.push(format!(
+        None => f.bad.push(format!(
             "{shown}: neither a .kpack archive nor a database file of a target: does not belong in a per-target artifact"
         )),
     }
