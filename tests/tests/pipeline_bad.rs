@@ -814,7 +814,10 @@ fn split_database_handlers_and_tmp_dir() {
         "stage\n",
         &[
             ("stage/lib/libml.so", &fat),
-            ("stage/lib/aotriton.images/amd-gfx1100/flash/attn.hsaco", b"a"),
+            (
+                "stage/lib/aotriton.images/amd-gfx1100/flash/attn.hsaco",
+                b"a",
+            ),
             ("stage/lib/aotriton.images/README", b"r"),
             ("stage/share/miopen/db/gfx942.tn.model", b"m"),
             ("stage/share/miopen/db/gfx942.kdb", b"k"),

@@ -737,3 +737,109 @@ fn notes_stay_ahead_of_the_moved_block() {
         }
     }
 }
+
+/// The bundles of a fat binary's `.hip_fatbin`, as they are: what a prune
+/// that keeps everything writes back.
+fn section_bundles(b: &[u8]) -> Vec<u8> {
+    let sec = ElfView::parse(b)
+        .unwrap()
+        .section(".hip_fatbin")
+        .unwrap()
+        .unwrap();
+    let end = crate::bundle::parse_fatbin(sec.data)
+        .unwrap()
+        .last()
+        .unwrap()
+        .range
+        .end;
+    sec.data[..end].to_vec()
+}
+
+#[test]
+fn prune_keeps_the_bundles_and_removes_the_pages_after_them() {
+    let spec = Spec {
+        bundles: vec![PAGE as usize, 2 * PAGE as usize],
+        wrappers: vec![Some(0), Some(1)],
+        ..Spec::default()
+    };
+    let b = build(&spec);
+    let all = section_bundles(&b);
+    // Only the first bundle is kept; the second wrapper points at it too.
+    let first = crate::bundle::parse_fatbin(&all).unwrap()[0].range.clone();
+    let second = crate::bundle::parse_fatbin(&all).unwrap()[1].range.start as u64;
+    let kept = all[first.clone()].to_vec();
+    let req = Request::Prune {
+        bundles: &kept,
+        starts: vec![(0, 0), (second, 0)],
+    };
+    let t = rewrite(&b, &req).unwrap();
+    let v = crate::offload::verify::verify_fat(&t.bytes).unwrap();
+    assert_eq!((v.bundles, v.wrapper_bundles.clone()), (1, vec![0, 0]));
+    assert_eq!(classify(&t.bytes), Class::Fat);
+    assert!(t.removed > 0 && t.removed % PAGE == 0);
+    let out = ElfView::parse(&t.bytes).unwrap();
+    let sec = out.section(".hip_fatbin").unwrap().unwrap();
+    assert_eq!(sec.addr, PAGE);
+    assert_eq!(sec.data, &kept[..]);
+    // A payload larger than the section has no room.
+    let big = vec![0u8; 1 << 20];
+    let req = Request::Prune {
+        bundles: &big,
+        starts: vec![(0, 0), (second, 0)],
+    };
+    assert!(matches!(
+        rewrite(&b, &req),
+        Err(TransformError::NoRoom { .. })
+    ));
+}
+
+#[test]
+fn restore_puts_the_pages_back() {
+    let spec = Spec {
+        bundles: vec![PAGE as usize, 2 * PAGE as usize],
+        wrappers: vec![Some(0), Some(1)],
+        ..Spec::default()
+    };
+    let b = build(&spec);
+    let all = section_bundles(&b);
+    let starts: Vec<(u32, u64)> = crate::bundle::parse_fatbin(&all)
+        .unwrap()
+        .iter()
+        .map(|x| (x.index as u32, x.range.start as u64))
+        .collect();
+    let (_, t) = transformed(&spec);
+    // More than the range holds (up to the next section): a clear error.
+    let mut too_big = all.clone();
+    too_big.resize(all.len() + 2 * PAGE as usize, 0);
+    let req = Request::Restore {
+        bundles: &too_big,
+        starts: starts.clone(),
+        align: PAGE,
+    };
+    assert!(matches!(
+        rewrite(&t.bytes, &req),
+        Err(TransformError::RangeTooSmall { .. })
+    ));
+    // The second bundle alone, for both code objects, fits.
+    let one = all[starts[1].1 as usize..].to_vec();
+    let req = Request::Restore {
+        bundles: &one,
+        starts: vec![(0, 0), (1, 0)],
+        align: PAGE,
+    };
+    let r = rewrite(&t.bytes, &req).unwrap();
+    assert_eq!(r.inserted, t.removed);
+    // The pages back, one section header (the metadata's) less.
+    assert_eq!(r.bytes.len() as u64, t.bytes.len() as u64 + r.inserted - 64);
+    let v = crate::offload::verify::verify_fat(&r.bytes).unwrap();
+    assert_eq!(v.wrapper_bundles, vec![0, 0]);
+    let out = ElfView::parse(&r.bytes).unwrap();
+    assert!(out.section(".rocm_kpack_ref").unwrap().is_none());
+    // X1 and X2 are one segment again: the input's program headers.
+    assert_eq!(out.phdrs().len(), ElfView::parse(&b).unwrap().phdrs().len());
+    // A fat binary is not restorable.
+    assert!(matches!(
+        rewrite(&b, &req),
+        Err(TransformError::NotRestorable(_))
+    ));
+}
