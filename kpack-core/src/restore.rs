@@ -93,17 +93,25 @@ pub fn restore(input: &Path, output: &Path, opts: &RestoreOptions) -> Result<Res
     let binary_path = fs::canonicalize(input).with_path(input)?;
     let loader = Loader::from_env();
     let targets = chosen_targets(input, &loader, &metadata, &binary_path, opts)?;
-    let found = collect(
+    let host = host_triple(machine);
+    let built = build(
         input,
         &loader,
         &metadata,
         &binary_path,
         &co_indices,
         &targets,
+        &host,
     )?;
-    let host = host_triple(machine);
-    let plain: Vec<Vec<u8>> = found.iter().map(|b| bundle_of(&host, b)).collect();
-    let (t, compressed) = place(input, bytes, &plain, &co_indices, opts.compression)?;
+    let (t, compressed) = place(input, bytes, &built, opts.compression)?;
+    let Built {
+        bundles,
+        archives,
+        payload,
+        ..
+    } = built;
+    // The output holds the bundles now.
+    drop(payload);
     verify_fat(&t.bytes).map_err(|e| {
         request(
             input,
@@ -112,22 +120,6 @@ pub fn restore(input: &Path, output: &Path, opts: &RestoreOptions) -> Result<Res
     })?;
     fs::create_dir_all(parent_dir(output)).with_path(parent_dir(output))?;
     write_atomically_with_mode(output, Some(mode), |f| f.write_all(&t.bytes))?;
-    let mut archives: Vec<PathBuf> = found
-        .iter()
-        .flat_map(|b| b.iter().map(|c| c.archive.clone()))
-        .collect();
-    archives.sort();
-    archives.dedup();
-    let bundles = co_indices
-        .iter()
-        .zip(&found)
-        .zip(&plain)
-        .map(|((&co_index, b), p)| BundleRestored {
-            co_index,
-            targets: b.iter().map(|c| c.target.clone()).collect(),
-            bytes: p.len() as u64,
-        })
-        .collect();
     Ok(RestoreSummary {
         input: input.into(),
         output: output.into(),
@@ -229,49 +221,74 @@ fn chosen_targets(
     Ok(chosen)
 }
 
-/// One code object found for a bundle.
-struct Found {
-    target: String,
-    triple: String,
-    data: Vec<u8>,
-    archive: PathBuf,
+/// The uncompressed bundles, laid out back to back at 4 KiB offsets, and
+/// what they hold.
+struct Built {
+    payload: Vec<u8>,
+    /// Per code object index: its bundle's range in `payload`.
+    ranges: Vec<(u32, std::ops::Range<usize>)>,
+    bundles: Vec<BundleRestored>,
+    archives: Vec<PathBuf>,
 }
 
-/// The code objects of each code object index, for each target, through
-/// the loader's search for exactly that target.
-fn collect(
+/// For each code object index, each target's code object through the
+/// loader's search for exactly that target, made into a bundle as clang
+/// writes one (the host entry, then the device entries sorted by target,
+/// each at a 4 KiB offset) and appended to the payload at once, so that
+/// only one bundle's code objects are held apart from it.
+fn build(
     input: &Path,
     loader: &Loader,
     metadata: &HipkMetadata,
     binary_path: &Path,
     co_indices: &[u32],
     targets: &[String],
-) -> Result<Vec<Vec<Found>>> {
-    let ids: Vec<(&String, TargetId)> = targets
+    host: &str,
+) -> Result<Built> {
+    let mut ids: Vec<(&String, TargetId)> = targets
         .iter()
         .filter_map(|t| TargetId::parse(t).ok().map(|id| (t, id)))
         .collect();
-    let mut out = Vec::with_capacity(co_indices.len());
+    ids.sort_by(|a, b| a.0.cmp(b.0));
+    let mut out = Built {
+        payload: Vec::new(),
+        ranges: Vec::with_capacity(co_indices.len()),
+        bundles: Vec::with_capacity(co_indices.len()),
+        archives: Vec::new(),
+    };
     for &co in co_indices {
-        let mut bundle = Vec::new();
+        let mut found: Vec<(String, Vec<u8>)> = Vec::new();
+        let mut names = Vec::new();
         for (name, id) in &ids {
             let hit = loader
                 .load_target(metadata, binary_path, co, id)
                 .map_err(|e| request(input, format!("{}#{co}: {e}", metadata.kernel_name)))?;
             if let Some((data, hit)) = hit {
-                bundle.push(Found {
-                    target: name.to_string(),
-                    triple: hit
-                        .triple
-                        .unwrap_or_else(|| format!("hipv4-amdgcn-amd-amdhsa--{name}")),
-                    data,
-                    archive: hit.archive,
-                });
+                let triple = hit
+                    .triple
+                    .unwrap_or_else(|| format!("hipv4-amdgcn-amd-amdhsa--{name}"));
+                found.push((triple, data));
+                names.push(name.to_string());
+                if !out.archives.contains(&hit.archive) {
+                    out.archives.push(hit.archive);
+                }
             }
         }
-        out.push(bundle);
+        let mut entries: Vec<(&str, &[u8])> = vec![(host, &[])];
+        entries.extend(found.iter().map(|(t, d)| (t.as_str(), d.as_slice())));
+        let bundle = write_bundle(&entries, 4096);
+        let at = align_up(out.payload.len() as u64, 4096) as usize;
+        out.payload.resize(at, 0);
+        out.payload.extend_from_slice(&bundle);
+        out.ranges.push((co, at..at + bundle.len()));
+        out.bundles.push(BundleRestored {
+            co_index: co,
+            targets: names,
+            bytes: bundle.len() as u64,
+        });
     }
-    if out.iter().all(Vec::is_empty) {
+    out.archives.sort();
+    if out.bundles.iter().all(|b| b.targets.is_empty()) {
         return Err(request(
             input,
             format!(
@@ -294,79 +311,73 @@ fn host_triple(machine: u16) -> String {
     format!("host-{arch}-unknown-linux--")
 }
 
-/// An uncompressed bundle as clang writes one: the host entry, then the
-/// device entries sorted by target, each at a 4 KiB offset.
-fn bundle_of(host: &str, found: &[Found]) -> Vec<u8> {
-    let mut sorted: Vec<&Found> = found.iter().collect();
-    sorted.sort_by(|a, b| a.target.cmp(&b.target));
-    let mut entries: Vec<(&str, &[u8])> = vec![(host, &[])];
-    entries.extend(
-        sorted
-            .iter()
-            .map(|f| (f.triple.as_str(), f.data.as_slice())),
-    );
-    write_bundle(&entries, 4096)
-}
-
 /// The restored binary: the bundles uncompressed if that fits (and is
 /// allowed), else compressed; whether they were compressed.
 fn place(
     input: &Path,
     bytes: &[u8],
-    plain: &[Vec<u8>],
-    co_indices: &[u32],
+    built: &Built,
     compression: Compression,
 ) -> Result<(crate::offload::transform::Transformed, bool)> {
     // Uncompressed bundles at 4 KiB (their code objects aligned as clang
     // aligns them); compressed ones are decompressed before use: 16 bytes.
-    let attempt = |bundles: &[Vec<u8>], align: u64| {
-        let (payload, starts) = lay_out(bundles, co_indices, align);
+    let attempt = |payload: &[u8], starts: Vec<(u32, u64)>, align: u64| {
         rewrite(
             bytes,
             &Request::Restore {
-                bundles: &payload,
+                bundles: payload,
                 starts,
                 align,
             },
         )
     };
-    let compressed = || -> Result<Vec<Vec<u8>>> {
-        plain
+    let plain = || {
+        let starts = built
+            .ranges
             .iter()
-            .map(|p| {
+            .map(|(co, r)| (*co, r.start as u64))
+            .collect();
+        attempt(&built.payload, starts, 4096)
+    };
+    let compressed = || -> Result<crate::offload::transform::Transformed> {
+        use rayon::prelude::*;
+        // In parallel; each bundle its own frame, so the bytes do not
+        // depend on the threads.
+        let each: Vec<Result<Vec<u8>>> = built
+            .ranges
+            .par_iter()
+            .map(|(_, r)| {
+                let p = &built.payload[r.clone()];
                 let v = if u32::try_from(p.len()).is_ok() { 2 } else { 3 };
                 compress_bundle(p, v, Method::Zstd)
                     .or_else(|_| compress_bundle(p, 3, Method::Zstd))
                     .map_err(|e| request(input, format!("compressing a bundle: {e}")))
             })
-            .collect()
+            .collect();
+        let mut payload = Vec::new();
+        let mut starts = Vec::with_capacity(built.ranges.len());
+        for ((co, _), c) in built.ranges.iter().zip(each) {
+            let c = c?;
+            let at = align_up(payload.len() as u64, 16);
+            payload.resize(at as usize, 0);
+            payload.extend_from_slice(&c);
+            starts.push((*co, at));
+        }
+        attempt(&payload, starts, 16).map_err(fail(input))
     };
-    let fail = |e: TransformError| request(input, e.to_string());
     match compression {
-        Compression::None => attempt(plain, 4096).map(|t| (t, false)).map_err(fail),
-        Compression::Zstd => attempt(&compressed()?, 16).map(|t| (t, true)).map_err(fail),
-        Compression::Auto => match attempt(plain, 4096) {
+        Compression::None => plain().map(|t| (t, false)).map_err(fail(input)),
+        Compression::Zstd => compressed().map(|t| (t, true)),
+        Compression::Auto => match plain() {
             Ok(t) => Ok((t, false)),
-            Err(TransformError::RangeTooSmall { .. }) => {
-                attempt(&compressed()?, 16).map(|t| (t, true)).map_err(fail)
-            }
-            Err(e) => Err(fail(e)),
+            Err(TransformError::RangeTooSmall { .. }) => compressed().map(|t| (t, true)),
+            Err(e) => Err(fail(input)(e)),
         },
     }
 }
 
-/// The bundles back to back, each at a multiple of `align`, and where each
-/// code object index's bundle starts.
-fn lay_out(bundles: &[Vec<u8>], co_indices: &[u32], align: u64) -> (Vec<u8>, Vec<(u32, u64)>) {
-    let mut out = Vec::new();
-    let mut starts = Vec::with_capacity(bundles.len());
-    for (b, &co) in bundles.iter().zip(co_indices) {
-        let at = align_up(out.len() as u64, align);
-        out.resize(at as usize, 0);
-        starts.push((co, at));
-        out.extend_from_slice(b);
-    }
-    (out, starts)
+fn fail(input: &Path) -> impl Fn(TransformError) -> Error + '_ {
+    move |e| request(input, e.to_string())
 }
 
 fn request(path: &Path, what: impl Into<String>) -> Error {

@@ -373,8 +373,23 @@ pub fn plan_restore(input: &Input, hole: &Hole, request: &Request) -> Result<Pla
             end: hole.end,
         });
     }
+    // Put back only the pages the bundles need: all of them when the
+    // bundles reach past X1 (X1 and X2 then become one segment again),
+    // else whole pages up to the bundles' end (X1 keeps the rest of its
+    // zero-filled tail, X2 stays a segment of its own).
     let at = x.p_offset(LE) + x.p_filesz(LE);
-    let inserted = x.p_memsz(LE) - x.p_filesz(LE);
+    let hole_len = x.p_memsz(LE) - x.p_filesz(LE);
+    let (file_end, mem_end) = (
+        x.p_vaddr(LE) + x.p_filesz(LE),
+        x.p_vaddr(LE) + x.p_memsz(LE),
+    );
+    let bundles_end = payload_addr + need;
+    let inserted = if bundles_end > mem_end {
+        hole_len
+    } else {
+        align_up(bundles_end.saturating_sub(file_end), input.unit).min(hole_len)
+    };
+    let joined = if inserted == hole_len { hole.x2 } else { None };
     let payload_off = x.p_offset(LE) + (payload_addr - x.p_vaddr(LE));
     let mut wrappers = Vec::with_capacity(input.wrappers.changes.len());
     for c in &input.wrappers.changes {
@@ -404,7 +419,7 @@ pub fn plan_restore(input: &Input, hole: &Hole, request: &Request) -> Result<Pla
         wrappers,
         zero: vec![(hole.meta.offset, hole.meta.offset + hole.meta.size)],
         symbol_map: Vec::new(),
-        joined: hole.x2,
+        joined,
         align,
         cut: Cut {
             start: at,
@@ -414,7 +429,7 @@ pub fn plan_restore(input: &Input, hole: &Hole, request: &Request) -> Result<Pla
         },
         split: false,
         keep: 0,
-        cut_addr_end: x.p_vaddr(LE) + x.p_memsz(LE),
+        cut_addr_end: mem_end,
         old_table_end: phoff + phnum * PHDR_SIZE as u64,
         block: None,
         notes: Vec::new(),
@@ -427,9 +442,10 @@ pub fn plan_restore(input: &Input, hole: &Hole, request: &Request) -> Result<Pla
     Ok(plan)
 }
 
-/// The program headers of restore: X1 file-backed up to its memory end
-/// and joined with X2 (one segment again, with both parts' permissions),
-/// `PT_PHDR` resized, later file offsets moved up by the inserted pages.
+/// The program headers of restore: X1 file-backed over the inserted pages
+/// and, when they are all of its zero-filled tail, joined with X2 (one
+/// segment again, with both parts' permissions), `PT_PHDR` resized, later
+/// file offsets moved up by the inserted pages.
 fn joined_segments(input: &Input, plan: &Plan) -> Result<Vec<ProgramHeader>, TransformError> {
     let phdrs = input.elf.phdrs();
     let n = phdrs.len() - usize::from(plan.joined.is_some());
@@ -447,7 +463,7 @@ fn joined_segments(input: &Input, plan: &Plan) -> Result<Vec<ProgramHeader>, Tra
                 q.p_filesz.set(LE, end_file - p.p_vaddr(LE));
                 q.p_flags.set(LE, p.p_flags(LE) | x2.p_flags(LE));
             } else {
-                q.p_filesz.set(LE, p.p_memsz(LE));
+                q.p_filesz.set(LE, p.p_filesz(LE) + plan.cut.inserted);
             }
             q.p_memsz.set(LE, end_mem - p.p_vaddr(LE));
         } else if p.p_type(LE) == elf::PT_PHDR {
