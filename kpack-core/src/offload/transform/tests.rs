@@ -820,11 +820,11 @@ fn restore_puts_the_pages_back() {
         rewrite(&t.bytes, &req),
         Err(TransformError::RangeTooSmall { .. })
     ));
-    // The second bundle alone, for both code objects, fits.
-    let one = all[starts[1].1 as usize..].to_vec();
+    // The whole section back: every page, X1 and X2 one segment again
+    // (the input's program headers).
     let req = Request::Restore {
-        bundles: &one,
-        starts: vec![(0, 0), (1, 0)],
+        bundles: &all,
+        starts: starts.clone(),
         align: PAGE,
     };
     let r = rewrite(&t.bytes, &req).unwrap();
@@ -832,11 +832,28 @@ fn restore_puts_the_pages_back() {
     // The pages back, one section header (the metadata's) less.
     assert_eq!(r.bytes.len() as u64, t.bytes.len() as u64 + r.inserted - 64);
     let v = crate::offload::verify::verify_fat(&r.bytes).unwrap();
-    assert_eq!(v.wrapper_bundles, vec![0, 0]);
+    assert_eq!(v.wrapper_bundles, vec![0, 1]);
     let out = ElfView::parse(&r.bytes).unwrap();
     assert!(out.section(".rocm_kpack_ref").unwrap().is_none());
-    // X1 and X2 are one segment again: the input's program headers.
     assert_eq!(out.phdrs().len(), ElfView::parse(&b).unwrap().phdrs().len());
+    // One small bundle for both: only the pages it needs come back, and
+    // the segments stay as offload left them.
+    let first = crate::bundle::parse_fatbin(&all).unwrap()[0].range.clone();
+    let one = all[first].to_vec();
+    let req = Request::Restore {
+        bundles: &one,
+        starts: vec![(0, 0), (1, 0)],
+        align: PAGE,
+    };
+    let r = rewrite(&t.bytes, &req).unwrap();
+    assert!(r.inserted < t.removed && r.inserted % PAGE == 0);
+    let v = crate::offload::verify::verify_fat(&r.bytes).unwrap();
+    assert_eq!(v.wrapper_bundles, vec![0, 0]);
+    let out = ElfView::parse(&r.bytes).unwrap();
+    assert_eq!(
+        out.phdrs().len(),
+        ElfView::parse(&t.bytes).unwrap().phdrs().len()
+    );
     // A fat binary is not restorable.
     assert!(matches!(
         rewrite(&b, &req),
