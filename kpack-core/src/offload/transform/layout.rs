@@ -365,7 +365,7 @@ pub fn plan_restore(input: &Input, hole: &Hole, request: &Request) -> Result<Pla
     let align = (*align).clamp(1, input.unit);
     let payload_addr = align_up(hole.start, align);
     let need = bundles.len() as u64;
-    if payload_addr + need > hole.end {
+    if payload_addr.checked_add(need).is_none_or(|e| e > hole.end) {
         return Err(TransformError::RangeTooSmall {
             need,
             have: hole.end.saturating_sub(payload_addr),
