@@ -44,6 +44,11 @@ use crate::target::TargetId;
 pub struct VerifyOptions {
     /// Verify recombined artifacts named after this config's groups.
     pub config: Option<PackagingConfig>,
+    /// The database handlers split was given (`--split-databases`): a
+    /// generic artifact must hold no file they claim. (Per-target
+    /// artifacts are checked with every handler: a database file there
+    /// must be of the artifact's own target.)
+    pub databases: Vec<Database>,
 }
 
 /// What verify found (`--json`).
@@ -286,7 +291,7 @@ fn check_each(
         };
         match &a.role {
             Role::Generic => {
-                let binaries = check_generic(a, &nodes, &mut found.problems);
+                let binaries = check_generic(a, &nodes, &opts.databases, &mut found.problems);
                 report.offloaded_binaries += binaries.len();
                 checked.generics.insert(a.component.clone(), (i, binaries));
             }
@@ -477,6 +482,7 @@ fn layout(a: &Artifact, problems: &mut Vec<String>) -> Option<Vec<(String, Node)
 fn check_generic(
     a: &Artifact,
     nodes: &[(String, Node)],
+    databases: &[Database],
     problems: &mut Vec<String>,
 ) -> Vec<Binary> {
     let files: Vec<&(String, Node)> = nodes
@@ -485,7 +491,7 @@ fn check_generic(
         .collect();
     let results: Vec<(Option<Binary>, Vec<String>)> = files
         .par_iter()
-        .map(|(p, n)| check_generic_file(a, p, n))
+        .map(|(p, n)| check_generic_file(a, p, n, databases))
         .collect();
     let mut binaries = Vec::new();
     for (b, bad) in results {
@@ -495,12 +501,25 @@ fn check_generic(
     binaries
 }
 
-/// One file of a generic artifact: no archive, no device code left; an
-/// offloaded binary must pass the ELF verifier (and is returned).
-fn check_generic_file(a: &Artifact, p: &str, n: &Node) -> (Option<Binary>, Vec<String>) {
+/// One file of a generic artifact: no archive, no database file of the
+/// handlers split used, no device code left; an offloaded binary must pass
+/// the ELF verifier (and is returned).
+fn check_generic_file(
+    a: &Artifact,
+    p: &str,
+    n: &Node,
+    databases: &[Database],
+) -> (Option<Binary>, Vec<String>) {
     let path = a.dir.join(p).join(&n.rel);
     let shown = format!("{}/{p}/{}", a.name, n.rel.display());
     let mut bad = Vec::new();
+    if let Some(c) = rel_string(&n.rel).and_then(|rel| databases::classify(databases, &rel)) {
+        bad.push(format!(
+            "{shown}: a database file of {} ({} handler) in a generic artifact (it belongs in {}_{})",
+            c.base, c.handler, a.component, c.base
+        ));
+        return (None, bad);
+    }
     let mapped = match map_file(&path) {
         Ok(m) => m,
         Err(e) => return (None, vec![e.to_string()]),
