@@ -397,6 +397,9 @@ fn resolve_component(
     Ok(())
 }
 
+/// The first word of a SPIR-V module (0x07230203), as stored.
+const SPIRV_MAGIC: [u8; 4] = 0x0723_0203u32.to_le_bytes();
+
 /// Load code object `co` of binary `b` for `target` through the loader, in
 /// the install tree `root` (where `device` was installed): the problem, if
 /// it does not load or is not an ELF file.
@@ -415,10 +418,18 @@ fn load_wrapper(
             b.shown
         ));
     };
+    // SPIR-V for AMDGCN is a SPIR-V module; every other target's code
+    // object is an ELF file.
+    let spirv = TargetId::parse(target).is_ok_and(|t| t.is_spirv());
+    let (magic, what): (&[u8], _) = if spirv {
+        (&SPIRV_MAGIC, "a SPIR-V module")
+    } else {
+        (b"\x7fELF", "an ELF file")
+    };
     match loader.load_code_object(&b.metadata, &path, co32, &[target]) {
-        Ok(bytes) if bytes.starts_with(b"\x7fELF") => None,
+        Ok(bytes) if bytes.starts_with(magic) => None,
         Ok(_) => Some(format!(
-            "{}: code object {}#{co} for {target} (installed with {device}) is not an ELF file",
+            "{}: code object {}#{co} for {target} (installed with {device}) is not {what}",
             b.shown, b.kernel_name
         )),
         Err(e) => Some(format!(
