@@ -864,3 +864,108 @@ fn therock_tree_split_by_gpu_targets_recombined_and_installed() {
 fn base(t: &str) -> String {
     kpack_core::target::base_arch(t)
 }
+
+/// Split as a non-root user (setpriv) an input tree that a second user
+/// owns and may not be written (files 0444, directories 0555), into an
+/// output directory a third user owns (writable by all) that holds that
+/// user's outputs of an earlier run (`--overwrite`): the outputs are the
+/// same as root's split into a clean directory. When the tests do not run
+/// as root, the same split runs as the current user.
+#[test]
+fn split_into_a_tree_another_user_owns() {
+    use std::os::unix::fs::{chown, MetadataExt, PermissionsExt};
+    let t = tempfile::tempdir().unwrap();
+    fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let input = t.path().join("blas_lib_gfx94X-dgpu");
+    write(&input.join("artifact_manifest.txt"), b"stage\n", 0o644).unwrap();
+    copy(
+        &fixture("libvadd.so").path,
+        &input.join("stage/lib/libvadd.so"),
+        0o755,
+    )
+    .unwrap();
+    let db = "stage/lib/rocblas/library/TensileLibrary_gfx942.dat";
+    write(&input.join(db), b"db", 0o644).unwrap();
+    symlink("libvadd.so", &input.join("stage/lib/libvadd.so.1")).unwrap();
+    let split = |out: &Path, uid: Option<u32>| {
+        let mut c = match uid {
+            Some(u) => {
+                let mut c = std::process::Command::new("setpriv");
+                c.args([
+                    "--reuid",
+                    &u.to_string(),
+                    "--regid",
+                    &u.to_string(),
+                    "--clear-groups",
+                ]);
+                c.arg(kpack_bin());
+                c
+            }
+            None => std::process::Command::new(kpack_bin()),
+        };
+        c.arg("split").arg("--artifact-dir").arg(&input);
+        c.arg("--output-dir")
+            .arg(out)
+            .args(["--split-databases", "rocblas", "--overwrite"]);
+        c.output().unwrap()
+    };
+    let clean = t.path().join("clean");
+    assert!(split(&clean, None).status.success());
+    let root = fs::metadata(t.path()).unwrap().uid() == 0;
+    let out = t.path().join("out");
+    // An earlier run's outputs, the third user's.
+    let old = out.join("blas_lib_generic/stage/lib");
+    write(&old.join("libvadd.so"), b"old", 0o666).unwrap();
+    write(&out.join("blas_lib_gfx942/stage/old"), b"old", 0o666).unwrap();
+    let mut as_user = None;
+    if root {
+        let (user, owner, third) = (4242, 4343, 4444);
+        for (path, _) in snapshot(&out) {
+            let p = out.join(path);
+            chown(&p, Some(third), Some(third)).unwrap();
+            if p.is_dir() {
+                fs::set_permissions(&p, fs::Permissions::from_mode(0o777)).unwrap();
+            }
+        }
+        chown(&out, Some(third), Some(third)).unwrap();
+        fs::set_permissions(&out, fs::Permissions::from_mode(0o777)).unwrap();
+        // The input: the second user's, read-only (directories last).
+        let snap = snapshot(&input);
+        for (path, (kind, _, _)) in snap.iter().rev() {
+            let p = input.join(path);
+            std::os::unix::fs::lchown(&p, Some(owner), Some(owner)).unwrap();
+            match kind {
+                'd' => fs::set_permissions(&p, fs::Permissions::from_mode(0o555)).unwrap(),
+                'f' => fs::set_permissions(&p, fs::Permissions::from_mode(0o444)).unwrap(),
+                _ => {}
+            }
+        }
+        chown(&input, Some(owner), Some(owner)).unwrap();
+        fs::set_permissions(&input, fs::Permissions::from_mode(0o555)).unwrap();
+        as_user = Some(user);
+    }
+    let o = split(&out, as_user);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut want = snapshot(&clean);
+    let mut got = snapshot(&out);
+    if root {
+        // Root's copy kept the input's modes as they were then.
+        for s in [&mut want, &mut got] {
+            for (_, (_, _, mode)) in s.iter_mut() {
+                *mode = 0;
+            }
+        }
+        for (path, _) in snapshot(&out) {
+            let uid = fs::symlink_metadata(out.join(&path)).unwrap().uid();
+            assert_eq!(uid, 4242, "{path}");
+        }
+    }
+    assert_eq!(got, want);
+    assert!(
+        names(&out).iter().all(|n| !n.starts_with('.')),
+        "{:?}",
+        names(&out)
+    );
+    // The earlier run's files are gone.
+    assert!(!out.join("blas_lib_gfx942/stage/old").exists());
+}

@@ -15,6 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -864,6 +865,7 @@ fn finish_outputs(
     prune_emptied(&generic, &plan.dir, &plan.prefixes)?;
     manifest::write_manifest(&generic, &plan.prefixes)?;
     copy_dir_modes(&generic, &plan.dir)?;
+    owner_writable(&generic)?;
     let mut outputs = vec![generic_name(&layout.ap)];
     for (t, ps) in target_prefixes {
         let dir = layout.target(t);
@@ -875,10 +877,23 @@ fn finish_outputs(
             .collect();
         manifest::write_manifest(&dir, &listed)?;
         copy_dir_modes(&dir, &plan.dir)?;
+        owner_writable(&dir)?;
         outputs.push(format!("{}_{t}", layout.ap));
     }
     outputs.sort();
     Ok(outputs)
+}
+
+/// Give a staged artifact directory write permission for its owner until
+/// it is renamed into the output directory (a read-only input artifact
+/// would otherwise make a staged copy that only root can move).
+fn owner_writable(dir: &Path) -> Result<()> {
+    let mode = fs::metadata(dir)
+        .map_err(|e| ArtifactError::io(dir, e))?
+        .permissions()
+        .mode();
+    fs::set_permissions(dir, fs::Permissions::from_mode(mode | 0o700))
+        .map_err(|e| ArtifactError::io(dir, e))
 }
 
 /// Step 6: outputs of an earlier run of this prefix out of the way
@@ -922,6 +937,19 @@ fn commit(
         .chain([&generic])
         .collect();
     stage.commit_entries(&order)?;
+    // Now the artifact directories may take the input's mode (renaming a
+    // directory into another needs write permission on it, even for its
+    // owner; see `finish_outputs`).
+    let mode = fs::metadata(&plan.dir)
+        .map_err(|e| ArtifactError::io(&plan.dir, e))?
+        .permissions()
+        .mode()
+        & 0o7777;
+    for name in &outputs {
+        let dir = out.join(name);
+        fs::set_permissions(&dir, fs::Permissions::from_mode(mode))
+            .map_err(|e| ArtifactError::io(&dir, e))?;
+    }
     a.outputs = outputs;
     Ok(())
 }
