@@ -604,6 +604,28 @@ fn therock_tree_split_in_full() {
         snapshot(&again.join("blas_lib_generic")),
         snapshot(&generic)
     );
+
+    // Batch mode takes --gpu-targets too: one target's artifacts only.
+    let one = t.path().join("gfx942");
+    let mut a = vec![
+        "split".to_string(),
+        "--batch-artifact-parent-dir".into(),
+        s(&tree),
+        "--output-dir".into(),
+        s(&one),
+        "--gpu-targets".into(),
+        "gfx942".into(),
+        "--split-databases".into(),
+    ];
+    a.extend(ALL_HANDLERS.iter().map(|h| h.to_string()));
+    kpack_ok(&args(&a));
+    let got: BTreeSet<String> = names(&one).into_iter().collect();
+    let want: BTreeSet<String> = names(&out)
+        .into_iter()
+        .filter(|n| n.ends_with("_generic") || n.ends_with("_gfx942"))
+        .collect();
+    assert_eq!(got, want);
+    verify(&one, None);
 }
 
 /// The shards' splits with `--gpu-targets` (per component, as TheRock's
