@@ -814,7 +814,10 @@ fn split_database_handlers_and_tmp_dir() {
         "stage\n",
         &[
             ("stage/lib/libml.so", &fat),
-            ("stage/lib/aotriton.images/amd-gfx1100/flash/attn.hsaco", b"a"),
+            (
+                "stage/lib/aotriton.images/amd-gfx1100/flash/attn.aks2",
+                b"a",
+            ),
             ("stage/lib/aotriton.images/README", b"r"),
             ("stage/share/miopen/db/gfx942.tn.model", b"m"),
             ("stage/share/miopen/db/gfx942.kdb", b"k"),
@@ -858,7 +861,7 @@ fn split_database_handlers_and_tmp_dir() {
         [
             "artifact_manifest.txt",
             "stage/.kpack/ml_lib_gfx1100.kpack",
-            "stage/lib/aotriton.images/amd-gfx1100/flash/attn.hsaco"
+            "stage/lib/aotriton.images/amd-gfx1100/flash/attn.aks2"
         ]
     );
     assert_eq!(

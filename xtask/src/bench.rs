@@ -33,7 +33,7 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use xshell::{cmd, Shell};
 
-use crate::{bench_libs, bench_pipeline, bench_runtime, cargo};
+use crate::{bench_large, bench_libs, bench_pipeline, bench_runtime, cargo};
 
 /// Debian packages the bench needs (the C compiler builds the runtime
 /// bench program).
@@ -49,7 +49,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
     /// Measure only these sections (comma-separated): rocrand, rocsparse,
-    /// pipeline, runtime. Default: all.
+    /// pipeline, runtime, large. Default: all.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Keep target/bench/work (the large intermediate files) afterwards.
@@ -254,8 +254,8 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     }
     let wanted = |s: &str| args.only.is_empty() || args.only.iter().any(|o| o == s);
     for o in &args.only {
-        if !["rocrand", "rocsparse", "pipeline", "runtime"].contains(&o.as_str()) {
-            bail!("--only {o}: sections are rocrand, rocsparse, pipeline, runtime");
+        if !["rocrand", "rocsparse", "pipeline", "runtime", "large"].contains(&o.as_str()) {
+            bail!("--only {o}: sections are rocrand, rocsparse, pipeline, runtime, large");
         }
     }
     let bench_dir = root.join("target/bench");
@@ -288,6 +288,10 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     if wanted("runtime") {
         eprintln!("== runtime");
         rows.extend(bench_runtime::run(&ctx)?);
+    }
+    if wanted("large") {
+        eprintln!("== large");
+        rows.extend(bench_large::run(&ctx)?);
     }
 
     let report = Report {

@@ -15,7 +15,7 @@ use std::borrow::Cow;
 
 use anyhow::{bail, Context, Result};
 use kpack_testkit::manifest::{self, Entry, Host, HostCheck, Kind, Manifest};
-use kpack_testkit::shards;
+use kpack_testkit::{oracle, shards};
 use xshell::{cmd, Shell};
 
 use crate::verify;
@@ -44,6 +44,59 @@ pub enum Build {
     },
     /// Each unit is compiled alone with `-c`; a last call links the objects.
     PerObject { units: &'static [Unit] },
+    /// Bundles made by `clang-offload-bundler` from [`Device`] code of our
+    /// choosing (targets clang 19 cannot compile for: `gfx1250-strict`,
+    /// `amdgcnspirv`), embedded in each unit's host object by clang
+    /// (`--cuda-host-only -fcuda-include-gpubinary`, which also emits the
+    /// wrapper and its registration, as a normal HIP compile does); a last
+    /// call links the objects. Every unit's bundle holds `entries`.
+    Bundled {
+        units: &'static [Unit],
+        entries: &'static [(&'static str, Device)],
+        bundler: Bundler,
+    },
+}
+
+/// Who writes a [`Build::Bundled`] bundle.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Bundler {
+    /// LLVM 19's `clang-offload-bundler` (a unit's `compress` asks for a
+    /// compressed bundle).
+    Llvm,
+    /// `cargo xtask bundle` ([`write_bundle`]): triples exactly as given,
+    /// for processors LLVM 19 does not know (its bundler writes
+    /// `...--gfx1250-strict-`); never compressed.
+    Own,
+}
+
+/// `cargo xtask bundle`: an uncompressed bundle of a host entry and the
+/// `inputs`, one per triple of `triples` (comma-separated).
+pub fn write_bundle(triples: &str, inputs: &[std::path::PathBuf], output: &Path) -> Result<()> {
+    let triples: Vec<&str> = triples.split(',').collect();
+    if triples.len() != inputs.len() {
+        bail!("{} triples for {} inputs", triples.len(), inputs.len());
+    }
+    let data = inputs
+        .iter()
+        .map(|p| std::fs::read(p).with_context(|| format!("reading {}", p.display())))
+        .collect::<Result<Vec<_>>>()?;
+    let mut entries: Vec<(&str, &[u8])> = vec![("host-x86_64-unknown-linux--", &[])];
+    entries.extend(triples.iter().copied().zip(data.iter().map(Vec::as_slice)));
+    std::fs::write(output, oracle::write_bundle(&entries))
+        .with_context(|| format!("writing {}", output.display()))
+}
+
+/// What one entry of a [`Build::Bundled`] bundle holds.
+pub enum Device {
+    /// The unit's source compiled by clang for this processor, with these
+    /// extra flags (the bundle's triple may name another target: LLVM 19
+    /// knows no gfx1250).
+    Compiled {
+        arch: &'static str,
+        flags: &'static [&'static str],
+    },
+    /// A file in `integration/hip`.
+    File(&'static str),
 }
 
 /// A HIP source compiled to an object of its own.
@@ -371,6 +424,153 @@ pub fn foreign_fixtures(host: Host) -> Vec<Fixture> {
     ]
 }
 
+/// Targets of the TheRock tree's rocBLAS: features, and a generic
+/// processor (code object v6, which LLVM 19 only emits when asked).
+const ROCBLAS_ENTRIES: &[(&str, Device)] = &[
+    (
+        "hipv4-amdgcn-amd-amdhsa--gfx90a:xnack-",
+        compiled("gfx90a:xnack-"),
+    ),
+    (
+        "hipv4-amdgcn-amd-amdhsa--gfx90a:xnack+",
+        compiled("gfx90a:xnack+"),
+    ),
+    ("hipv4-amdgcn-amd-amdhsa--gfx942", compiled("gfx942")),
+    ("hipv4-amdgcn-amd-amdhsa--gfx1100", compiled("gfx1100")),
+    (
+        "hipv4-amdgcn-amd-amdhsa--gfx11-generic",
+        Device::Compiled {
+            arch: "gfx11-generic",
+            flags: &["-mcode-object-version=6", "-Wno-unknown-warning-option"],
+        },
+    ),
+    ("hipv4-amdgcn-amd-amdhsa--gfx1201", compiled("gfx1201")),
+];
+
+/// Targets of the TheRock tree's MIOpen: a strict target beside its
+/// non-strict one, and SPIR-V. LLVM 19 knows no gfx1250: those entries
+/// hold gfx1200/gfx1201 code (distinct bytes, so that a mix-up shows); the
+/// SPIR-V entry is a minimal module (`integration/hip/amdgcnspirv.spv`:
+/// header, `OpCapability Addresses`, `OpCapability Kernel`,
+/// `OpMemoryModel Physical64 OpenCL`), as clang 19 emits SPIR-V only with
+/// llvm-spirv.
+const MIOPEN_ENTRIES: &[(&str, Device)] = &[
+    ("hipv4-amdgcn-amd-amdhsa--gfx942", compiled("gfx942")),
+    ("hipv4-amdgcn-amd-amdhsa--gfx1250", compiled("gfx1200")),
+    (
+        "hipv4-amdgcn-amd-amdhsa--gfx1250-strict",
+        compiled("gfx1201"),
+    ),
+    (
+        "hip-spirv64-amd-amdhsa--amdgcnspirv",
+        Device::File("amdgcnspirv.spv"),
+    ),
+];
+
+const fn compiled(arch: &'static str) -> Device {
+    Device::Compiled { arch, flags: &[] }
+}
+
+/// The fat binaries of the TheRock-shaped tree (`therock/`; the tests lay
+/// the tree out around them, with synthetic database files): several
+/// bundles (one compressed), strict, generic and SPIR-V targets, and
+/// MIOpen's per-target CK libraries (fat binaries of one target each).
+pub fn therock_fixtures() -> Vec<Fixture> {
+    let lib = |name, soname, targets, build, bundles, compressed_bundles, description| Fixture {
+        name,
+        soname: Some(soname),
+        kind: Kind::Shared,
+        host: Host::X86_64Linux,
+        targets,
+        build,
+        bundles,
+        wrappers: bundles,
+        compressed_bundles,
+        relr: false,
+        host_check: VADD_CHECK,
+        description,
+    };
+    const TWO: &[Unit] = &[
+        Unit {
+            source: "vadd.hip",
+            compress: false,
+        },
+        Unit {
+            source: "reduce.hip",
+            compress: true,
+        },
+    ];
+    const TWO_PLAIN: &[Unit] = &[
+        Unit {
+            source: "vadd.hip",
+            compress: false,
+        },
+        Unit {
+            source: "stencil.hip",
+            compress: false,
+        },
+    ];
+    let ck = |name, soname, target: &'static [&'static str]| {
+        lib(
+            name,
+            soname,
+            target,
+            Build::Single {
+                sources: &["vadd.hip"],
+                flags: &[],
+            },
+            1,
+            0,
+            "MIOpen's per-target CK library: a fat binary of one target",
+        )
+    };
+    vec![
+        lib(
+            "therock/librocblas.so.4.4",
+            "librocblas.so.4",
+            &[
+                "gfx90a:xnack-",
+                "gfx90a:xnack+",
+                "gfx942",
+                "gfx1100",
+                "gfx11-generic",
+                "gfx1201",
+            ],
+            Build::Bundled {
+                units: TWO,
+                entries: ROCBLAS_ENTRIES,
+                bundler: Bundler::Llvm,
+            },
+            2,
+            1,
+            "two bundles (the second compressed): xnack± and a generic target",
+        ),
+        lib(
+            "therock/libMIOpen.so.1",
+            "libMIOpen.so.1",
+            &["gfx942", "gfx1250", "gfx1250-strict", "amdgcnspirv"],
+            Build::Bundled {
+                units: TWO_PLAIN,
+                entries: MIOPEN_ENTRIES,
+                bundler: Bundler::Own,
+            },
+            2,
+            0,
+            "two bundles: gfx1250 and gfx1250-strict side by side, and amdgcnspirv",
+        ),
+        ck(
+            "therock/libMIOpenCKGroupedConv_gfx942.so",
+            "libMIOpenCKGroupedConv_gfx942.so",
+            &["gfx942"],
+        ),
+        ck(
+            "therock/libMIOpenCKGroupedConv_gfx1100.so",
+            "libMIOpenCKGroupedConv_gfx1100.so",
+            &["gfx1100"],
+        ),
+    ]
+}
+
 /// Hosts other than this machine's.
 pub fn foreign_hosts() -> impl Iterator<Item = Host> {
     Host::ALL.into_iter().filter(|h| !h.is_native())
@@ -485,6 +685,14 @@ impl Fixture {
         match &self.build {
             Build::Single { sources, .. } => sources.iter().map(|s| hip_path(s)).collect(),
             Build::PerObject { units } => units.iter().map(|u| hip_path(u.source)).collect(),
+            Build::Bundled { units, entries, .. } => units
+                .iter()
+                .map(|u| hip_path(u.source))
+                .chain(entries.iter().filter_map(|(_, d)| match d {
+                    Device::File(f) => Some(hip_path(f)),
+                    Device::Compiled { .. } => None,
+                }))
+                .collect(),
         }
     }
 
@@ -536,7 +744,100 @@ impl Fixture {
                 commands.push(link);
                 commands
             }
+            Build::Bundled {
+                units,
+                entries,
+                bundler,
+            } => self.bundled_commands(out_dir, units, entries, *bundler),
         }
+    }
+
+    /// [`Build::Bundled`]: per unit, its device code objects, the bundle,
+    /// the host object with the bundle; then the link.
+    fn bundled_commands(
+        &self,
+        out_dir: &str,
+        units: &[Unit],
+        entries: &[(&str, Device)],
+        bundler: Bundler,
+    ) -> Vec<Vec<String>> {
+        let obj_dir = format!("{out_dir}/obj/{}", self.name);
+        let mut commands = Vec::new();
+        let mut link = strings(&[CLANGXX]);
+        link.extend(self.link_flags());
+        link.extend(strings(&["-o", &format!("{out_dir}/{}", self.name)]));
+        let hip = ["-nogpulib", "-nogpuinc", "-I", HIP_DIR];
+        for unit in units {
+            let stem = unit.source.trim_end_matches(".hip");
+            let mut inputs = Vec::new();
+            for (i, (_, device)) in entries.iter().enumerate() {
+                let input = match device {
+                    Device::Compiled { arch, flags } => {
+                        let co = format!("{obj_dir}/{stem}-{i}.co");
+                        let mut c = strings(&[CLANGXX, "-x", "hip", "--cuda-device-only"]);
+                        c.extend(strings(&["--no-gpu-bundle-output", "-O2"]));
+                        c.push(format!("--offload-arch={arch}"));
+                        c.extend(strings(&hip));
+                        c.extend(strings(flags));
+                        c.extend(strings(&["-o", &co, &hip_path(unit.source)]));
+                        commands.push(c);
+                        co
+                    }
+                    Device::File(f) => hip_path(f),
+                };
+                inputs.push(input);
+            }
+            let triples: Vec<&str> = entries.iter().map(|(t, _)| *t).collect();
+            let fatbin = format!("{obj_dir}/{stem}.hipfb");
+            commands.push(match bundler {
+                Bundler::Llvm => {
+                    let mut b = vec![format!("{}/clang-offload-bundler", oracle::LLVM_BIN)];
+                    b.push("-type=o".into());
+                    b.push(format!(
+                        "-targets=host-x86_64-unknown-linux--,{}",
+                        triples.join(",")
+                    ));
+                    b.push("-input=/dev/null".into());
+                    b.extend(inputs.iter().map(|i| format!("-input={i}")));
+                    if unit.compress {
+                        b.push("-compress".into());
+                    }
+                    b.push(format!("-output={fatbin}"));
+                    b
+                }
+                Bundler::Own => {
+                    let exe =
+                        std::env::current_exe().map_or("xtask".into(), |p| p.display().to_string());
+                    let mut b = vec![exe, "bundle".into(), "--triples".into(), triples.join(",")];
+                    for i in inputs {
+                        b.extend(["--input".into(), i]);
+                    }
+                    b.extend(["--output".into(), fatbin.clone()]);
+                    b
+                }
+            });
+            let object = format!("{obj_dir}/{stem}.o");
+            let mut c = strings(&[CLANGXX]);
+            c.extend(strings(COMMON_FLAGS));
+            c.extend(strings(self.code_model()));
+            // A compilation unit ID of its own (the driver derives one only
+            // when it compiles both sides).
+            c.extend(strings(&["-x", "hip", "--cuda-host-only"]));
+            c.extend(["-Xclang".into(), format!("-cuid={stem}")]);
+            c.extend(strings(&hip));
+            c.extend(strings(&[
+                "-Xclang",
+                "-fcuda-include-gpubinary",
+                "-Xclang",
+                &fatbin,
+            ]));
+            c.extend(strings(&["-c", "-o", &object, &hip_path(unit.source)]));
+            commands.push(c);
+            link.push(object);
+        }
+        link.push("-lamdhip64".into());
+        commands.push(link);
+        commands
     }
 
     /// A foreign host's build: clang-19 compiles each source for the
@@ -550,7 +851,9 @@ impl Fixture {
         let mut commands = Vec::new();
         let (sources, flags): (Vec<&str>, &[&str]) = match &self.build {
             Build::Single { sources, flags } => (sources.to_vec(), flags),
-            Build::PerObject { units } => (units.iter().map(|u| u.source).collect(), &[]),
+            Build::PerObject { units } | Build::Bundled { units, .. } => {
+                (units.iter().map(|u| u.source).collect(), &[])
+            }
         };
         for source in sources {
             let (stem, ext) = source.rsplit_once('.').expect("sources have extensions");
@@ -793,6 +1096,15 @@ pub fn build_all(sh: &Shell, root: &Path, force: bool) -> Result<()> {
         let size = std::fs::metadata(root.join(&job.output))?.len();
         summary.push((fixture.name.to_owned(), fixture, outcome, size));
     }
+    let therock = therock_fixtures();
+    for fixture in &therock {
+        let job = Job::for_fixture(fixture, FIXTURES_DIR, fixture.name.to_owned());
+        let outcome = build_job(sh, &job, &compiler, &headers, &stamps, force, |path| {
+            verify::check(sh, &root.join(path), fixture, &fixtures_dir)
+        })?;
+        let size = std::fs::metadata(root.join(&job.output))?.len();
+        summary.push((fixture.name.to_owned(), fixture, outcome, size));
+    }
     let shard_fixtures = shard_fixtures();
     for (shard, fixture) in &shard_fixtures {
         let name = format!("{shard}/{}", fixture.name);
@@ -930,6 +1242,10 @@ pub fn fixtures_manifest() -> Manifest {
             .collect(),
         foreign: foreign_hosts()
             .flat_map(foreign_fixtures)
+            .map(|f| f.entry(f.name.to_owned()))
+            .collect(),
+        therock: therock_fixtures()
+            .iter()
             .map(|f| f.entry(f.name.to_owned()))
             .collect(),
     }

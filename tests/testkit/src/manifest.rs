@@ -188,6 +188,10 @@ pub struct Manifest {
     /// Fixtures for other hosts (AArch64, ppc64le), one directory per host
     /// ([`Host::dir`]); their host code runs under qemu-user.
     pub foreign: Vec<Entry>,
+    /// The fat binaries of the TheRock-shaped tree (`therock/`): strict,
+    /// generic and SPIR-V targets, per-target MIOpen CK libraries.
+    #[serde(default)]
+    pub therock: Vec<Entry>,
 }
 
 impl Manifest {
@@ -214,6 +218,7 @@ impl Manifest {
             .iter()
             .chain(&self.shard_binaries)
             .chain(&self.foreign)
+            .chain(&self.therock)
     }
 
     /// The entry named `name`, and its path below `dir`.
@@ -257,6 +262,7 @@ mod tests {
                 host: Host::Aarch64Linux,
                 ..entry("aarch64/libc.so")
             }],
+            therock: vec![entry("therock/libd.so")],
         };
         let json = m.to_json();
         assert_eq!(serde_json::from_str::<Manifest>(&json).unwrap(), m);
