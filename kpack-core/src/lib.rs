@@ -38,6 +38,7 @@ pub mod binary;
 pub mod bytes;
 pub mod elf;
 pub mod hipk;
+pub mod pe;
 
 pub mod bundle;
 pub mod fatbin;

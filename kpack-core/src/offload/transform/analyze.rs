@@ -63,8 +63,8 @@ pub struct Wrappers {
 }
 
 pub fn analyze(b: &[u8]) -> Result<Input<'_>, TransformError> {
-    let bin = HostBinary::parse(b)?;
-    let elf = *bin.elf();
+    let elf = ElfView::parse(b)?;
+    let bin = HostBinary::Elf(elf);
     elf.check_sections()?;
     validate_layout(&elf)?;
     let machine = elf.machine();
