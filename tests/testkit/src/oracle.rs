@@ -165,12 +165,33 @@ pub fn objcopy_section(binary: &Path, section: &str, scratch: &Path) -> Result<V
     std::fs::read(&out).with_context(|| format!("reading {}", out.display()))
 }
 
+/// The bytes of a section of a PE image (its `VirtualSize` bytes), cut out
+/// with `llvm-objcopy --dump-section`.
+pub fn dump_section(binary: &Path, section: &str, scratch: &Path) -> Result<Vec<u8>> {
+    let out = scratch.join(format!("dump{}.bin", section.replace('.', "_")));
+    let mut arg = std::ffi::OsString::from(format!("{section}="));
+    arg.push(&out);
+    output(
+        Command::new(llvm_bin().join("llvm-objcopy"))
+            .arg("--dump-section")
+            .arg(arg)
+            .arg(binary)
+            .arg(scratch.join("dump.out")),
+    )?;
+    std::fs::read(&out).with_context(|| format!("reading {}", out.display()))
+}
+
 /// Every code object of a fat binary as clang-offload-bundler extracts it
-/// from the bundles of its `.hip_fatbin`: (bundle index, target ID) ->
-/// bytes.
+/// from the bundles of its `.hip_fatbin` (PE: `.hip_fat`): (bundle index,
+/// target ID) -> bytes.
 pub fn code_objects(binary: &Path) -> Result<BTreeMap<(usize, String), Vec<u8>>> {
     let scratch = tempfile::tempdir()?;
-    let fatbin = objcopy_section(binary, ".hip_fatbin", scratch.path())?;
+    let head = std::fs::read(binary).with_context(|| format!("reading {}", binary.display()))?;
+    let fatbin = if head.starts_with(b"MZ") {
+        dump_section(binary, ".hip_fat", scratch.path())?
+    } else {
+        objcopy_section(binary, ".hip_fatbin", scratch.path())?
+    };
     let mut out = BTreeMap::new();
     for (i, bundle) in split_bundles(&fatbin)?.iter().enumerate() {
         let file = scratch.path().join(format!("bundle{i}.bin"));
