@@ -495,6 +495,13 @@ mod tests {
         assert_eq!(classify(b"\x7fELF\x02\x01\x01"), Class::Other);
         assert_eq!(classify(b""), Class::Other);
         assert!(Class::StaticArchive.is_link_input());
+        // PE: "MZ" may be a host binary; one that does not parse is Other.
+        assert!(could_be_binary(b"MZ\x90\0"));
+        assert_eq!(classify(b"MZ\x90\0"), Class::Other);
+        assert!(matches!(
+            HostBinary::parse(b"MZ\x90\0"),
+            Err(BinaryError::Pe(PeError::Malformed(_)))
+        ));
         assert!(!Class::Fat.is_link_input());
     }
 
