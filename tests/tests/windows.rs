@@ -35,23 +35,25 @@ fn windows(name: &str) -> Fixture {
     }
 }
 
-/// One Wine prefix for the whole test binary, created once (Wine's first
-/// start in a new prefix takes seconds; later ones are quick).
+/// The Wine prefix: the fixtures' (`<fixtures>/windows/wineprefix`, made
+/// when `cargo xtask fixtures` ran the fixtures), brought up to date once
+/// per test binary. Not a temporary directory: a prefix is about 700 MB
+/// and a test binary cannot remove a static one when it exits.
 fn prefix() -> &'static Path {
-    static PREFIX: OnceLock<tempfile::TempDir> = OnceLock::new();
-    PREFIX
-        .get_or_init(|| {
-            let dir = tempfile::tempdir().unwrap();
-            let status = Command::new(kpack_testkit::manifest::WINE)
-                .args(["wineboot", "--init"])
-                .env("WINEPREFIX", dir.path())
-                .env("WINEDEBUG", "-all")
-                .output()
-                .expect("wine64 (Debian package wine64) runs");
-            assert!(status.status.success(), "wineboot failed");
-            dir
-        })
-        .path()
+    static PREFIX: OnceLock<PathBuf> = OnceLock::new();
+    PREFIX.get_or_init(|| {
+        let dir = fixtures_dir()
+            .join(Host::X86_64Windows.dir())
+            .join("wineprefix");
+        let status = Command::new(kpack_testkit::manifest::WINE)
+            .args(["wineboot", "--init"])
+            .env("WINEPREFIX", &dir)
+            .env("WINEDEBUG", "-all")
+            .output()
+            .expect("wine64 (Debian package wine64) runs");
+        assert!(status.status.success(), "wineboot failed");
+        dir
+    })
 }
 
 /// What the host code printed: its value, then one line per wrapper the

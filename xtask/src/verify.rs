@@ -131,7 +131,8 @@ fn check_bundles(sh: &Shell, path: &Path, fixture: &Fixture, fatbin: &[u8]) -> R
 
 /// A Windows fixture: a PE32+ image of the right kind for x86-64, its
 /// bundles and wrappers, and its host code run under Wine (prefix
-/// `windows/wineprefix` in the fixtures directory): a DLL through
+/// `windows/wineprefix` in the fixtures directory, which the tests use
+/// too): a DLL through
 /// `winload.exe`, an EXE directly; the stand-in `amdhip64.dll` must have
 /// seen every wrapper, HIPF.
 fn check_pe(sh: &Shell, path: &Path, fixture: &Fixture, fixtures_dir: &Path) -> Result<()> {
