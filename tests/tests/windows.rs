@@ -503,3 +503,70 @@ fn artifact_pipelines_take_dlls() {
         assert!(bytes == truth[&(*co as usize, "gfx942".to_string())]);
     }
 }
+
+/// xorshift64*: a small deterministic generator.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// Damaged DLLs and EXEs: classification, the code object reader, the
+/// transform and the verifier give errors, never panics; whatever the
+/// transform produces passes the verifier (the driver checks it).
+#[test]
+fn mutated_images_never_panic() {
+    use kpack_core::offload::pe::{transform, verify_pe};
+    let meta = HipkMetadata {
+        kernel_name: "bin/x.dll".into(),
+        search_paths: vec!["../.kpack/x_@GFXARCH@.kpack".into()],
+    }
+    .encode();
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut produced = 0;
+    for name in ["windows/vadd.dll", "windows/multi.dll", "windows/vadd.exe"] {
+        let original = fs::read(windows(name).path).unwrap();
+        // Headers, the section table, the wrappers and the relocations
+        // hold what the transform reads: mutate mostly there.
+        let hot = original.len().min(0x1800);
+        for round in 0..400 {
+            let mut b = original.clone();
+            for _ in 0..1 + rng.below(4) {
+                let at = if round % 4 == 0 {
+                    rng.below(b.len())
+                } else {
+                    rng.below(hot)
+                };
+                let v = rng.next() as u8;
+                b[at] = match rng.below(3) {
+                    0 => v,
+                    1 => b[at] ^ (1 << (v % 8)),
+                    _ => 0xff,
+                };
+            }
+            let r = std::panic::catch_unwind(|| {
+                let _ = kpack_core::binary::classify(&b);
+                let _ = kpack_core::offload::code_objects(Path::new("x.dll"), &b);
+                transform(&b, &meta)
+            });
+            let r = r.unwrap_or_else(|_| panic!("{name}: panicked on mutation round {round}"));
+            if let Ok(t) = r {
+                produced += 1;
+                let v = std::panic::catch_unwind(|| verify_pe(&t.bytes, Some(t.bundles)));
+                let v = v.unwrap_or_else(|_| panic!("{name}: verifier panicked on round {round}"));
+                assert!(v.is_ok(), "{name}: round {round}: {}", v.unwrap_err());
+            }
+        }
+    }
+    assert!(
+        produced > 0,
+        "no mutation was transformable: only errors exercised"
+    );
+}

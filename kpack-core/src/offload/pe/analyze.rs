@@ -1,16 +1,15 @@
 //! Step 1 of the PE transform: read the input and check everything the
 //! plan relies on, before anything is planned or written.
 
-use object::LittleEndian as LE;
-
 use super::PeTransformError as E;
 use crate::binary::{HostBinary, WrapperTable};
 use crate::bundle::parse_fatbin;
+use crate::elf::PointerKind;
 use crate::hipk::{HIPF_MAGIC, HIPK_MAGIC};
 use crate::offload::WrapperChange;
 use crate::pe::{
     BaseReloc, PeSection, PeView, DEBUG_ENTRY_SIZE, FATBIN_SECTION, IMAGE_DIRECTORY_ENTRY_DEBUG,
-    IMAGE_DIRECTORY_ENTRY_SECURITY, IMAGE_REL_BASED_DIR64, METADATA_SECTION, SECTION_HEADER_SIZE,
+    IMAGE_REL_BASED_DIR64, METADATA_SECTION, SECTION_HEADER_SIZE,
 };
 
 /// What the transform needs to know about its input.
@@ -58,11 +57,13 @@ pub fn analyze(b: &[u8]) -> Result<Input<'_>, E> {
         crate::binary::BinaryError::Pe(e) => E::Pe(e),
         e => E::Layout(e.to_string()),
     })?;
-    let (wrapper_offsets, changes) = resolve_wrappers(&table, f, &starts)?;
+    // Read here, not taken from the table: without a wrapper section the
+    // table is empty, relocations included.
+    let relocs = pe.base_relocations()?;
+    let (wrapper_offsets, changes) = resolve_wrappers(&table, f, &starts, !relocs.is_empty())?;
     let slots: Vec<u64> = table.slots.iter().map(|s| s.addr + 8).collect();
-    check_relocations(&pe, &table.base_relocs, f, &slots)?;
+    check_relocations(&pe, &relocs, f, &slots)?;
     let debug_entries = debug_entries(&pe)?;
-    check_trailing(&pe, tail_start)?;
     Ok(Input {
         pe,
         fatbin,
@@ -75,9 +76,12 @@ pub fn analyze(b: &[u8]) -> Result<Input<'_>, E> {
     })
 }
 
-/// Alignments are powers of two, raw data is FileAlignment-aligned, lies
-/// after the headers and inside the file, and no two sections share file
-/// bytes. Returns the end of the last section's raw data.
+/// Alignments are powers of two, and the sections and directories are
+/// laid out as the verifier requires of the output (raw data aligned,
+/// after the headers, not shared; memory ascending and disjoint;
+/// directories in sections; the certificate and COFF symbol tables after
+/// the sections, inside the file): what the plan moves must be sound to
+/// begin with. Returns the end of the last section's raw data.
 fn check_layout(pe: &PeView, sections: &[PeSection]) -> Result<u64, E> {
     let (fa, sa) = (pe.file_alignment(), pe.section_alignment());
     if !fa.is_power_of_two() || !sa.is_power_of_two() || fa > sa || fa > 1 << 16 {
@@ -85,23 +89,17 @@ fn check_layout(pe: &PeView, sections: &[PeSection]) -> Result<u64, E> {
             "FileAlignment {fa:#x} / SectionAlignment {sa:#x}"
         )));
     }
-    let mut raw: Vec<&PeSection> = sections.iter().filter(|s| s.raw_size > 0).collect();
-    raw.sort_by_key(|s| s.raw_offset);
-    for s in &raw {
-        if s.raw_offset % fa != 0 || s.raw_offset < pe.size_of_headers() {
-            return Err(E::Layout(format!(
-                "section {}: raw data at {:#x} is not FileAlignment-aligned after the headers",
-                s.name, s.raw_offset
-            )));
-        }
+    if pe.size_of_headers() > pe.bytes().len() as u64 {
+        return Err(E::Layout(format!(
+            "SizeOfHeaders {:#x} runs past the end of the file",
+            pe.size_of_headers()
+        )));
     }
-    for w in raw.windows(2) {
-        if w[0].raw_offset + w[0].raw_size > w[1].raw_offset {
-            return Err(E::Layout(format!(
-                "sections {} and {} share file bytes",
-                w[0].name, w[1].name
-            )));
-        }
+    let mut bad = Vec::new();
+    super::verify::check_sections(pe, sections, &mut bad);
+    super::verify::check_directories(pe, sections, &mut bad);
+    if let Some(problem) = bad.into_iter().next() {
+        return Err(E::Layout(problem));
     }
     let f = sections
         .iter()
@@ -113,9 +111,13 @@ fn check_layout(pe: &PeView, sections: &[PeSection]) -> Result<u64, E> {
             f.raw_size
         )));
     }
-    Ok(raw
-        .last()
-        .map_or(pe.size_of_headers(), |s| s.raw_offset + s.raw_size))
+    Ok(sections
+        .iter()
+        .filter(|s| s.raw_size > 0)
+        .map(|s| s.raw_offset + s.raw_size)
+        .max()
+        .unwrap_or(0)
+        .max(pe.size_of_headers()))
 }
 
 /// One more 40-byte header must fit after the section table, below
@@ -141,12 +143,15 @@ fn check_header_room(pe: &PeView) -> Result<(), E> {
     Ok(())
 }
 
-/// Every wrapper must be HIPF and point at the start of a bundle; its
+/// Every wrapper must be HIPF version 1 and point at the start of a
+/// bundle, through a DIR64 base relocation when the image has any (else
+/// the pointer would not follow the image when Windows moves it); its
 /// `co_index` is that bundle's index.
 fn resolve_wrappers(
     table: &WrapperTable,
     f: &PeSection,
     starts: &[(usize, usize)],
+    relocatable: bool,
 ) -> Result<(Vec<u64>, Vec<WrapperChange>), E> {
     let mut offsets = Vec::new();
     let mut changes = Vec::new();
@@ -157,7 +162,16 @@ fn resolve_wrappers(
             HIPK_MAGIC => return Err(E::MixedWrappers),
             magic => return Err(E::UnknownMagic { index, magic }),
         }
+        if slot.wrapper.version != 1 {
+            let version = slot.wrapper.version;
+            return Err(E::UnknownVersion { index, version });
+        }
         let p = slot.pointer.clone().map_err(|e| E::Layout(e.to_string()))?;
+        if relocatable && p.kind != PointerKind::BaseRelocDir64 {
+            return Err(E::Layout(format!(
+                "wrapper {index}: the image has base relocations but none rebases its pointer"
+            )));
+        }
         let co_index = p
             .value
             .checked_sub(f.rva)
@@ -222,23 +236,4 @@ fn debug_entries(pe: &PeView) -> Result<Vec<u64>, E> {
     Ok((0..size / DEBUG_ENTRY_SIZE)
         .map(|k| off + k * DEBUG_ENTRY_SIZE)
         .collect())
-}
-
-/// The certificate table and the COFF symbol table, when present, lie in
-/// the trailing data, inside the file.
-fn check_trailing(pe: &PeView, tail_start: u64) -> Result<(), E> {
-    let len = pe.bytes().len() as u64;
-    let (cert, cert_size) = pe.directory(IMAGE_DIRECTORY_ENTRY_SECURITY);
-    if cert_size > 0 && (cert < tail_start || cert + cert_size > len) {
-        return Err(E::Layout(format!(
-            "the certificate table ({cert_size:#x} bytes at {cert:#x}) does not lie after the sections, inside the file"
-        )));
-    }
-    let sym = u64::from(pe.file_header().pointer_to_symbol_table.get(LE));
-    if sym != 0 && (sym < tail_start || sym > len) {
-        return Err(E::Layout(format!(
-            "the COFF symbol table at {sym:#x} does not lie after the sections, inside the file"
-        )));
-    }
-    Ok(())
 }

@@ -58,6 +58,8 @@ pub enum PeTransformError {
     HasMetadata,
     #[error("wrapper {index}: unknown magic {magic:#010x} (expected HIPF {HIPF_MAGIC:#010x})")]
     UnknownMagic { index: usize, magic: u32 },
+    #[error("wrapper {index}: version {version} (expected 1)")]
+    UnknownVersion { index: usize, version: u32 },
     #[error("wrappers mix HIPF and HIPK magics: a partly offloaded binary")]
     MixedWrappers,
     #[error("wrapper {index}: binary pointer RVA {pointer:#x} does not point at the start of a bundle in {FATBIN_SECTION} [{start:#x}, {end:#x})")]

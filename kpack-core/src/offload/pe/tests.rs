@@ -542,6 +542,17 @@ fn refuses_a_wrapper_pointer_outside_the_section() {
             .contains("RVA 0x1000 does not point at the start of a bundle"),
         "{e}"
     );
+    // A pointer no base relocation rebases, in an image that has some: the
+    // wrappers' block now names another page.
+    let mut b = build(&Spec {
+        stray_pointer: true,
+        ..Spec::default()
+    });
+    let pe = PeView::parse(&b).unwrap();
+    let off = pe.rva_to_offset(pe.directory(5).0, 8).unwrap() as usize;
+    put_u32(&mut b, off, 0x4000);
+    let e = transform(&b, &meta()).unwrap_err();
+    assert!(e.to_string().contains("none rebases its pointer"), "{e}");
 }
 
 #[test]
@@ -555,6 +566,15 @@ fn refuses_mixed_wrappers_and_a_full_header() {
     assert_eq!(
         transform(&b, &meta()).unwrap_err(),
         PeTransformError::MixedWrappers
+    );
+    put_u32(&mut b, (HEADERS + FA + 24) as usize, HIPF_MAGIC);
+    put_u32(&mut b, (HEADERS + FA + 4) as usize, 7);
+    assert_eq!(
+        transform(&b, &meta()).unwrap_err(),
+        PeTransformError::UnknownVersion {
+            index: 0,
+            version: 7
+        }
     );
     let e = refused(&Spec {
         tight_headers: true,

@@ -83,8 +83,9 @@ fn check_headers(pe: &PeView, sections: &[PeSection], bad: &mut Vec<String>) {
 }
 
 /// Raw data aligned, after the headers, inside the file and not shared;
-/// RVAs aligned, ascending and not overlapping.
-fn check_sections(pe: &PeView, sections: &[PeSection], bad: &mut Vec<String>) {
+/// RVAs aligned, ascending and not overlapping. The transform asks the
+/// same of its input.
+pub(super) fn check_sections(pe: &PeView, sections: &[PeSection], bad: &mut Vec<String>) {
     let (fa, sa) = (pe.file_alignment().max(1), pe.section_alignment().max(1));
     let mut raw: Vec<&PeSection> = sections.iter().filter(|s| s.raw_size > 0).collect();
     raw.sort_by_key(|s| s.raw_offset);
@@ -119,8 +120,8 @@ fn check_sections(pe: &PeView, sections: &[PeSection], bad: &mut Vec<String>) {
 
 /// The export, import and base relocation directories lie in sections;
 /// the certificate table (a file offset) lies after them, inside the file;
-/// so does the COFF symbol table.
-fn check_directories(pe: &PeView, sections: &[PeSection], bad: &mut Vec<String>) {
+/// so does the COFF symbol table. The transform asks the same of its input.
+pub(super) fn check_directories(pe: &PeView, sections: &[PeSection], bad: &mut Vec<String>) {
     for (i, name) in [
         (IMAGE_DIRECTORY_ENTRY_EXPORT, "export"),
         (IMAGE_DIRECTORY_ENTRY_IMPORT, "import"),
@@ -136,6 +137,7 @@ fn check_directories(pe: &PeView, sections: &[PeSection], bad: &mut Vec<String>)
     let len = pe.bytes().len() as u64;
     let raw_end = sections
         .iter()
+        .filter(|s| s.raw_size > 0)
         .map(|s| s.raw_offset + s.raw_size)
         .max()
         .unwrap_or(0);
