@@ -518,8 +518,9 @@ impl Rng {
     }
 }
 
-/// Damaged DLLs and EXEs: classification, the code object reader, the
-/// transform and the verifier give errors, never panics; whatever the
+/// Damaged DLLs and EXEs: classification, the code object reader, what
+/// `ls`/`extract` read, the transform and the verifier give errors, never
+/// panics; whatever the
 /// transform produces passes the verifier (the driver checks it).
 #[test]
 fn mutated_images_never_panic() {
@@ -554,6 +555,7 @@ fn mutated_images_never_panic() {
             let r = std::panic::catch_unwind(|| {
                 let _ = kpack_core::binary::classify(&b);
                 let _ = kpack_core::offload::code_objects(Path::new("x.dll"), &b);
+                let _ = kpack_core::fatbin::read_device_code(Path::new("x.dll"), &b);
                 transform(&b, &meta)
             });
             let r = r.unwrap_or_else(|_| panic!("{name}: panicked on mutation round {round}"));
