@@ -571,9 +571,310 @@ pub fn therock_fixtures() -> Vec<Fixture> {
     ]
 }
 
-/// Hosts other than this machine's.
+/// Linux hosts other than this machine's (Windows fixtures:
+/// [`windows_fixtures`]).
 pub fn foreign_hosts() -> impl Iterator<Item = Host> {
-    Host::ALL.into_iter().filter(|h| !h.is_native())
+    Host::ALL
+        .into_iter()
+        .filter(|h| !h.is_native() && !h.is_windows())
+}
+
+// Windows fixtures: PE32+ DLLs and an EXE, built by clang-19 for
+// x86_64-pc-windows-msvc and lld against a stand-in amdhip64.dll (no HIP
+// runtime, no MSVC runtime here: integration/hip/windows has the few
+// pieces needed), run under Wine.
+
+/// The Windows sources, relative to [`HIP_DIR`].
+const WINDOWS_DIR: &str = "windows";
+/// Compiled into every Windows fixture: the support job's outputs.
+const WINDOWS_SUPPORT: &[&str] = &[
+    "windows/crt.c",
+    "windows/crtexe.c",
+    "windows/amdhip64.c",
+    "windows/kernel32.def",
+];
+
+/// A Windows fixture: the common description plus what only a PE link
+/// needs.
+pub struct WinFixture {
+    pub fixture: Fixture,
+    /// Extra linker flags (`-Wl,...`).
+    pub link_flags: &'static [&'static str],
+    /// A file (below [`HIP_DIR`]) appended to the linked image: data after
+    /// the last section.
+    pub append: Option<&'static str>,
+}
+
+/// The Windows fixtures. Names are `windows/<file>`.
+pub fn windows_fixtures() -> Vec<WinFixture> {
+    let host = Host::X86_64Windows;
+    let dll =
+        |name, targets, build, bundles, compressed_bundles, host_check, description| Fixture {
+            name,
+            soname: None,
+            kind: Kind::Shared,
+            host,
+            targets,
+            build,
+            bundles,
+            wrappers: bundles,
+            compressed_bundles,
+            relr: false,
+            host_check,
+            description,
+        };
+    let vadd = |flags| Build::Single {
+        sources: &["vadd.hip"],
+        flags,
+    };
+    let plain = |fixture| WinFixture {
+        fixture,
+        link_flags: &[],
+        append: None,
+    };
+    vec![
+        plain(dll(
+            "windows/vadd.dll",
+            &["gfx1100", "gfx942"],
+            vadd(&[]),
+            1,
+            0,
+            VADD_CHECK,
+            "PE32+ DLL, one bundle",
+        )),
+        WinFixture {
+            link_flags: &["-Wl,-base:0x140000000"],
+            ..plain(dll(
+                "windows/multi.dll",
+                &["gfx1100", "gfx942"],
+                Build::PerObject {
+                    units: libmulti_units(),
+                },
+                4,
+                2,
+                REDUCE_CHECK,
+                "4 objects (2nd and 4th compressed): 4 bundles; its image base is the loader EXE's, so Windows relocates it",
+            ))
+        },
+        plain(dll(
+            "windows/vadd_compressed.dll",
+            &["gfx1100", "gfx1101", "gfx942"],
+            vadd(&["--offload-compress"]),
+            1,
+            1,
+            VADD_CHECK,
+            "a compressed bundle (CCOB v2, zstd)",
+        )),
+        WinFixture {
+            link_flags: &["-Wl,-debug:symtab"],
+            append: Some("windows/crt.c"),
+            ..plain(dll(
+                "windows/overlay.dll",
+                &["gfx1100", "gfx942"],
+                vadd(&[]),
+                1,
+                0,
+                VADD_CHECK,
+                "a COFF symbol table and appended data after the last section",
+            ))
+        },
+        plain(dll(
+            "windows/big.dll",
+            MANY_TARGETS,
+            Build::PerObject { units: FOUR_UNITS },
+            4,
+            0,
+            VADD_CHECK,
+            "four bundles of twelve targets: 48 code objects",
+        )),
+        plain(dll(
+            "windows/small.dll",
+            &["gfx1100"],
+            vadd(&["--offload-compress"]),
+            1,
+            1,
+            VADD_CHECK,
+            ".hip_fat smaller than a page",
+        )),
+        plain(Fixture {
+            kind: Kind::Exec,
+            ..dll(
+                "windows/vadd.exe",
+                &["gfx1100", "gfx942"],
+                Build::Single {
+                    sources: &["vadd.hip", "windows/exemain.cpp"],
+                    flags: &[],
+                },
+                1,
+                0,
+                None,
+                "PE32+ EXE; prints what the stand-in runtime saw and exits 0",
+            )
+        }),
+    ]
+}
+
+/// libmulti.so's four units, the second and fourth compressed.
+fn libmulti_units() -> &'static [Unit] {
+    match &FIXTURES
+        .iter()
+        .find(|f| f.name == "libmulti.so")
+        .expect("libmulti")
+        .build
+    {
+        Build::PerObject { units } => units,
+        _ => unreachable!("libmulti is built per object"),
+    }
+}
+
+/// The directory of the Windows support files and fixtures.
+fn windows_out() -> String {
+    format!("{FIXTURES_DIR}/{}", Host::X86_64Windows.dir())
+}
+
+impl WinFixture {
+    /// Compile (per object or at once) and link with lld against the
+    /// support objects and the stand-in runtime's import library; append
+    /// data where asked.
+    fn commands(&self) -> Vec<Vec<String>> {
+        let f = &self.fixture;
+        let (w, target) = (windows_out(), format!("--target={}", f.host.triple()));
+        let output = format!("{FIXTURES_DIR}/{}", f.name);
+        let mut link = strings(&[CLANGXX, &target, "-fuse-ld=lld", "-nostdlib"]);
+        link.extend(strings(match f.kind {
+            Kind::Exec => &["-Wl,-entry:mainCRTStartup", "-Wl,-subsystem:console"][..],
+            _ => &["-shared", "-Wl,-entry:_DllMainCRTStartup"][..],
+        }));
+        link.extend(
+            f.host_check
+                .iter()
+                .map(|c| format!("-Wl,-export:{}", c.symbol)),
+        );
+        link.extend(strings(self.link_flags));
+        let mut commands = Vec::new();
+        let compile = |extra: &[String]| {
+            let mut c = strings(&[CLANGXX, &target]);
+            c.extend(strings(COMMON_FLAGS));
+            c.extend(f.offload_flags());
+            c.extend(extra.iter().cloned());
+            c
+        };
+        match &f.build {
+            Build::Single { sources, flags } => {
+                let mut c = compile(&strings(flags));
+                c.extend(link.drain(2..));
+                c.extend(strings(&["-o", &output]));
+                c.extend(inputs(sources));
+                link = c;
+            }
+            Build::PerObject { units } => {
+                link.extend(strings(&["-o", &output]));
+                for unit in units.iter() {
+                    let stem = unit.source.trim_end_matches(".hip");
+                    let file = f.name.rsplit('/').next().unwrap_or(f.name);
+                    let object = format!("{w}/obj/{file}/{stem}.o");
+                    let mut extra = Vec::new();
+                    if unit.compress {
+                        extra.push("--offload-compress".into());
+                    }
+                    extra.extend(strings(&["-c", "-o", &object, "-x", "hip"]));
+                    extra.push(hip_path(unit.source));
+                    commands.push(compile(&extra));
+                    link.push(object);
+                }
+            }
+            Build::Bundled { .. } => unreachable!("no Windows fixture is bundled by hand"),
+        }
+        link.extend(strings(&["-x", "none", &format!("{w}/crt.o")]));
+        if f.kind == Kind::Exec {
+            link.extend([format!("{w}/crtexe.o"), format!("{w}/kernel32.lib")]);
+        }
+        link.push(format!("{w}/amdhip64.lib"));
+        commands.push(link);
+        if let Some(file) = self.append {
+            let append = format!("cat {} >> {output}", hip_path(file));
+            commands.push(strings(&["sh", "-c", &append]));
+        }
+        commands
+    }
+
+    fn job(&self) -> Job {
+        let mut inputs = self.fixture.sources();
+        inputs.extend(WINDOWS_SUPPORT.iter().map(|s| hip_path(s)));
+        inputs.extend(self.append.map(hip_path));
+        Job {
+            name: self.fixture.name.to_owned(),
+            inputs,
+            commands: self.commands(),
+            output: format!("{FIXTURES_DIR}/{}", self.fixture.name),
+            expect: format!(
+                "{} link={} append={:?}",
+                self.fixture.expectation(),
+                self.link_flags.join(","),
+                self.append
+            ),
+        }
+    }
+}
+
+impl Job {
+    /// The Windows support files: the C runtime pieces (`crt.o`,
+    /// `crtexe.o`), kernel32's import library (llvm-dlltool), the stand-in
+    /// `amdhip64.dll` and its import library, and the loader `winload.exe`.
+    fn windows_support() -> Job {
+        let w = windows_out();
+        let target = format!("--target={}", Host::X86_64Windows.triple());
+        let src = |f: &str| hip_path(&format!("{WINDOWS_DIR}/{f}"));
+        let cc = |args: &[&str]| {
+            let mut c = strings(&[CLANG, &target, "-O2", "-Wall"]);
+            c.extend(strings(args));
+            c
+        };
+        let commands = vec![
+            cc(&["-c", "-o", &format!("{w}/crt.o"), &src("crt.c")]),
+            cc(&["-c", "-o", &format!("{w}/crtexe.o"), &src("crtexe.c")]),
+            strings(&[
+                "llvm-dlltool-19",
+                "-m",
+                "i386:x86-64",
+                "-d",
+                &src("kernel32.def"),
+                "-l",
+                &format!("{w}/kernel32.lib"),
+            ]),
+            cc(&[
+                "-fuse-ld=lld",
+                "-shared",
+                "-nostdlib",
+                "-Wl,-noentry",
+                "-o",
+                &format!("{w}/amdhip64.dll"),
+                &src("amdhip64.c"),
+            ]),
+            cc(&[
+                "-fuse-ld=lld",
+                "-nostdlib",
+                "-Wl,-entry:mainCRTStartup",
+                "-Wl,-subsystem:console",
+                "-o",
+                &format!("{w}/winload.exe"),
+                &src("winload.c"),
+                &format!("{w}/crt.o"),
+                &format!("{w}/crtexe.o"),
+                &format!("{w}/kernel32.lib"),
+                &format!("{w}/amdhip64.lib"),
+            ]),
+        ];
+        let mut inputs: Vec<String> = WINDOWS_SUPPORT.iter().map(|s| hip_path(s)).collect();
+        inputs.push(src("winload.c"));
+        Job {
+            name: Host::X86_64Windows.loader(),
+            inputs,
+            commands,
+            output: format!("{w}/winload.exe"),
+            expect: String::new(),
+        }
+    }
 }
 
 /// How the fat binaries of each shard of the pipeline tests' tree
@@ -1105,6 +1406,25 @@ pub fn build_all(sh: &Shell, root: &Path, force: bool) -> Result<()> {
         let size = std::fs::metadata(root.join(&job.output))?.len();
         summary.push((fixture.name.to_owned(), fixture, outcome, size));
     }
+    let support = Job::windows_support();
+    build_job(
+        sh,
+        &support,
+        &compiler,
+        &headers,
+        &stamps,
+        force,
+        |_| Ok(()),
+    )?;
+    let windows = windows_fixtures();
+    for wf in &windows {
+        let job = wf.job();
+        let outcome = build_job(sh, &job, &compiler, &headers, &stamps, force, |path| {
+            verify::check(sh, &root.join(path), &wf.fixture, &fixtures_dir)
+        })?;
+        let size = std::fs::metadata(root.join(&job.output))?.len();
+        summary.push((wf.fixture.name.to_owned(), &wf.fixture, outcome, size));
+    }
     let shard_fixtures = shard_fixtures();
     for (shard, fixture) in &shard_fixtures {
         let name = format!("{shard}/{}", fixture.name);
@@ -1242,6 +1562,7 @@ pub fn fixtures_manifest() -> Manifest {
             .collect(),
         foreign: foreign_hosts()
             .flat_map(foreign_fixtures)
+            .chain(windows_fixtures().into_iter().map(|w| w.fixture))
             .map(|f| f.entry(f.name.to_owned()))
             .collect(),
         therock: therock_fixtures()

@@ -21,6 +21,8 @@ use crate::hipk::{HipkMetadata, HIPK_MAGIC, MAX_METADATA_SIZE, WRAPPER_SIZE};
 pub enum VerifyError {
     #[error(transparent)]
     Elf(#[from] ElfError),
+    #[error(transparent)]
+    Pe(#[from] crate::pe::PeError),
     #[error("not a valid offloaded binary: {}", .0.join("; "))]
     Problems(Vec<String>),
 }
@@ -39,8 +41,8 @@ type Loads<'a> = Vec<(usize, &'a ProgramHeader)>;
 /// Check an offloaded host binary. With `bundles`, also that every
 /// wrapper's code object index names one of that many bundles.
 pub fn verify_elf(b: &[u8], bundles: Option<usize>) -> Result<Verified, VerifyError> {
-    let bin = HostBinary::parse(b)?;
-    let elf = bin.elf();
+    let elf = &ElfView::parse(b)?;
+    let bin = HostBinary::Elf(*elf);
     elf.check_sections()?;
     let relocs = Relocations::read(elf)?;
     let mut problems = Vec::new();
@@ -310,7 +312,10 @@ fn check_wrappers(
     bundles: Option<usize>,
     bad: &mut Vec<String>,
 ) -> Vec<u64> {
-    match bin.elf().section(WRAPPER_SECTION) {
+    let HostBinary::Elf(elf) = bin else {
+        return Vec::new();
+    };
+    match elf.section(WRAPPER_SECTION) {
         Ok(None) => {
             bad.push(format!("no {WRAPPER_SECTION} section"));
             return Vec::new();

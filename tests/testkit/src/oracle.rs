@@ -237,6 +237,22 @@ pub fn objcopy_section(binary: &Path, section: &str, scratch: &Path) -> Result<V
     std::fs::read(&out).with_context(|| format!("reading {}", out.display()))
 }
 
+/// The bytes of a section of a PE image (its `VirtualSize` bytes), cut out
+/// with `llvm-objcopy --dump-section`.
+pub fn dump_section(binary: &Path, section: &str, scratch: &Path) -> Result<Vec<u8>> {
+    let out = scratch.join(format!("dump{}.bin", section.replace('.', "_")));
+    let mut arg = std::ffi::OsString::from(format!("{section}="));
+    arg.push(&out);
+    output(
+        Command::new(llvm_bin().join("llvm-objcopy"))
+            .arg("--dump-section")
+            .arg(arg)
+            .arg(binary)
+            .arg(scratch.join("dump.out")),
+    )?;
+    std::fs::read(&out).with_context(|| format!("reading {}", out.display()))
+}
+
 /// Every code object of a fat binary, from the bundles of its
 /// `.hip_fatbin`: (bundle index, target ID) -> bytes. The bytes are what
 /// clang-offload-bundler extracts (checked against the entry table); for
@@ -244,7 +260,12 @@ pub fn objcopy_section(binary: &Path, section: &str, scratch: &Path) -> Result<V
 /// [`entries`]), what the entry table says.
 pub fn code_objects(binary: &Path) -> Result<BTreeMap<(usize, String), Vec<u8>>> {
     let scratch = tempfile::tempdir()?;
-    let fatbin = objcopy_section(binary, ".hip_fatbin", scratch.path())?;
+    let head = std::fs::read(binary).with_context(|| format!("reading {}", binary.display()))?;
+    let fatbin = if head.starts_with(b"MZ") {
+        dump_section(binary, ".hip_fat", scratch.path())?
+    } else {
+        objcopy_section(binary, ".hip_fatbin", scratch.path())?
+    };
     let mut out = BTreeMap::new();
     for (i, bundle) in split_bundles(&fatbin)?.iter().enumerate() {
         let file = scratch.path().join(format!("bundle{i}.bin"));

@@ -63,8 +63,8 @@ pub struct Wrappers {
 }
 
 pub fn analyze(b: &[u8]) -> Result<Input<'_>, TransformError> {
-    let bin = HostBinary::parse(b)?;
-    let elf = *bin.elf();
+    let elf = ElfView::parse(b)?;
+    let bin = HostBinary::Elf(elf);
     elf.check_sections()?;
     validate_layout(&elf)?;
     let machine = elf.machine();
@@ -78,7 +78,9 @@ pub fn analyze(b: &[u8]) -> Result<Input<'_>, TransformError> {
     let unit = page_unit(&elf)?;
     let table = bin.wrappers()?;
     let wrappers = resolve_wrappers(&table, &fatbin, &bundle_starts)?;
-    let relocs = table.relocs;
+    // All of the file's relocations, not the table's: a binary without a
+    // wrapper table can still have relocations into the section.
+    let relocs = Relocations::read(&elf)?;
     check_relocations(&elf, &relocs, kinds, &fatbin, &wrappers.pointer_addrs)?;
     Ok(Input {
         elf,

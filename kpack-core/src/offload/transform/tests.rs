@@ -468,6 +468,19 @@ fn analyze_refuses_what_cannot_be_rewritten() {
         }),
         TransformError::RelocationIntoRemoved { what: "points", .. }
     ));
+    // Without a wrapper table, a relocation into the section still counts.
+    let mut b = build(&Spec {
+        wrappers: vec![],
+        stray_reloc: true,
+        ..Spec::default()
+    });
+    let name = b".hipFatBinSegment\0";
+    let at = b.windows(name.len()).position(|w| w == name).unwrap();
+    b[at + 1] = b'X';
+    assert!(matches!(
+        analyze(&b).err().unwrap(),
+        TransformError::RelocationIntoRemoved { what: "points", .. }
+    ));
     // A wrapper that is already HIPK beside PROGBITS device code.
     let mut b = build(&Spec::default());
     let at = ElfView::parse(&b)
