@@ -86,9 +86,11 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Check a rewritten host binary: segments, program headers,
-    /// relocations and wrappers; for an offloaded binary its HIPK metadata,
-    /// for a fat one (what prune and restore write) its bundles.
+    /// Check a rewritten host binary (ELF, or PE: `verify-binary` is the
+    /// same command): segments or sections, headers, relocations and
+    /// wrappers; for an offloaded binary its HIPK metadata, for a fat one
+    /// (what prune and restore write) its bundles.
+    #[command(visible_alias = "verify-binary")]
     VerifyElf {
         file: PathBuf,
         /// Print a JSON summary.
@@ -675,8 +677,13 @@ fn print_listing(listing: &Listing) {
 fn print_fat_binary(f: &inspect::FatBinaryListing) {
     match f.section_offset {
         Some(off) => println!(
-            "{}: fat binary ({}), {} bytes; .hip_fatbin: {} bytes at offset {:#x}",
-            f.file, f.container, f.file_size, f.section_size, off
+            "{}: fat binary ({}), {} bytes; {}: {} bytes at offset {:#x}",
+            f.file,
+            f.container,
+            f.file_size,
+            f.section_name.as_deref().unwrap_or(".hip_fatbin"),
+            f.section_size,
+            off
         ),
         None => println!("{}: offload bundle file, {} bytes", f.file, f.file_size),
     }
@@ -741,8 +748,14 @@ fn print_archive(a: &inspect::ArchiveListing) {
 
 fn print_offloaded(o: &inspect::OffloadedListing) {
     println!(
-        "{}: offloaded host binary ({:?}), {} bytes",
-        o.file, o.elf_type, o.file_size
+        "{}: offloaded host binary ({}), {} bytes",
+        o.file,
+        match (&o.elf_type, &o.pe_kind) {
+            (Some(t), _) => format!("{t:?}"),
+            (None, Some(k)) => format!("{k:?}").to_uppercase(),
+            (None, None) => "?".into(),
+        },
+        o.file_size
     );
     println!("kernel name: {}", o.kernel_name);
     println!("search paths:");

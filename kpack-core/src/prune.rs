@@ -121,6 +121,12 @@ pub fn prune(input: &Path, output: &Path, selection: &Selection) -> Result<Prune
     let mode = fs::metadata(input).with_path(input)?.permissions().mode();
     check_class(input, bytes)?;
     let bin = HostBinary::parse(bytes).with_path(input)?;
+    if bin.pe().is_some() {
+        return Err(request(
+            input,
+            "a PE file: prune rewrites ELF binaries only (offload handles both)",
+        ));
+    }
     let section = bin
         .fatbin()
         .with_path(input)?
@@ -185,10 +191,7 @@ fn check_class(input: &Path, bytes: &[u8]) -> Result<()> {
         Class::Other => {
             return Err(HostBinary::parse(bytes).err().map_or_else(
                 || request(input, "not a host binary"),
-                |e| Error::Elf {
-                    path: input.into(),
-                    source: e,
-                },
+                |e| Err::<(), _>(e).with_path(input).unwrap_err(),
             ))
         }
     };
@@ -198,7 +201,7 @@ fn check_class(input: &Path, bytes: &[u8]) -> Result<()> {
 /// The alignment of bundles in the section: its own, at most a page.
 fn section_alignment(bin: &HostBinary) -> u64 {
     use object::read::elf::SectionHeader as _;
-    let elf = bin.elf();
+    let Some(elf) = bin.elf() else { return 4096 };
     elf.section_index(crate::elf::FATBIN_SECTION)
         .map(|i| elf.shdrs()[i].sh_addralign(crate::elf::LE))
         .unwrap_or(1)

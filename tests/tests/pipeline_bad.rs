@@ -815,7 +815,7 @@ fn split_database_handlers_and_tmp_dir() {
         &[
             ("stage/lib/libml.so", &fat),
             (
-                "stage/lib/aotriton.images/amd-gfx1100/flash/attn.hsaco",
+                "stage/lib/aotriton.images/amd-gfx1100/flash/attn.aks2",
                 b"a",
             ),
             ("stage/lib/aotriton.images/README", b"r"),
@@ -861,7 +861,7 @@ fn split_database_handlers_and_tmp_dir() {
         [
             "artifact_manifest.txt",
             "stage/.kpack/ml_lib_gfx1100.kpack",
-            "stage/lib/aotriton.images/amd-gfx1100/flash/attn.hsaco"
+            "stage/lib/aotriton.images/amd-gfx1100/flash/attn.aks2"
         ]
     );
     assert_eq!(

@@ -33,7 +33,7 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use xshell::{cmd, Shell};
 
-use crate::{bench_libs, bench_pipeline, bench_rewrite, bench_runtime, cargo};
+use crate::{bench_large, bench_libs, bench_pipeline, bench_rewrite, bench_runtime, cargo};
 
 /// Debian packages the bench needs (the C compiler builds the runtime
 /// bench program).
@@ -49,8 +49,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
     /// Measure only these sections (comma-separated): rocrand, rocsparse,
-    /// pipeline, runtime, rewrite (prune and restore of librocsparse).
-    /// Default: all.
+    /// pipeline, runtime, large, rewrite (prune and restore of
+    /// librocsparse). Default: all.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Keep target/bench/work (the large intermediate files) afterwards.
@@ -255,8 +255,16 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     }
     let wanted = |s: &str| args.only.is_empty() || args.only.iter().any(|o| o == s);
     for o in &args.only {
-        if !["rocrand", "rocsparse", "pipeline", "runtime", "rewrite"].contains(&o.as_str()) {
-            bail!("--only {o}: sections are rocrand, rocsparse, pipeline, runtime, rewrite");
+        let sections = [
+            "rocrand",
+            "rocsparse",
+            "pipeline",
+            "runtime",
+            "large",
+            "rewrite",
+        ];
+        if !sections.contains(&o.as_str()) {
+            bail!("--only {o}: sections are {}", sections.join(", "));
         }
     }
     let bench_dir = root.join("target/bench");
@@ -289,6 +297,10 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     if wanted("runtime") {
         eprintln!("== runtime");
         rows.extend(bench_runtime::run(&ctx)?);
+    }
+    if wanted("large") {
+        eprintln!("== large");
+        rows.extend(bench_large::run(&ctx)?);
     }
     if wanted("rewrite") {
         eprintln!("== rewrite");

@@ -24,7 +24,7 @@ use rayon::prelude::*;
 use super::toc::{EntryOut, Layout, TocOut};
 use super::{
     ArchiveError, Metadata, Scheme, DEFAULT_ZSTD_LEVEL, FORMAT_VERSION, HEADER_SIZE, MAGIC,
-    MAX_FRAMES, MAX_KERNEL_SIZE, MAX_ZSTD_SIZE,
+    MAX_FRAMES, MAX_FRAME_SIZE, MAX_KERNEL_SIZE,
 };
 use crate::bytes;
 use crate::error::WithPath;
@@ -360,15 +360,15 @@ impl<'a> ArchiveWriter<'a> {
                 if let Some(done) = &self.done {
                     done(&k.data);
                 }
-                zstd_size += 4 + frame.len() as u64;
-                if zstd_size > MAX_ZSTD_SIZE {
-                    return Err(ArchiveError::ZstdBlobTooLarge {
-                        size: zstd_size,
-                        max: MAX_ZSTD_SIZE,
-                    });
-                }
-                // Fits: zstd_size <= 4 GiB.
-                out.write_all(&(frame.len() as u32).to_le_bytes())?;
+                let len = u32::try_from(frame.len()).map_err(|_| ArchiveError::FrameTooLarge {
+                    key: k.key.clone(),
+                    target: k.target.clone(),
+                    size: frame.len() as u64,
+                    max: MAX_FRAME_SIZE,
+                })?;
+                // 64-bit: the blob (and the archive) may exceed 4 GiB.
+                zstd_size += 4 + u64::from(len);
+                out.write_all(&len.to_le_bytes())?;
                 out.write_all(&frame)?;
             }
         }

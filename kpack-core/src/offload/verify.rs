@@ -24,6 +24,8 @@ use crate::hipk::{HipkMetadata, HIPF_MAGIC, HIPK_MAGIC, MAX_METADATA_SIZE, WRAPP
 pub enum VerifyError {
     #[error(transparent)]
     Elf(#[from] ElfError),
+    #[error(transparent)]
+    Pe(#[from] crate::pe::PeError),
     #[error("not a valid offloaded binary: {}", .0.join("; "))]
     Problems(Vec<String>),
 }
@@ -42,8 +44,8 @@ type Loads<'a> = Vec<(usize, &'a ProgramHeader)>;
 /// Check an offloaded host binary. With `bundles`, also that every
 /// wrapper's code object index names one of that many bundles.
 pub fn verify_elf(b: &[u8], bundles: Option<usize>) -> Result<Verified, VerifyError> {
-    let bin = HostBinary::parse(b)?;
-    let elf = bin.elf();
+    let elf = &ElfView::parse(b)?;
+    let bin = HostBinary::Elf(*elf);
     elf.check_sections()?;
     let relocs = Relocations::read(elf)?;
     let mut problems = Vec::new();
@@ -322,7 +324,10 @@ fn check_wrappers(
     bundles: Option<usize>,
     bad: &mut Vec<String>,
 ) -> Vec<u64> {
-    match bin.elf().section(WRAPPER_SECTION) {
+    let HostBinary::Elf(elf) = bin else {
+        return Vec::new();
+    };
+    match elf.section(WRAPPER_SECTION) {
         Ok(None) => {
             bad.push(format!("no {WRAPPER_SECTION} section"));
             return Vec::new();
@@ -396,8 +401,8 @@ pub struct VerifiedFat {
 /// of one of those bundles; no relocation applying to, or pointing into,
 /// the zero-filled part of a read-only `PT_LOAD` (pages removed by prune).
 pub fn verify_fat(b: &[u8]) -> Result<VerifiedFat, VerifyError> {
-    let bin = HostBinary::parse(b)?;
-    let elf = bin.elf();
+    let elf = &ElfView::parse(b)?;
+    let bin = HostBinary::Elf(*elf);
     elf.check_sections()?;
     let relocs = Relocations::read(elf)?;
     let mut problems = Vec::new();

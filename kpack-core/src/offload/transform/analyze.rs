@@ -80,8 +80,8 @@ pub struct Hole {
 }
 
 pub fn analyze(b: &[u8]) -> Result<Input<'_>, TransformError> {
-    let bin = HostBinary::parse(b)?;
-    let elf = *bin.elf();
+    let elf = ElfView::parse(b)?;
+    let bin = HostBinary::Elf(elf);
     elf.check_sections()?;
     validate_layout(&elf)?;
     let machine = elf.machine();
@@ -95,7 +95,9 @@ pub fn analyze(b: &[u8]) -> Result<Input<'_>, TransformError> {
     let unit = page_unit(&elf)?;
     let table = bin.wrappers()?;
     let wrappers = resolve_wrappers(&table, &fatbin, &bundle_starts)?;
-    let relocs = table.relocs;
+    // All of the file's relocations, not the table's: a binary without a
+    // wrapper table can still have relocations into the section.
+    let relocs = Relocations::read(&elf)?;
     check_relocations(&elf, &relocs, kinds, &fatbin, &wrappers.pointer_addrs)?;
     Ok(Input {
         elf,
@@ -307,8 +309,7 @@ fn check_relocations(
 /// segment X1 whose zero-filled tail is the removed pages, and the free
 /// range the bundles may take ([`Hole`]).
 pub fn analyze_offloaded(b: &[u8]) -> Result<(Input<'_>, Hole), TransformError> {
-    let bin = HostBinary::parse(b)?;
-    let elf = *bin.elf();
+    let elf = ElfView::parse(b)?;
     elf.check_sections()?;
     validate_layout(&elf)?;
     let machine = elf.machine();
@@ -339,7 +340,7 @@ pub fn analyze_offloaded(b: &[u8]) -> Result<(Input<'_>, Hole), TransformError> 
         })
         .flatten();
     let (start, end) = free_range(&elf, &fatbin, &meta, x_end)?;
-    let table = bin.wrappers()?;
+    let table = HostBinary::Elf(elf).wrappers()?;
     if !table.all_hipk() {
         return Err(refuse("its wrappers are not all HIPK"));
     }

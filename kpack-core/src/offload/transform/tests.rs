@@ -472,6 +472,19 @@ fn analyze_refuses_what_cannot_be_rewritten() {
         }),
         TransformError::RelocationIntoRemoved { what: "points", .. }
     ));
+    // Without a wrapper table, a relocation into the section still counts.
+    let mut b = build(&Spec {
+        wrappers: vec![],
+        stray_reloc: true,
+        ..Spec::default()
+    });
+    let name = b".hipFatBinSegment\0";
+    let at = b.windows(name.len()).position(|w| w == name).unwrap();
+    b[at + 1] = b'X';
+    assert!(matches!(
+        analyze(&b).err().unwrap(),
+        TransformError::RelocationIntoRemoved { what: "points", .. }
+    ));
     // A wrapper that is already HIPK beside PROGBITS device code.
     let mut b = build(&Spec::default());
     let at = ElfView::parse(&b)
@@ -776,7 +789,7 @@ fn prune_keeps_the_bundles_and_removes_the_pages_after_them() {
     let v = crate::offload::verify::verify_fat(&t.bytes).unwrap();
     assert_eq!((v.bundles, v.wrapper_bundles.clone()), (1, vec![0, 0]));
     assert_eq!(classify(&t.bytes), Class::Fat);
-    assert!(t.removed > 0 && t.removed % PAGE == 0);
+    assert!(t.removed > 0 && t.removed.is_multiple_of(PAGE));
     let out = ElfView::parse(&t.bytes).unwrap();
     let sec = out.section(".hip_fatbin").unwrap().unwrap();
     assert_eq!(sec.addr, PAGE);
@@ -846,7 +859,7 @@ fn restore_puts_the_pages_back() {
         align: PAGE,
     };
     let r = rewrite(&t.bytes, &req).unwrap();
-    assert!(r.inserted < t.removed && r.inserted % PAGE == 0);
+    assert!(r.inserted < t.removed && r.inserted.is_multiple_of(PAGE));
     let v = crate::offload::verify::verify_fat(&r.bytes).unwrap();
     assert_eq!(v.wrapper_bundles, vec![0, 0]);
     let out = ElfView::parse(&r.bytes).unwrap();
