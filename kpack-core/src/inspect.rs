@@ -6,13 +6,14 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::archive::Archive;
-use crate::binary::{classify, Class};
+use crate::binary::{classify, BinaryKind, Class};
 use crate::bundle::Method;
 use crate::elf::ElfType;
 use crate::error::Result;
 use crate::fatbin::{read_device_code, Container, DeviceCode, FatBinary};
 use crate::hipk::{Wrapper, HIPF_MAGIC, HIPK_MAGIC};
 use crate::input::map_file;
+use crate::pe::PeKind;
 
 #[derive(Debug, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -26,9 +27,14 @@ pub enum Listing {
 pub struct FatBinaryListing {
     pub file: String,
     pub file_size: u64,
-    /// `bundle` for a raw bundle file, else the ELF type.
+    /// `bundle` for a raw bundle file, else the ELF type or the PE kind
+    /// (`dll`, `exe`).
     pub container: String,
-    /// `.hip_fatbin` offset and size in the file (ELF only).
+    /// The bundle section's name (`.hip_fatbin`, PE: `.hip_fat`); none for
+    /// a raw bundle file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub section_name: Option<String>,
+    /// The bundle section's offset in the file (host binaries only).
     pub section_offset: Option<u64>,
     pub section_size: u64,
     pub bundles: Vec<BundleListing>,
@@ -98,7 +104,12 @@ pub struct KernelListing {
 pub struct OffloadedListing {
     pub file: String,
     pub file_size: u64,
-    pub elf_type: ElfType,
+    /// ELF files: the ELF type.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub elf_type: Option<ElfType>,
+    /// PE files: `dll` or `exe`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pe_kind: Option<PeKind>,
     pub kernel_name: String,
     pub search_paths: Vec<String>,
     pub metadata_address: u64,
@@ -139,7 +150,14 @@ pub fn list(path: &Path) -> Result<Listing> {
         DeviceCode::Offloaded(o) => Listing::Offloaded(OffloadedListing {
             file,
             file_size,
-            elf_type: o.elf_type,
+            elf_type: match o.kind {
+                BinaryKind::Elf(t) => Some(t),
+                BinaryKind::Pe(_) => None,
+            },
+            pe_kind: match o.kind {
+                BinaryKind::Pe(k) => Some(k),
+                BinaryKind::Elf(_) => None,
+            },
             kernel_name: o.metadata.kernel_name.clone(),
             search_paths: o.metadata.search_paths.clone(),
             metadata_address: o.metadata_addr,
@@ -179,14 +197,16 @@ fn fat_listing(fat: &FatBinary, file: String, file_size: u64) -> FatBinaryListin
         .collect();
     targets.sort();
     targets.dedup();
-    let (container, section_offset) = match &fat.container {
-        Container::Raw => ("bundle".to_string(), None),
-        Container::Elf {
-            elf_type,
+    let (container, section_name, section_offset) = match &fat.container {
+        Container::Raw => ("bundle".to_string(), None, None),
+        Container::Host {
+            kind,
+            section_name,
             section_offset,
             ..
         } => (
-            format!("{elf_type:?}").to_lowercase(),
+            kind.name(),
+            Some(section_name.to_string()),
             Some(*section_offset),
         ),
     };
@@ -194,6 +214,7 @@ fn fat_listing(fat: &FatBinary, file: String, file_size: u64) -> FatBinaryListin
         file,
         file_size,
         container,
+        section_name,
         section_offset,
         section_size: fat.data.len() as u64,
         bundles: fat.bundles.iter().map(bundle_listing).collect(),

@@ -144,6 +144,21 @@ impl TargetId {
         out
     }
 
+    /// Does a request for this target (`kpack prune --targets`, `restore
+    /// --targets`) take a code object built for `code_object`? The same
+    /// processor, and no feature that both set is set differently: a
+    /// request leaves what it does not name open, as the loader does for
+    /// code objects (`gfx90a` takes `gfx90a`, `gfx90a:xnack+` and
+    /// `gfx90a:xnack-`; `gfx90a:xnack-` takes `gfx90a` and `gfx90a:xnack-`,
+    /// the code an xnack- device loads, but not `gfx90a:xnack+`).
+    pub fn takes(&self, code_object: &TargetId) -> bool {
+        self.processor == code_object.processor
+            && code_object
+                .features
+                .iter()
+                .all(|(name, on)| self.feature(name).is_none_or(|mine| mine == *on))
+    }
+
     /// Can a code object built for `code_object` run on an agent with this
     /// target ID? Same processor, and every feature the code object sets is
     /// set the same way here.
@@ -390,6 +405,19 @@ mod tests {
         for c in agent.compatible_targets() {
             assert!(agent.accepts(&c));
         }
+    }
+
+    #[test]
+    fn requests_take_what_the_loader_would() {
+        assert!(t("gfx90a").takes(&t("gfx90a:xnack+")));
+        assert!(t("gfx90a").takes(&t("gfx90a:xnack-")));
+        assert!(t("gfx90a").takes(&t("gfx90a")));
+        assert!(t("gfx90a:xnack-").takes(&t("gfx90a")));
+        assert!(t("gfx90a:xnack-").takes(&t("gfx90a:xnack-")));
+        assert!(!t("gfx90a:xnack-").takes(&t("gfx90a:xnack+")));
+        assert!(!t("gfx90a").takes(&t("gfx908")));
+        assert!(t("gfx942:sramecc+").takes(&t("gfx942:sramecc+:xnack-")));
+        assert!(!t("gfx942:sramecc-").takes(&t("gfx942:sramecc+:xnack-")));
     }
 
     #[test]

@@ -5,8 +5,10 @@
 
 mod artifacts;
 mod bench;
+mod bench_large;
 mod bench_libs;
 mod bench_pipeline;
+mod bench_rewrite;
 mod bench_runtime;
 mod bench_wheels;
 mod demo;
@@ -136,6 +138,22 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Write an uncompressed offload bundle with the triples exactly as
+    /// given (a fixture build step: LLVM 19's bundler rewrites triples of
+    /// processors it does not know).
+    /// The bench's child process that writes or reads a large archive.
+    #[command(hide = true)]
+    BenchArchive(bench_large::ArchiveArgs),
+    #[command(hide = true)]
+    Bundle {
+        /// Comma-separated triples, one per --input, in order.
+        #[arg(long)]
+        triples: String,
+        #[arg(long)]
+        input: Vec<PathBuf>,
+        #[arg(long)]
+        output: PathBuf,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -197,6 +215,12 @@ fn main() -> anyhow::Result<()> {
         Task::Split { args } => artifacts::run(&root, "split", &args)?,
         Task::Verify { args } => artifacts::run(&root, "verify", &args)?,
         Task::Recombine { args } => artifacts::run(&root, "recombine", &args)?,
+        Task::BenchArchive(a) => bench_large::child(&a)?,
+        Task::Bundle {
+            triples,
+            input,
+            output,
+        } => fixtures::write_bundle(&triples, &input, &output)?,
     }
     Ok(())
 }

@@ -11,8 +11,8 @@ use crate::cargo;
 use crate::fixtures::{self, FIXTURES_DIR};
 
 /// Debian packages the fixtures and the tests need. clang-tools-19 holds
-/// clang-offload-bundler and llvm-19 the llvm-* tools: both only
-/// recommended by clang-19, so named here.
+/// clang-offload-bundler and llvm-19 the llvm-* tools (llvm-dlltool too):
+/// both only recommended by clang-19, so named here.
 const DEBIAN_PACKAGES: &[&str] = &[
     "clang-19",
     "clang-tools-19",
@@ -35,6 +35,10 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "qemu-user",
     // Debian's dh_dwz runs dwz on every package's binaries.
     "dwz",
+    // rsvg-convert: the tests render `kpack size --svg` treemaps.
+    "librsvg2-bin",
+    // Runs the Windows fixtures (PE32+ DLLs and EXEs): /usr/lib/wine/wine64.
+    "wine64",
 ];
 
 pub fn run(sh: &Shell, root: &Path) -> Result<()> {

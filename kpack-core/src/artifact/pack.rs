@@ -359,6 +359,8 @@ impl Packer<'_> {
             code_objects: s.kernels,
             bytes_in: s.bytes_in,
             bytes_out: s.bytes_out,
+            shared_code_objects: s.shared,
+            bytes_saved: s.bytes_saved,
         })
     }
 }

@@ -413,6 +413,10 @@ const NOTE: &[u8] = b"\x04\0\0\0\x14\0\0\0\x03\0\0\0GNU\0ABCDEFGHIJKLMNOPQRST";
 
 const META: &[u8] = b"\x82\xb2kpack_search_paths\x91\xa5x.kpk\xabkernel_name\xa3lib";
 
+fn offload_request() -> Request<'static> {
+    Request::Offload { metadata: META }
+}
+
 #[test]
 fn synthetic_binary_is_a_fat_binary() {
     let b = build(&Spec::default());
@@ -425,7 +429,7 @@ fn synthetic_binary_is_a_fat_binary() {
     assert_eq!(input.bundles, 1);
     assert_eq!(input.wrappers.changes[0].co_index, 0);
     assert_eq!(input.wrappers.changes[0].pointer, PointerKind::RelaRelative);
-    assert_eq!(input.wrappers.rela_edits, vec![0]);
+    assert_eq!(input.wrappers.relas, vec![Some(0)]);
 }
 
 #[test]
@@ -468,6 +472,19 @@ fn analyze_refuses_what_cannot_be_rewritten() {
         }),
         TransformError::RelocationIntoRemoved { what: "points", .. }
     ));
+    // Without a wrapper table, a relocation into the section still counts.
+    let mut b = build(&Spec {
+        wrappers: vec![],
+        stray_reloc: true,
+        ..Spec::default()
+    });
+    let name = b".hipFatBinSegment\0";
+    let at = b.windows(name.len()).position(|w| w == name).unwrap();
+    b[at + 1] = b'X';
+    assert!(matches!(
+        analyze(&b).err().unwrap(),
+        TransformError::RelocationIntoRemoved { what: "points", .. }
+    ));
     // A wrapper that is already HIPK beside PROGBITS device code.
     let mut b = build(&Spec::default());
     let at = ElfView::parse(&b)
@@ -484,7 +501,7 @@ fn analyze_refuses_what_cannot_be_rewritten() {
 fn plan_cuts_whole_pages_and_moves_the_block_after_the_table() {
     let b = build(&Spec::default());
     let input = analyze(&b).unwrap();
-    let p = plan(&input, META.len() as u64).unwrap();
+    let p = plan(&input, &offload_request()).unwrap();
     // .hip_fatbin: 0x1000..0x4000 + tail. The first page is kept (metadata
     // and the moved block), pages 0x2000..0x4000 leave the file.
     assert!(p.split);
@@ -518,7 +535,7 @@ fn plan_without_a_tail_needs_no_new_segment() {
         ..Spec::default()
     });
     let input = analyze(&b).unwrap();
-    let p = plan(&input, META.len() as u64).unwrap();
+    let p = plan(&input, &offload_request()).unwrap();
     assert!(p.split);
     assert!(p.block.is_none());
     assert_eq!(p.phdrs.len(), 4);
@@ -532,14 +549,19 @@ fn plan_for_a_small_section_cuts_nothing() {
         ..Spec::default()
     });
     let input = analyze(&b).unwrap();
-    let p = plan(&input, META.len() as u64).unwrap();
+    let p = plan(&input, &offload_request()).unwrap();
     assert!(!p.split);
     assert_eq!(p.cut.removed, 0);
     assert!(p.block.is_none());
     assert_eq!(p.phdrs.len(), 4);
     // Metadata larger than the section: no room.
     assert!(matches!(
-        plan(&input, 1 << 20),
+        plan(
+            &input,
+            &Request::Offload {
+                metadata: &vec![0; 1 << 20]
+            }
+        ),
         Err(TransformError::NoRoom { .. })
     ));
 }
@@ -663,7 +685,7 @@ fn large_page_unit_with_a_section_off_the_boundary() {
     let b = build(&spec);
     let input = analyze(&b).unwrap();
     assert_eq!((input.unit, input.fatbin.addr), (UNIT, PAGE));
-    let p = plan(&input, META.len() as u64).unwrap();
+    let p = plan(&input, &offload_request()).unwrap();
     assert!(p.split);
     // Kept: up to the first unit boundary; removed: whole units up to the
     // last boundary inside the section.
@@ -694,7 +716,7 @@ fn notes_stay_ahead_of_the_moved_block() {
         ..Spec::default()
     });
     let input = analyze(&b).unwrap();
-    let p = plan(&input, META.len() as u64).unwrap();
+    let p = plan(&input, &offload_request()).unwrap();
     let new_table_end = EHDR_SIZE as u64 + 6 * PHDR_SIZE as u64;
     assert!(p.split);
     assert_eq!(p.phdrs.len(), 6);
@@ -727,4 +749,127 @@ fn notes_stay_ahead_of_the_moved_block() {
             panic!("{} at {:#x} stays before the kept page", s.name, s.addr);
         }
     }
+}
+
+/// The bundles of a fat binary's `.hip_fatbin`, as they are: what a prune
+/// that keeps everything writes back.
+fn section_bundles(b: &[u8]) -> Vec<u8> {
+    let sec = ElfView::parse(b)
+        .unwrap()
+        .section(".hip_fatbin")
+        .unwrap()
+        .unwrap();
+    let end = crate::bundle::parse_fatbin(sec.data)
+        .unwrap()
+        .last()
+        .unwrap()
+        .range
+        .end;
+    sec.data[..end].to_vec()
+}
+
+#[test]
+fn prune_keeps_the_bundles_and_removes_the_pages_after_them() {
+    let spec = Spec {
+        bundles: vec![PAGE as usize, 2 * PAGE as usize],
+        wrappers: vec![Some(0), Some(1)],
+        ..Spec::default()
+    };
+    let b = build(&spec);
+    let all = section_bundles(&b);
+    // Only the first bundle is kept; the second wrapper points at it too.
+    let first = crate::bundle::parse_fatbin(&all).unwrap()[0].range.clone();
+    let second = crate::bundle::parse_fatbin(&all).unwrap()[1].range.start as u64;
+    let kept = all[first.clone()].to_vec();
+    let req = Request::Prune {
+        bundles: &kept,
+        starts: vec![(0, 0), (second, 0)],
+    };
+    let t = rewrite(&b, &req).unwrap();
+    let v = crate::offload::verify::verify_fat(&t.bytes).unwrap();
+    assert_eq!((v.bundles, v.wrapper_bundles.clone()), (1, vec![0, 0]));
+    assert_eq!(classify(&t.bytes), Class::Fat);
+    assert!(t.removed > 0 && t.removed.is_multiple_of(PAGE));
+    let out = ElfView::parse(&t.bytes).unwrap();
+    let sec = out.section(".hip_fatbin").unwrap().unwrap();
+    assert_eq!(sec.addr, PAGE);
+    assert_eq!(sec.data, &kept[..]);
+    // A payload larger than the section has no room.
+    let big = vec![0u8; 1 << 20];
+    let req = Request::Prune {
+        bundles: &big,
+        starts: vec![(0, 0), (second, 0)],
+    };
+    assert!(matches!(
+        rewrite(&b, &req),
+        Err(TransformError::NoRoom { .. })
+    ));
+}
+
+#[test]
+fn restore_puts_the_pages_back() {
+    let spec = Spec {
+        bundles: vec![PAGE as usize, 2 * PAGE as usize],
+        wrappers: vec![Some(0), Some(1)],
+        ..Spec::default()
+    };
+    let b = build(&spec);
+    let all = section_bundles(&b);
+    let starts: Vec<(u32, u64)> = crate::bundle::parse_fatbin(&all)
+        .unwrap()
+        .iter()
+        .map(|x| (x.index as u32, x.range.start as u64))
+        .collect();
+    let (_, t) = transformed(&spec);
+    // More than the range holds (up to the next section): a clear error.
+    let mut too_big = all.clone();
+    too_big.resize(all.len() + 2 * PAGE as usize, 0);
+    let req = Request::Restore {
+        bundles: &too_big,
+        starts: starts.clone(),
+        align: PAGE,
+    };
+    assert!(matches!(
+        rewrite(&t.bytes, &req),
+        Err(TransformError::RangeTooSmall { .. })
+    ));
+    // The whole section back: every page, X1 and X2 one segment again
+    // (the input's program headers).
+    let req = Request::Restore {
+        bundles: &all,
+        starts: starts.clone(),
+        align: PAGE,
+    };
+    let r = rewrite(&t.bytes, &req).unwrap();
+    assert_eq!(r.inserted, t.removed);
+    // The pages back, one section header (the metadata's) less.
+    assert_eq!(r.bytes.len() as u64, t.bytes.len() as u64 + r.inserted - 64);
+    let v = crate::offload::verify::verify_fat(&r.bytes).unwrap();
+    assert_eq!(v.wrapper_bundles, vec![0, 1]);
+    let out = ElfView::parse(&r.bytes).unwrap();
+    assert!(out.section(".rocm_kpack_ref").unwrap().is_none());
+    assert_eq!(out.phdrs().len(), ElfView::parse(&b).unwrap().phdrs().len());
+    // One small bundle for both: only the pages it needs come back, and
+    // the segments stay as offload left them.
+    let first = crate::bundle::parse_fatbin(&all).unwrap()[0].range.clone();
+    let one = all[first].to_vec();
+    let req = Request::Restore {
+        bundles: &one,
+        starts: vec![(0, 0), (1, 0)],
+        align: PAGE,
+    };
+    let r = rewrite(&t.bytes, &req).unwrap();
+    assert!(r.inserted < t.removed && r.inserted.is_multiple_of(PAGE));
+    let v = crate::offload::verify::verify_fat(&r.bytes).unwrap();
+    assert_eq!(v.wrapper_bundles, vec![0, 0]);
+    let out = ElfView::parse(&r.bytes).unwrap();
+    assert_eq!(
+        out.phdrs().len(),
+        ElfView::parse(&t.bytes).unwrap().phdrs().len()
+    );
+    // A fat binary is not restorable.
+    assert!(matches!(
+        rewrite(&b, &req),
+        Err(TransformError::NotRestorable(_))
+    ));
 }
