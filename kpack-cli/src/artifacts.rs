@@ -14,8 +14,8 @@ use kpack_core::artifact::recombine::RecombineSummary;
 use kpack_core::artifact::split::SplitSummary;
 use kpack_core::artifact::verify::VerifyReport;
 use kpack_core::artifact::{
-    self, with_jobs, ArtifactError, Database, Observer, PackTreeOptions, PackagingConfig,
-    RecombineOptions, SplitOptions, VerifyOptions,
+    self, with_jobs, ArtifactError, Database, GpuTargets, Observer, PackTreeOptions,
+    PackagingConfig, RecombineOptions, SplitOptions, VerifyOptions,
 };
 use kpack_core::bytes::format_size;
 use serde::Serialize;
@@ -74,10 +74,18 @@ pub struct SplitArgs {
     /// Where the output artifacts go (created if missing).
     #[arg(long, value_name = "OUT")]
     output_dir: PathBuf,
-    /// Database handlers to enable: rocblas, hipblaslt, aotriton, miopen,
-    /// hipkernelprovider.
+    /// Database handlers to enable: rocblas, hipblaslt, hipsparselt,
+    /// aotriton, miopen, composablekernel, hipkernelprovider, hotswap_cache
+    /// (the first to claim a file wins, in this order).
     #[arg(long, value_name = "NAME", num_args = 1..)]
     split_databases: Vec<String>,
+    /// Keep only the code objects and database files of these targets'
+    /// base processors (`gfx90a:xnack-` keeps everything of gfx90a);
+    /// those of other targets are left out (their own job emits them).
+    /// Every fat binary is still offloaded; a split where fat binaries
+    /// exist but not one code object matches is refused.
+    #[arg(long, value_name = "T", num_args = 1..)]
+    gpu_targets: Option<Vec<String>>,
     #[command(flatten)]
     common: Common,
     /// Batch mode: when an artifact fails, report it and finish the others.
@@ -130,6 +138,11 @@ pub struct VerifyArgs {
     json: bool,
     #[arg(long, short = 'v')]
     verbose: bool,
+    /// The database handlers split was given: generic artifacts must hold
+    /// no file they claim. (Per-target artifacts are always checked with
+    /// every handler.)
+    #[arg(long, value_name = "NAME", num_args = 1..)]
+    split_databases: Vec<String>,
     /// Accepted for compatibility with the reference tool (unused).
     #[arg(long, value_name = "PATH")]
     clang_offload_bundler: Option<PathBuf>,
@@ -215,6 +228,7 @@ fn split(a: SplitArgs) -> CliResult {
     opts.overwrite = a.overwrite;
     opts.keep_going = a.keep_going;
     opts.tmp_dir = a.tmp_dir.clone();
+    opts.gpu_targets = a.gpu_targets.as_deref().map(GpuTargets::new).transpose()?;
     let reporter = Reporter::new(a.common.verbose, a.common.json);
     if a.clang_offload_bundler.is_some() {
         reporter.note("--clang-offload-bundler is not needed: kpack reads offload bundles itself");
@@ -287,6 +301,12 @@ fn print_split(summary: &SplitSummary) {
         for p in &art.skipped_prefixes {
             println!("  skipped prefix (no such directory): {p}");
         }
+        if art.dropped_code_objects + art.dropped_database_files > 0 {
+            println!(
+                "  left out (other --gpu-targets): {} code objects, {} database files",
+                art.dropped_code_objects, art.dropped_database_files
+            );
+        }
     }
     let t = &summary.totals;
     println!(
@@ -305,9 +325,11 @@ fn print_split(summary: &SplitSummary) {
 
 fn verify(a: VerifyArgs) -> CliResult {
     let config = a.config.as_deref().map(PackagingConfig::load).transpose()?;
+    let databases = Database::parse_list(&a.split_databases)?;
     let reporter = Reporter::new(a.verbose, a.json);
+    let opts = VerifyOptions { config, databases };
     let report = with_jobs(jobs(a.jobs), || {
-        artifact::verify_artifacts(&a.artifacts_dir, &VerifyOptions { config }, &reporter)
+        artifact::verify_artifacts(&a.artifacts_dir, &opts, &reporter)
     });
     reporter.finish();
     let report = report??;
@@ -444,13 +466,13 @@ fn print_json(v: &impl Serialize) {
 
 /// Notes (under --verbose) and warnings on stderr, and a progress bar of
 /// the bytes processed when stderr is a terminal (never with --json).
-struct Reporter {
+pub(crate) struct Reporter {
     verbose: bool,
     bar: Option<ProgressBar>,
 }
 
 impl Reporter {
-    fn new(verbose: bool, json: bool) -> Self {
+    pub(crate) fn new(verbose: bool, json: bool) -> Self {
         let bar = (!json && std::io::stderr().is_terminal())
             .then(|| progress_bar(ProgressDrawTarget::stderr_with_hz(10)));
         Reporter { verbose, bar }
@@ -464,7 +486,7 @@ impl Reporter {
         }
     }
 
-    fn finish(&self) {
+    pub(crate) fn finish(&self) {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }

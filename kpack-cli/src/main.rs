@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 mod artifacts;
+mod wheels;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -86,16 +87,114 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Check an offloaded host binary: segments, program headers, HIPK
-    /// metadata, wrappers and relocations.
+    /// Check a rewritten host binary (ELF, or PE: `verify-binary` is the
+    /// same command): segments or sections, headers, relocations and
+    /// wrappers; for an offloaded binary its HIPK metadata, for a fat one
+    /// (what prune and restore write) its bundles.
+    #[command(visible_alias = "verify-binary")]
     VerifyElf {
         file: PathBuf,
         /// Print a JSON summary.
         #[arg(long)]
         json: bool,
     },
+    /// Keep only some targets inside a fat binary's own bundles: the output
+    /// is still a fat binary (HIPF wrappers) that any HIP runtime loads,
+    /// with every other target's bytes gone from the file.
+    Prune {
+        input: PathBuf,
+        /// The pruned binary to write (may be INPUT itself).
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Targets to keep, matched as the loader matches: `gfx90a` keeps
+        /// `gfx90a:xnack+` and `gfx90a:xnack-`; `gfx90a:xnack-` keeps
+        /// `gfx90a:xnack-` and `gfx90a`.
+        #[arg(long, num_args = 1.., required = true, value_name = "TARGET")]
+        targets: Vec<String>,
+        /// Also keep every generic target (`gfx11-generic`, ...).
+        #[arg(long)]
+        keep_generic: bool,
+        /// Print a JSON summary.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The way back from an offloaded binary: a fat binary (HIPF wrappers,
+    /// `.hip_fatbin` again) with the chosen targets' code objects, found in
+    /// the archives its metadata names as the runtime finds them
+    /// (ROCM_KPACK_PATH and ROCM_KPACK_PATH_PREFIX honoured).
+    Restore {
+        input: PathBuf,
+        /// The fat binary to write (may be INPUT itself).
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Targets to put back, matched as prune matches them (default:
+        /// every target the archives have).
+        #[arg(long, num_args = 1.., value_name = "TARGET")]
+        targets: Vec<String>,
+        /// With --targets: also every generic target.
+        #[arg(long)]
+        keep_generic: bool,
+        /// Bundle form: `auto` (uncompressed when they fit the original
+        /// range, else compressed), `none` or `zstd` (CCOB).
+        #[arg(long, value_enum, default_value = "auto")]
+        compression: RestoreCompression,
+        /// Print a JSON summary.
+        #[arg(long)]
+        json: bool,
+    },
+    /// For each wrapper of an offloaded binary, what the runtime would load
+    /// for a device with these ISAs and why: the candidate archives in
+    /// order, whether each exists, opens, lists a compatible target and
+    /// holds the key, and the winner or the error code (the loader's own
+    /// search, ROCM_KPACK_* honoured). Exit 0 when every wrapper resolves.
+    Why {
+        binary: PathBuf,
+        /// A device ISA (`gfx90a:xnack-`, `amdgcn-amd-amdhsa--gfx1100`), in
+        /// priority order; repeatable.
+        #[arg(long = "arch", required = true, value_name = "ISA")]
+        archs: Vec<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Where the bytes of a package go: fat and offloaded binaries,
+    /// archives, trees (artifact or install trees) and wheels; host vs
+    /// device bytes, per target and per binary, stored and uncompressed,
+    /// and the code objects archives share.
+    Size {
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        /// Also write a treemap (binary -> host code and targets) as SVG.
+        #[arg(long, value_name = "FILE")]
+        svg: Option<PathBuf>,
+    },
+    /// Compare two paths of the same kind (two builds of a library, two
+    /// trees, two wheels): targets, binaries and code objects added,
+    /// removed, grown or shrunk, with totals.
+    Diff {
+        a: PathBuf,
+        b: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     #[command(flatten)]
     Artifact(artifacts::ArtifactCommand),
+    /// Split a Python wheel whose package carries fat binaries (PyTorch)
+    /// into a host wheel of the same name and one device wheel per GPU
+    /// bundle (`pip install "torch[device-gfx942]"`); the flags of
+    /// `python -m rocm_kpack.tools.split_python_wheels`.
+    SplitWheels(Box<wheels::SplitWheelsArgs>),
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum RestoreCompression {
+    Auto,
+    None,
+    Zstd,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -108,6 +207,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
         Command::Artifact(c) => artifacts::run(c),
+        Command::SplitWheels(a) => wheels::split_wheels(*a),
         command => run(Cli { command }).map_err(Into::into),
     };
     match result {
@@ -153,7 +253,41 @@ fn run(cli: Cli) -> kpack_core::Result<()> {
             offload(&input, &output, &opts, json)
         }
         Command::VerifyElf { file, json } => verify_elf(&file, json),
-        Command::Artifact(_) => unreachable!("dispatched in main"),
+        Command::Prune {
+            input,
+            output,
+            targets,
+            keep_generic,
+            json,
+        } => prune(&input, &output, targets, keep_generic, json),
+        Command::Restore {
+            input,
+            output,
+            targets,
+            keep_generic,
+            compression,
+            json,
+        } => {
+            use kpack_core::restore::Compression as C;
+            let opts = kpack_core::restore::RestoreOptions {
+                targets,
+                keep_generic,
+                compression: match compression {
+                    RestoreCompression::Auto => C::Auto,
+                    RestoreCompression::None => C::None,
+                    RestoreCompression::Zstd => C::Zstd,
+                },
+            };
+            restore(&input, &output, &opts, json)
+        }
+        Command::Why {
+            binary,
+            archs,
+            json,
+        } => why(&binary, &archs, json),
+        Command::Size { paths, json, svg } => size(&paths, json, svg.as_deref()),
+        Command::Diff { a, b, json } => diff(&a, &b, json),
+        Command::Artifact(_) | Command::SplitWheels(_) => unreachable!("dispatched in main"),
     }
 }
 
@@ -223,7 +357,293 @@ fn offload(
     Ok(())
 }
 
+fn prune(
+    input: &Path,
+    output: &Path,
+    targets: Vec<String>,
+    keep_generic: bool,
+    json: bool,
+) -> kpack_core::Result<()> {
+    let selection = kpack_core::prune::Selection {
+        targets,
+        keep_generic,
+    };
+    let s = kpack_core::prune::prune(input, output, &selection)?;
+    if json {
+        print_json(&s);
+        return Ok(());
+    }
+    println!(
+        "{} -> {}: {} -> {} bytes; kept {}; dropped {}",
+        input.display(),
+        output.display(),
+        s.input_size,
+        s.output_size,
+        s.kept_targets.join(", "),
+        if s.dropped_targets.is_empty() {
+            "nothing".to_string()
+        } else {
+            s.dropped_targets.join(", ")
+        }
+    );
+    for b in &s.bundles {
+        println!(
+            "  bundle {}{}: {} -> {} bytes, kept [{}]",
+            b.index,
+            b.compressed
+                .as_ref()
+                .map(|c| format!(" ({c})"))
+                .unwrap_or_default(),
+            b.bytes_before,
+            b.bytes_after,
+            b.kept.join(", ")
+        );
+    }
+    Ok(())
+}
+
+fn restore(
+    input: &Path,
+    output: &Path,
+    opts: &kpack_core::restore::RestoreOptions,
+    json: bool,
+) -> kpack_core::Result<()> {
+    let s = kpack_core::restore::restore(input, output, opts)?;
+    if json {
+        print_json(&s);
+        return Ok(());
+    }
+    println!(
+        "{} -> {}: {} -> {} bytes; restored {} in {} bundle(s){}",
+        input.display(),
+        output.display(),
+        s.input_size,
+        s.output_size,
+        s.targets.join(", "),
+        s.bundles.len(),
+        if s.compressed { ", compressed" } else { "" }
+    );
+    for b in &s.bundles {
+        println!(
+            "  bundle for code object {}: {} bytes, [{}]",
+            b.co_index,
+            b.bytes,
+            b.targets.join(", ")
+        );
+    }
+    Ok(())
+}
+
+fn why(binary: &Path, archs: &[String], json: bool) -> kpack_core::Result<()> {
+    use kpack_core::loader::{AttemptOutcome, CandidateStatus};
+    use kpack_core::why::Outcome;
+    let w = kpack_core::why::why(binary, archs)?;
+    if json {
+        print_json(&w);
+    } else {
+        println!(
+            "{} (found at run time as {}): kernel name {}, search paths {}",
+            binary.display(),
+            w.binary_path.display(),
+            w.kernel_name,
+            w.search_paths.join(", ")
+        );
+        for x in &w.wrappers {
+            println!("wrapper {}: key {}", x.wrapper, x.trace.key);
+            for a in &x.trace.agents {
+                println!("  {} tries {}", a.arch, a.targets.join(", "));
+            }
+            for (i, c) in x.trace.candidates.iter().enumerate() {
+                let status = match &c.status {
+                    CandidateStatus::NotReached => "not reached (found before it)".to_string(),
+                    CandidateStatus::Missing { error } => format!("missing ({error})"),
+                    CandidateStatus::Unusable { error } => format!("does not open: {error}"),
+                    CandidateStatus::SameAs { candidate } => {
+                        format!("the same archive as candidate {}", candidate + 1)
+                    }
+                    CandidateStatus::Opened { targets, .. } => {
+                        format!("opens, lists [{}]", targets.join(", "))
+                    }
+                };
+                println!("  {}. {}: {status}", i + 1, c.path.display());
+                for t in x.trace.attempts.iter().filter(|t| t.candidate == i) {
+                    let what = match &t.outcome {
+                        AttemptOutcome::KeyMissing => {
+                            "listed, but no entry for the key".to_string()
+                        }
+                        AttemptOutcome::ReadFailed { error } => {
+                            format!("has the key, read failed: {error}")
+                        }
+                        AttemptOutcome::Loaded { size } => {
+                            format!("has the key: loaded, {size} bytes")
+                        }
+                    };
+                    println!("       {}: {what}", t.target);
+                }
+            }
+            match &x.result {
+                Outcome::Loaded {
+                    archive,
+                    target,
+                    size,
+                } => println!(
+                    "  => loads {target} from {} ({size} bytes)",
+                    archive.display()
+                ),
+                Outcome::Failed {
+                    code,
+                    error,
+                    message,
+                } => println!("  => {error} ({code}): {message}"),
+            }
+        }
+    }
+    if w.all_resolve() {
+        return Ok(());
+    }
+    let failing = w
+        .wrappers
+        .iter()
+        .filter(|x| !matches!(x.result, Outcome::Loaded { .. }))
+        .count();
+    Err(kpack_core::Error::Request {
+        path: binary.into(),
+        what: format!(
+            "{failing} of {} wrapper(s) do not resolve for {}",
+            w.wrappers.len(),
+            archs.join(", ")
+        ),
+    })
+}
+
+fn size(paths: &[PathBuf], json: bool, svg: Option<&Path>) -> kpack_core::Result<()> {
+    use kpack_core::bytes::format_size as fs;
+    let report = kpack_core::size::size(paths)?;
+    if let Some(file) = svg {
+        let doc = kpack_core::svg::treemap(&report.roots);
+        kpack_core::output::write_atomically(file, |f| {
+            std::io::Write::write_all(f, doc.as_bytes())
+        })?;
+    }
+    if json {
+        print_json(&report);
+        return Ok(());
+    }
+    for r in &report.roots {
+        println!(
+            "{}: {}, {} file(s), {}{}: host {}, device {} (stored), headers/padding/TOCs {}, other files {}",
+            r.path,
+            r.kind.name(),
+            r.files,
+            fs(r.bytes),
+            r.unpacked_bytes
+                .map(|u| format!(" ({} unpacked)", fs(u)))
+                .unwrap_or_default(),
+            fs(r.host_bytes),
+            fs(r.device_bytes),
+            fs(r.overhead_bytes),
+            fs(r.other_bytes)
+        );
+        println!(
+            "  {:<24} {:>6} {:>12} {:>14} {:>7} {:>12}",
+            "target", "codes", "stored", "uncompressed", "shared", "saved"
+        );
+        for (t, v) in &r.targets {
+            println!(
+                "  {:<24} {:>6} {:>12} {:>14} {:>7} {:>12}",
+                t,
+                v.code_objects,
+                fs(v.stored),
+                fs(v.uncompressed),
+                v.shared,
+                fs(v.bytes_saved)
+            );
+        }
+        let mut bins: Vec<&kpack_core::size::BinaryBytes> = r.binaries.iter().collect();
+        let total = |b: &kpack_core::size::BinaryBytes| {
+            b.host_bytes + b.targets.values().map(|t| t.stored).sum::<u64>()
+        };
+        bins.sort_by(|a, b| total(b).cmp(&total(a)).then(a.name.cmp(&b.name)));
+        for b in bins {
+            println!(
+                "  {} ({}): host {}, device {} in {} target(s)",
+                b.name,
+                b.kind,
+                fs(b.host_bytes),
+                fs(b.targets.values().map(|t| t.stored).sum()),
+                b.targets.len()
+            );
+        }
+    }
+    Ok(())
+}
+
+fn diff(a: &Path, b: &Path, json: bool) -> kpack_core::Result<()> {
+    use kpack_core::bytes::format_size as fs;
+    let d = kpack_core::size::diff(a, b)?;
+    if json {
+        print_json(&d);
+        return Ok(());
+    }
+    let delta = |x: u64, y: u64| {
+        if y >= x {
+            format!("+{}", fs(y - x))
+        } else {
+            format!("-{}", fs(x - y))
+        }
+    };
+    println!(
+        "{} -> {} ({}): {} -> {} ({}); host {} -> {}; device {} -> {}",
+        d.a,
+        d.b,
+        d.kind.name(),
+        fs(d.bytes_a),
+        fs(d.bytes_b),
+        delta(d.bytes_a, d.bytes_b),
+        fs(d.host_bytes_a),
+        fs(d.host_bytes_b),
+        fs(d.device_bytes_a),
+        fs(d.device_bytes_b)
+    );
+    for (title, list) in [
+        ("targets", &d.targets),
+        ("binaries", &d.binaries),
+        ("code objects", &d.code_objects),
+    ] {
+        println!("{title}:");
+        for c in list {
+            println!(
+                "  {:<8} {}: {} -> {} stored, {} -> {} uncompressed",
+                format!("{:?}", c.change).to_lowercase(),
+                c.name,
+                fs(c.stored_a),
+                fs(c.stored_b),
+                fs(c.uncompressed_a),
+                fs(c.uncompressed_b)
+            );
+        }
+    }
+    Ok(())
+}
+
 fn verify_elf(file: &Path, json: bool) -> kpack_core::Result<()> {
+    let mapped = kpack_core::input::map_file(file)?;
+    if kpack_core::binary::classify(&mapped) == kpack_core::binary::Class::Fat {
+        let v = offload::verify_fat_file(file)?;
+        if json {
+            print_json(&serde_json::json!({"kind": "fat", "verified": v}));
+        } else {
+            println!(
+                "{}: ok: fat binary, {} wrapper(s), {} bundle(s), targets {}",
+                file.display(),
+                v.wrapper_bundles.len(),
+                v.bundles,
+                v.targets.join(", ")
+            );
+        }
+        return Ok(());
+    }
+    drop(mapped);
     let v = offload::verify_file(file)?;
     if json {
         print_json(&v);
@@ -250,8 +670,13 @@ fn print_listing(listing: &Listing) {
 fn print_fat_binary(f: &inspect::FatBinaryListing) {
     match f.section_offset {
         Some(off) => println!(
-            "{}: fat binary ({}), {} bytes; .hip_fatbin: {} bytes at offset {:#x}",
-            f.file, f.container, f.file_size, f.section_size, off
+            "{}: fat binary ({}), {} bytes; {}: {} bytes at offset {:#x}",
+            f.file,
+            f.container,
+            f.file_size,
+            f.section_name.as_deref().unwrap_or(".hip_fatbin"),
+            f.section_size,
+            off
         ),
         None => println!("{}: offload bundle file, {} bytes", f.file, f.file_size),
     }
@@ -316,8 +741,14 @@ fn print_archive(a: &inspect::ArchiveListing) {
 
 fn print_offloaded(o: &inspect::OffloadedListing) {
     println!(
-        "{}: offloaded host binary ({:?}), {} bytes",
-        o.file, o.elf_type, o.file_size
+        "{}: offloaded host binary ({}), {} bytes",
+        o.file,
+        match (&o.elf_type, &o.pe_kind) {
+            (Some(t), _) => format!("{t:?}"),
+            (None, Some(k)) => format!("{k:?}").to_uppercase(),
+            (None, None) => "?".into(),
+        },
+        o.file_size
     );
     println!("kernel name: {}", o.kernel_name);
     println!("search paths:");

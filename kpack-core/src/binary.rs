@@ -4,20 +4,23 @@
 //! looking at (fat binary, offloaded binary, host-only binary, debug-only
 //! file, link input, bundle, archive, anything else); offload, split,
 //! pack-tree, recombine, verify, `ls` and `extract` all ask it.
-//! [`HostBinary::wrappers`] is the one reader of the wrapper table
-//! (`.hipFatBinSegment`), with each wrapper's pointer resolved to its
-//! load-time value.
+//! [`HostBinary::wrappers`] is the one reader of the wrapper table, with
+//! each wrapper's pointer resolved to its load-time value.
 //!
-//! A host binary is ELF today; the interface is what every caller needs
-//! whatever the container (sections by role, wrappers with resolved
-//! pointers), so that PE/COFF can stand behind it too.
+//! A host binary is ELF ([`crate::elf`]) or PE/COFF ([`crate::pe`]); the
+//! interface is what every caller needs whatever the container: the
+//! device-code sections by role ([`Role`]: `.hip_fatbin`/`.hip_fat`,
+//! `.hipFatBinSegment`/`.hipFatB`, `.rocm_kpack_ref`/`.kpackrf`) and the
+//! wrappers with resolved pointers. Addresses are relative to the load
+//! base (ELF virtual addresses, PE RVAs).
 
 use crate::bytes;
 use crate::elf::{
-    ElfError, ElfType, ElfView, Pointer, Relocations, Section, FATBIN_SECTION, METADATA_SECTION,
+    ElfError, ElfType, ElfView, Pointer, Relocations, FATBIN_SECTION, METADATA_SECTION,
     WRAPPER_SECTION,
 };
 use crate::hipk::{Wrapper, HIPK_MAGIC, WRAPPER_SIZE};
+use crate::pe::{self, BaseReloc, PeError, PeKind, PeView};
 
 /// The magic of a static archive (`ar`).
 pub const STATIC_ARCHIVE_MAGIC: &[u8] = b"!<arch>\n";
@@ -34,8 +37,9 @@ pub enum Class {
     /// A host binary without device code (no `.hip_fatbin`).
     HostOnly,
     /// A debug-info file (`objcopy --only-keep-debug`, TheRock's `*_dbg`
-    /// artifacts): `.hip_fatbin` and the wrapper table are NOBITS headers
-    /// without bytes and there is no metadata. Nothing to offload.
+    /// artifacts), of a fat or an offloaded binary: `.hip_fatbin`, the
+    /// wrapper table and any metadata section are NOBITS headers without
+    /// bytes. Nothing to offload.
     DebugOnly,
     /// A relocatable object (`ET_REL`): a link input, not a run-time
     /// binary.
@@ -85,7 +89,9 @@ impl Class {
 /// Could a file that starts with `head` (its first 8 bytes or fewer) be a
 /// host binary or a link input? A cheap test before mapping the file.
 pub fn could_be_binary(head: &[u8]) -> bool {
-    head.starts_with(&object::elf::ELFMAG) || head.starts_with(STATIC_ARCHIVE_MAGIC)
+    head.starts_with(&object::elf::ELFMAG)
+        || pe::is_pe(head)
+        || head.starts_with(STATIC_ARCHIVE_MAGIC)
 }
 
 /// What `bytes` (a whole file) is.
@@ -107,83 +113,263 @@ pub fn classify(bytes: &[u8]) -> Class {
     }
 }
 
+/// Why a host binary cannot be read: the container's own error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BinaryError {
+    #[error(transparent)]
+    Elf(#[from] ElfError),
+    #[error(transparent)]
+    Pe(#[from] PeError),
+}
+
+/// The ELF transform reads wrappers through [`HostBinary`]; its pointers
+/// never carry PE errors.
+impl From<BinaryError> for crate::offload::TransformError {
+    fn from(e: BinaryError) -> Self {
+        match e {
+            BinaryError::Elf(e) => e.into(),
+            BinaryError::Pe(e) => ElfError::Malformed(e.to_string()).into(),
+        }
+    }
+}
+
+/// The device-code sections of a host binary, by what they hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The offload bundles.
+    Fatbin,
+    /// The `__CudaFatBinaryWrapper` array.
+    Wrappers,
+    /// The HIPK metadata of an offloaded binary.
+    Metadata,
+}
+
+/// What kind of host binary, per container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BinaryKind {
+    Elf(ElfType),
+    Pe(PeKind),
+}
+
+impl BinaryKind {
+    /// Lower-case name (`shared`, `executable`, `dll`, `exe`...).
+    pub fn name(self) -> String {
+        match self {
+            BinaryKind::Elf(t) => format!("{t:?}").to_lowercase(),
+            BinaryKind::Pe(k) => format!("{k:?}").to_lowercase(),
+        }
+    }
+}
+
+/// A device-code section, whatever the container.
+#[derive(Debug, Clone)]
+pub struct DeviceSection<'a> {
+    pub name: String,
+    /// Address relative to the load base (ELF `sh_addr`, PE RVA).
+    pub addr: u64,
+    /// File offset of its bytes.
+    pub offset: u64,
+    /// Size in memory.
+    pub size: u64,
+    /// Its bytes in the file (empty when it has none).
+    pub data: &'a [u8],
+    /// Whether it has bytes in the file (not ELF NOBITS, not a PE section
+    /// without raw data).
+    pub in_file: bool,
+}
+
+impl DeviceSection<'_> {
+    /// No bytes in the file.
+    pub fn is_nobits(&self) -> bool {
+        !self.in_file
+    }
+}
+
 /// A parsed host binary and its device-code parts.
-pub struct HostBinary<'a> {
-    elf: ElfView<'a>,
+#[derive(Clone, Copy)]
+pub enum HostBinary<'a> {
+    Elf(ElfView<'a>),
+    Pe(PeView<'a>),
 }
 
 impl<'a> HostBinary<'a> {
-    pub fn parse(bytes: &'a [u8]) -> Result<Self, ElfError> {
-        Ok(HostBinary {
-            elf: ElfView::parse(bytes)?,
+    /// ELF or PE by the first bytes; anything else is "not an ELF file".
+    pub fn parse(bytes: &'a [u8]) -> Result<Self, BinaryError> {
+        if pe::is_pe(bytes) {
+            return Ok(HostBinary::Pe(PeView::parse(bytes)?));
+        }
+        Ok(HostBinary::Elf(ElfView::parse(bytes)?))
+    }
+
+    /// The ELF view, for an ELF file.
+    pub fn elf(&self) -> Option<&ElfView<'a>> {
+        match self {
+            HostBinary::Elf(e) => Some(e),
+            HostBinary::Pe(_) => None,
+        }
+    }
+
+    /// The PE view, for a PE file.
+    pub fn pe(&self) -> Option<&PeView<'a>> {
+        match self {
+            HostBinary::Pe(p) => Some(p),
+            HostBinary::Elf(_) => None,
+        }
+    }
+
+    pub fn kind(&self) -> BinaryKind {
+        match self {
+            HostBinary::Elf(e) => BinaryKind::Elf(e.elf_type()),
+            HostBinary::Pe(p) => BinaryKind::Pe(p.kind()),
+        }
+    }
+
+    /// The name of the section that plays `role` in this container.
+    pub fn section_name(&self, role: Role) -> &'static str {
+        match (self, role) {
+            (HostBinary::Elf(_), Role::Fatbin) => FATBIN_SECTION,
+            (HostBinary::Elf(_), Role::Wrappers) => WRAPPER_SECTION,
+            (HostBinary::Elf(_), Role::Metadata) => METADATA_SECTION,
+            (HostBinary::Pe(_), Role::Fatbin) => pe::FATBIN_SECTION,
+            (HostBinary::Pe(_), Role::Wrappers) => pe::WRAPPER_SECTION,
+            (HostBinary::Pe(_), Role::Metadata) => pe::METADATA_SECTION,
+        }
+    }
+
+    /// Check that every section's name reads and its bytes lie inside the
+    /// file.
+    pub fn check_sections(&self) -> Result<(), BinaryError> {
+        match self {
+            HostBinary::Elf(e) => Ok(e.check_sections()?),
+            HostBinary::Pe(p) => Ok(p.check_sections()?),
+        }
+    }
+
+    /// The section playing `role`, if there is one.
+    pub fn section(&self, role: Role) -> Result<Option<DeviceSection<'a>>, BinaryError> {
+        let name = self.section_name(role);
+        Ok(match self {
+            HostBinary::Elf(e) => e.section(name)?.map(|s| DeviceSection {
+                in_file: !s.is_nobits(),
+                name: s.name,
+                addr: s.addr,
+                offset: s.offset,
+                size: s.size,
+                data: s.data,
+            }),
+            HostBinary::Pe(p) => p.section(name)?.map(|s| DeviceSection {
+                in_file: s.raw_size > 0,
+                size: s.mem_size(),
+                name: s.name,
+                addr: s.rva,
+                offset: s.raw_offset,
+                data: s.data,
+            }),
         })
     }
 
-    /// The ELF view (the only container so far).
-    pub fn elf(&self) -> &ElfView<'a> {
-        &self.elf
+    fn has_section(&self, role: Role) -> bool {
+        let name = self.section_name(role);
+        match self {
+            HostBinary::Elf(e) => e.section_index(name).is_some(),
+            HostBinary::Pe(p) => p.section_index(name).is_some(),
+        }
     }
 
-    pub fn elf_type(&self) -> ElfType {
-        self.elf.elf_type()
+    /// The section holding the bundles (`.hip_fatbin`, `.hip_fat`), with
+    /// bytes or not.
+    pub fn fatbin(&self) -> Result<Option<DeviceSection<'a>>, BinaryError> {
+        self.section(Role::Fatbin)
     }
 
-    /// The section holding the bundles (`.hip_fatbin`), NOBITS or not.
-    pub fn fatbin(&self) -> Result<Option<Section<'a>>, ElfError> {
-        self.elf.section(FATBIN_SECTION)
-    }
-
-    /// The section holding the HIPK metadata (`.rocm_kpack_ref`).
-    pub fn metadata(&self) -> Result<Option<Section<'a>>, ElfError> {
-        self.elf.section(METADATA_SECTION)
+    /// The section holding the HIPK metadata (`.rocm_kpack_ref`,
+    /// `.kpackrf`).
+    pub fn metadata(&self) -> Result<Option<DeviceSection<'a>>, BinaryError> {
+        self.section(Role::Metadata)
     }
 
     /// The wrapper table; empty when the section is missing or has no bytes
-    /// in the file (NOBITS).
-    pub fn wrappers(&self) -> Result<WrapperTable, ElfError> {
-        let Some(sec) = self.elf.section(WRAPPER_SECTION)? else {
+    /// in the file.
+    pub fn wrappers(&self) -> Result<WrapperTable, BinaryError> {
+        let Some(sec) = self.section(Role::Wrappers)? else {
             return Ok(WrapperTable::default());
         };
         if sec.is_nobits() {
             return Ok(WrapperTable::default());
         }
-        if sec.data.len() % WRAPPER_SIZE != 0 {
-            return Err(ElfError::BadSection {
-                name: WRAPPER_SECTION.into(),
-                problem: format!(
-                    "size {} is not a multiple of {WRAPPER_SIZE}",
-                    sec.data.len()
-                ),
+        let problem = if sec.size % WRAPPER_SIZE as u64 != 0 {
+            Some(format!(
+                "size {} is not a multiple of {WRAPPER_SIZE}",
+                sec.size
+            ))
+        } else if (sec.data.len() as u64) < sec.size {
+            Some(format!(
+                "only {} of its {} bytes are in the file",
+                sec.data.len(),
+                sec.size
+            ))
+        } else {
+            None
+        };
+        if let Some(problem) = problem {
+            let name = sec.name;
+            return Err(match self {
+                HostBinary::Elf(_) => ElfError::BadSection { name, problem }.into(),
+                HostBinary::Pe(_) => PeError::BadSection { name, problem }.into(),
             });
         }
-        let relocs = Relocations::read(&self.elf)?;
-        let slots = (0..sec.data.len() / WRAPPER_SIZE)
-            .map(|index| self.slot(&sec, &relocs, index))
+        let mut table = match self {
+            HostBinary::Elf(e) => WrapperTable {
+                relocs: Relocations::read(e)?,
+                ..WrapperTable::default()
+            },
+            HostBinary::Pe(p) => WrapperTable {
+                base_relocs: p.base_relocations()?,
+                ..WrapperTable::default()
+            },
+        };
+        table.slots = (0..sec.size as usize / WRAPPER_SIZE)
+            .map(|index| self.slot(&sec, &table, index))
             .collect();
-        Ok(WrapperTable { slots, relocs })
+        Ok(table)
     }
 
-    fn slot(&self, sec: &Section, relocs: &Relocations, index: usize) -> WrapperSlot {
+    fn slot(&self, sec: &DeviceSection, table: &WrapperTable, index: usize) -> WrapperSlot {
         let at = (index * WRAPPER_SIZE) as u64;
         let raw = bytes::array_at(sec.data, at).expect("inside the section");
         let (offset, addr) = (sec.offset + at, sec.addr + at);
+        let pointer = match self {
+            HostBinary::Elf(e) => e
+                .pointer_at(&table.relocs, addr + 8, offset + 8)
+                .map_err(Into::into),
+            HostBinary::Pe(p) => p
+                .pointer_at(&table.base_relocs, addr + 8)
+                .map_err(Into::into),
+        };
         WrapperSlot {
             index,
             offset,
             addr,
             wrapper: Wrapper::parse(&raw),
-            pointer: self.elf.pointer_at(relocs, addr + 8, offset + 8),
+            pointer,
         }
     }
 
     /// See [`classify`].
     pub fn class(&self) -> Class {
-        if self.elf.machine() == object::elf::EM_AMDGPU {
+        match self {
+            HostBinary::Elf(e) => self.elf_class(e),
+            HostBinary::Pe(_) => self.pe_class(),
+        }
+    }
+
+    fn elf_class(&self, elf: &ElfView) -> Class {
+        if elf.machine() == object::elf::EM_AMDGPU {
             return Class::CodeObject;
         }
-        if self.elf.elf_type() == ElfType::Relocatable {
+        if elf.elf_type() == ElfType::Relocatable {
             return Class::Relocatable {
-                device_code: self.elf.section_index(FATBIN_SECTION).is_some(),
+                device_code: elf.section_index(FATBIN_SECTION).is_some(),
             };
         }
         let fatbin = match self.fatbin() {
@@ -197,7 +383,8 @@ impl<'a> HostBinary<'a> {
             Err(_) if fat => return Class::Fat,
             Err(e) => return Class::Inconsistent(e.to_string()),
         };
-        let has_metadata = self.elf.section_index(METADATA_SECTION).is_some();
+        // A debug-info file keeps the section headers, NOBITS.
+        let has_metadata = matches!(self.metadata(), Ok(Some(m)) if m.in_file);
         match fatbin {
             Some(_) if fat => Class::Fat,
             Some(_) if wrappers.all_hipk() => Class::Offloaded,
@@ -210,6 +397,32 @@ impl<'a> HostBinary<'a> {
             None => Class::HostOnly,
         }
     }
+
+    /// A PE image is fat while it has `.hip_fat` and no `.kpackrf` (the
+    /// offloaded `.hip_fat` keeps its address range, and may keep zeroed
+    /// bytes in the file).
+    fn pe_class(&self) -> Class {
+        let fatbin = match self.fatbin() {
+            Ok(f) => f,
+            Err(e) => return Class::Inconsistent(e.to_string()),
+        };
+        let has_metadata = self.has_section(Role::Metadata);
+        let fat = fatbin.is_some() && !has_metadata;
+        let wrappers = match self.wrappers() {
+            Ok(w) => w,
+            Err(_) if fat => return Class::Fat,
+            Err(e) => return Class::Inconsistent(e.to_string()),
+        };
+        match (fat, has_metadata) {
+            (true, _) => Class::Fat,
+            (false, true) if wrappers.is_empty() || wrappers.all_hipk() => Class::Offloaded,
+            (false, true) => Class::Inconsistent(format!(
+                "{} is present but the wrappers are not all HIPK",
+                pe::METADATA_SECTION
+            )),
+            (false, false) => Class::HostOnly,
+        }
+    }
 }
 
 /// One `__CudaFatBinaryWrapper` of the wrapper table.
@@ -218,13 +431,13 @@ pub struct WrapperSlot {
     pub index: usize,
     /// File offset of the wrapper.
     pub offset: u64,
-    /// Virtual address of the wrapper.
+    /// Address of the wrapper (ELF: virtual address; PE: RVA).
     pub addr: u64,
     /// The wrapper as stored in the file.
     pub wrapper: Wrapper,
     /// Its `binary` pointer at load time (relative to the load base), or
     /// why it cannot be resolved.
-    pub pointer: Result<Pointer, ElfError>,
+    pub pointer: Result<Pointer, BinaryError>,
 }
 
 impl WrapperSlot {
@@ -244,7 +457,10 @@ impl WrapperSlot {
 #[derive(Debug, Clone, Default)]
 pub struct WrapperTable {
     pub slots: Vec<WrapperSlot>,
+    /// ELF: the dynamic relocations (empty for PE).
     pub relocs: Relocations,
+    /// PE: the base relocations (empty for ELF).
+    pub base_relocs: Vec<BaseReloc>,
 }
 
 impl WrapperTable {
@@ -281,6 +497,13 @@ mod tests {
         assert_eq!(classify(b"\x7fELF\x02\x01\x01"), Class::Other);
         assert_eq!(classify(b""), Class::Other);
         assert!(Class::StaticArchive.is_link_input());
+        // PE: "MZ" may be a host binary; one that does not parse is Other.
+        assert!(could_be_binary(b"MZ\x90\0"));
+        assert_eq!(classify(b"MZ\x90\0"), Class::Other);
+        assert!(matches!(
+            HostBinary::parse(b"MZ\x90\0"),
+            Err(BinaryError::Pe(PeError::Malformed(_)))
+        ));
         assert!(!Class::Fat.is_link_input());
     }
 

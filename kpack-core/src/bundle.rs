@@ -287,6 +287,18 @@ impl<'d> Reader<'d> {
         Ok(s)
     }
 
+    fn u16(&mut self, field: &'static str) -> Result<u16, BundleError> {
+        Ok(u16::from_le_bytes(
+            self.take(2, field)?.try_into().expect("2 bytes"),
+        ))
+    }
+
+    fn u32(&mut self, field: &'static str) -> Result<u64, BundleError> {
+        Ok(u64::from(u32::from_le_bytes(
+            self.take(4, field)?.try_into().expect("4 bytes"),
+        )))
+    }
+
     fn u64(&mut self, field: &'static str) -> Result<u64, BundleError> {
         Ok(u64::from_le_bytes(
             self.take(8, field)?.try_into().expect("8 bytes"),
@@ -308,9 +320,36 @@ fn parse_plain<'a>(
         bundle: index,
         offset,
     };
+    let raw = read_entry_table(&mut r)?;
+    // The bundle ends after its table or its last entry's data, whichever
+    // is later.
+    let mut end = r.pos as u64;
+    let mut entries: Vec<Entry<'a>> = Vec::with_capacity(raw.len());
+    for (entry, (triple, start, size)) in raw.into_iter().enumerate() {
+        let stop = check_entry(data, index, offset, entry, &triple, start, size, &entries)?;
+        end = end.max(stop);
+        entries.push(Entry {
+            triple,
+            offset: start,
+            data: blob(start as usize..stop as usize),
+        });
+    }
+    let len = end as usize;
+    let bundle = Bundle {
+        index,
+        range: 0..len,
+        compressed: None,
+        entries,
+    };
+    Ok((bundle, len))
+}
+
+/// The magic, the entry count and the entries: (triple, offset, size).
+fn read_entry_table(r: &mut Reader) -> Result<Vec<(String, u64, u64)>, BundleError> {
+    let (index, offset) = (r.bundle, r.offset);
     r.take(BUNDLE_MAGIC.len() as u64, "magic")?;
     let count = r.u64("entry count")?;
-    let have = (data.len() - r.pos) as u64;
+    let have = (r.data.len() - r.pos) as u64;
     // Each entry needs at least three u64 fields.
     if count > have / 24 {
         return Err(BundleError::TooManyEntries {
@@ -336,61 +375,58 @@ fn parse_plain<'a>(
             })?;
         raw.push((triple.to_string(), start, size));
     }
-    let mut end = r.pos as u64;
-    let mut entries = Vec::with_capacity(raw.len());
-    for (entry, (triple, start, size)) in raw.into_iter().enumerate() {
-        let stop = start.checked_add(size).filter(|&s| s <= data.len() as u64);
-        let Some(stop) = stop else {
-            return Err(BundleError::EntryOutOfRange {
-                bundle: index,
-                offset,
-                entry,
-                triple,
-                start,
-                size,
-                have: data.len() as u64,
-            });
-        };
-        end = end.max(stop);
-        // Targets name files and directories (archives, artifacts,
-        // extracted code objects): nothing but target-ID characters, so
-        // that no triple can name a path outside where they are written.
-        if !is_host_triple(&triple) && !is_target_name(target_of_triple(&triple)) {
-            return Err(BundleError::BadTarget {
-                bundle: index,
-                offset,
-                entry,
-                target: target_of_triple(&triple).into(),
-                triple,
-            });
-        }
-        if !is_host_triple(&triple)
-            && entries
-                .iter()
-                .any(|e: &Entry| !e.is_host() && e.target() == target_of_triple(&triple))
-        {
-            return Err(BundleError::DuplicateTarget {
-                bundle: index,
-                offset,
-                target: target_of_triple(&triple).into(),
-            });
-        }
-        entries.push(Entry {
-            triple,
-            offset: start,
-            data: blob(start as usize..stop as usize),
+    Ok(raw)
+}
+
+/// Check one entry against the data and the entries before it; returns
+/// the end of its data.
+#[allow(clippy::too_many_arguments)]
+fn check_entry(
+    data: &[u8],
+    bundle: usize,
+    offset: usize,
+    entry: usize,
+    triple: &str,
+    start: u64,
+    size: u64,
+    before: &[Entry],
+) -> Result<u64, BundleError> {
+    let have = data.len() as u64;
+    let Some(stop) = start.checked_add(size).filter(|&s| s <= have) else {
+        return Err(BundleError::EntryOutOfRange {
+            bundle,
+            offset,
+            entry,
+            triple: triple.into(),
+            start,
+            size,
+            have,
+        });
+    };
+    if is_host_triple(triple) {
+        return Ok(stop);
+    }
+    // Targets name files and directories (archives, artifacts, extracted
+    // code objects): nothing but target-ID characters, so that no triple
+    // can name a path outside where they are written.
+    let target = target_of_triple(triple);
+    if !is_target_name(target) {
+        return Err(BundleError::BadTarget {
+            bundle,
+            offset,
+            entry,
+            target: target.into(),
+            triple: triple.into(),
         });
     }
-    let len = end as usize;
-    Ok((
-        Bundle {
-            index,
-            range: 0..len,
-            compressed: None,
-            entries,
-        },
-        len,
-    ))
+    if before.iter().any(|e| !e.is_host() && e.target() == target) {
+        return Err(BundleError::DuplicateTarget {
+            bundle,
+            offset,
+            target: target.into(),
+        });
+    }
+    Ok(stop)
 }
 
 /// Can `t` be a device entry's target? Non-empty, and only the characters
@@ -402,6 +438,17 @@ fn is_target_name(t: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b':' | b'+' | b'-'))
 }
 
+/// A CCOB header, read.
+struct CcobHeader {
+    version: u16,
+    method: Method,
+    /// Header and payload (v1: the rest of the data).
+    total: u64,
+    uncompressed: u64,
+    hash: u64,
+    header_len: u64,
+}
+
 /// Parse a compressed bundle at the start of `data`: its inner bundles and
 /// the stored length.
 fn parse_ccob(
@@ -409,6 +456,33 @@ fn parse_ccob(
     first_index: usize,
     offset: usize,
 ) -> Result<(Vec<Bundle<'static>>, usize), BundleError> {
+    let h = read_ccob_header(data, first_index, offset)?;
+    let payload = &data[h.header_len as usize..h.total as usize];
+    let decompressed = decompress(payload, h.method, h.uncompressed, offset)?;
+    let digest = Md5::digest(&decompressed);
+    let hash_matches = u64::from_le_bytes(digest[..8].try_into().expect("8 bytes")) == h.hash;
+    let mut inner = inner_bundles(Arc::from(decompressed), first_index, offset)?;
+    let info = Arc::new(Ccob {
+        version: h.version,
+        method: h.method,
+        stored_size: h.total,
+        uncompressed_size: h.uncompressed,
+        hash: h.hash,
+        hash_matches,
+        inner_bundles: inner.len(),
+    });
+    for (i, b) in inner.iter_mut().enumerate() {
+        b.compressed = Some((info.clone(), i));
+    }
+    Ok((inner, h.total as usize))
+}
+
+/// The header of every CCOB version, checked against the data.
+fn read_ccob_header(
+    data: &[u8],
+    first_index: usize,
+    offset: usize,
+) -> Result<CcobHeader, BundleError> {
     let mut r = Reader {
         data,
         pos: 0,
@@ -416,32 +490,22 @@ fn parse_ccob(
         offset,
     };
     r.take(4, "CCOB magic")?;
-    let version = u16::from_le_bytes(r.take(2, "CCOB version")?.try_into().expect("2 bytes"));
-    let method_raw = u16::from_le_bytes(
-        r.take(2, "CCOB compression method")?
-            .try_into()
-            .expect("2 bytes"),
-    );
-    let u32f = |r: &mut Reader, f| -> Result<u64, BundleError> {
-        Ok(u32::from_le_bytes(r.take(4, f)?.try_into().expect("4 bytes")) as u64)
-    };
+    let version = r.u16("CCOB version")?;
+    let method_raw = r.u16("CCOB compression method")?;
     let (total, uncompressed, hash) = match version {
         1 => {
-            let u = u32f(&mut r, "CCOB uncompressed size")?;
-            let h = r.u64("CCOB hash")?;
-            (data.len() as u64, u, h)
+            let u = r.u32("CCOB uncompressed size")?;
+            (data.len() as u64, u, r.u64("CCOB hash")?)
         }
         2 => {
-            let t = u32f(&mut r, "CCOB total size")?;
-            let u = u32f(&mut r, "CCOB uncompressed size")?;
-            let h = r.u64("CCOB hash")?;
-            (t, u, h)
+            let t = r.u32("CCOB total size")?;
+            let u = r.u32("CCOB uncompressed size")?;
+            (t, u, r.u64("CCOB hash")?)
         }
         3 => {
             let t = r.u64("CCOB total size")?;
             let u = r.u64("CCOB uncompressed size")?;
-            let h = r.u64("CCOB hash")?;
-            (t, u, h)
+            (t, u, r.u64("CCOB hash")?)
         }
         v => return Err(BundleError::UnsupportedVersion { offset, version: v }),
     };
@@ -452,21 +516,17 @@ fn parse_ccob(
     };
     let header_len = r.pos as u64;
     let have = data.len() as u64;
+    let bad_total = |problem| BundleError::BadTotalSize {
+        offset,
+        total,
+        have,
+        problem,
+    };
     if total < header_len {
-        return Err(BundleError::BadTotalSize {
-            offset,
-            total,
-            have,
-            problem: "smaller than the header",
-        });
+        return Err(bad_total("smaller than the header"));
     }
     if total > have {
-        return Err(BundleError::BadTotalSize {
-            offset,
-            total,
-            have,
-            problem: "past the end of the data",
-        });
+        return Err(bad_total("past the end of the data"));
     }
     if uncompressed > MAX_UNCOMPRESSED {
         return Err(BundleError::TooLarge {
@@ -475,13 +535,24 @@ fn parse_ccob(
             limit: MAX_UNCOMPRESSED,
         });
     }
-    let payload = &data[header_len as usize..total as usize];
-    let decompressed = decompress(payload, method, uncompressed, offset)?;
-    let digest = Md5::digest(&decompressed);
-    let hash_matches = u64::from_le_bytes(digest[..8].try_into().expect("8 bytes")) == hash;
-    let buf: Arc<[u8]> = Arc::from(decompressed);
+    Ok(CcobHeader {
+        version,
+        method,
+        total,
+        uncompressed,
+        hash,
+        header_len,
+    })
+}
 
-    // The decompressed data holds one or more plain bundles.
+/// The plain bundles the decompressed data of a CCOB holds (zero padding
+/// allowed between them), numbered from `first_index`.
+fn inner_bundles(
+    buf: Arc<[u8]>,
+    first_index: usize,
+    offset: usize,
+) -> Result<Vec<Bundle<'static>>, BundleError> {
+    let bad = |problem: String| BundleError::BadPayload { offset, problem };
     let mut inner = Vec::new();
     let mut pos = 0usize;
     loop {
@@ -493,45 +564,23 @@ fn parse_ccob(
         }
         let rest = &buf[pos..];
         if !rest.starts_with(BUNDLE_MAGIC) {
-            return Err(BundleError::BadPayload {
-                offset,
-                problem: format!(
-                    "not an uncompressed bundle at decompressed offset {pos:#x} ({})",
-                    describe(rest)
-                ),
-            });
+            return Err(bad(format!(
+                "not an uncompressed bundle at decompressed offset {pos:#x} ({})",
+                describe(rest)
+            )));
         }
-        let base = pos;
-        let shared = buf.clone();
+        let (base, shared) = (pos, buf.clone());
         let (bundle, len) = parse_plain(rest, first_index + inner.len(), offset, |r| {
             Blob::Shared(shared.clone(), r.start + base..r.end + base)
         })
-        .map_err(|e| BundleError::BadPayload {
-            offset,
-            problem: e.to_string(),
-        })?;
+        .map_err(|e| bad(e.to_string()))?;
         inner.push(bundle);
         pos += len;
     }
     if inner.is_empty() {
-        return Err(BundleError::BadPayload {
-            offset,
-            problem: "empty".into(),
-        });
+        return Err(bad("empty".into()));
     }
-    let info = Arc::new(Ccob {
-        version,
-        method,
-        stored_size: total,
-        uncompressed_size: uncompressed,
-        hash,
-        hash_matches,
-        inner_bundles: inner.len(),
-    });
-    for (i, b) in inner.iter_mut().enumerate() {
-        b.compressed = Some((info.clone(), i));
-    }
-    Ok((inner, total as usize))
+    Ok(inner)
 }
 
 /// Decompress exactly `expected` bytes. The buffer grows with the data

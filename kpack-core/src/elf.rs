@@ -456,6 +456,9 @@ pub enum PointerKind {
     Relr,
     /// No relocation: the value in the file is the pointer.
     Absolute,
+    /// PE: a DIR64 base relocation rebases the value in the file (an
+    /// absolute address at the preferred image base).
+    BaseRelocDir64,
 }
 
 /// A 64-bit pointer field of a loaded image: its value relative to the load

@@ -6,9 +6,11 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::archive::ArchiveError;
+use crate::binary::BinaryError;
 use crate::bundle::BundleError;
 use crate::elf::ElfError;
 use crate::hipk::HipkError;
+use crate::pe::PeError;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -37,6 +39,12 @@ pub enum Error {
         path: PathBuf,
         #[source]
         source: ElfError,
+    },
+    #[error("{}: {source}", path.display())]
+    Pe {
+        path: PathBuf,
+        #[source]
+        source: PeError,
     },
     #[error("{}: {source}", path.display())]
     Hipk {
@@ -68,6 +76,7 @@ impl Error {
             | Error::Bundle { path, .. }
             | Error::Archive { path, .. }
             | Error::Elf { path, .. }
+            | Error::Pe { path, .. }
             | Error::Hipk { path, .. }
             | Error::Unsupported { path, .. }
             | Error::Request { path, .. } => path,
@@ -97,6 +106,16 @@ with_path_impl!(BundleError, Bundle);
 with_path_impl!(ArchiveError, Archive);
 with_path_impl!(ElfError, Elf);
 with_path_impl!(HipkError, Hipk);
+with_path_impl!(PeError, Pe);
+
+impl<T> WithPath<T> for std::result::Result<T, BinaryError> {
+    fn with_path(self, path: impl AsRef<Path>) -> Result<T> {
+        self.map_err(|e| match e {
+            BinaryError::Elf(e) => Err::<T, _>(e).with_path(&path).err().expect("an error"),
+            BinaryError::Pe(e) => Err::<T, _>(e).with_path(&path).err().expect("an error"),
+        })
+    }
+}
 
 /// The full text of an error as `kpack` prints it after `kpack: error: `:
 /// its message, then each deeper cause its message does not already

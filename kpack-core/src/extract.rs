@@ -170,7 +170,7 @@ fn from_offloaded<'a>(o: &Offloaded, input: &Path, target: Option<&str>) -> Resu
     let base = crate::output::parent_dir(input);
     let mut seen = std::collections::BTreeSet::new();
     for pattern in &o.metadata.search_paths {
-        for path in expand_search_path(base, pattern) {
+        for path in crate::loader::archives_on_search_path(base, pattern) {
             let archive = Archive::open(&path)?;
             for tgt in archive.gfx_arches() {
                 found.available.push(tgt.clone());
@@ -196,40 +196,6 @@ fn from_offloaded<'a>(o: &Offloaded, input: &Path, target: Option<&str>) -> Resu
         }
     }
     Ok(found)
-}
-
-/// The archive files a search path names, relative to `base` unless
-/// absolute; `@GFXARCH@` matches any target in that directory.
-fn expand_search_path(base: &Path, pattern: &str) -> Vec<PathBuf> {
-    let full = if Path::new(pattern).is_absolute() {
-        PathBuf::from(pattern)
-    } else {
-        base.join(pattern)
-    };
-    let Some(name) = full.file_name().map(|n| n.to_string_lossy().into_owned()) else {
-        return Vec::new();
-    };
-    let Some((pre, post)) = name.split_once(crate::offload::GFXARCH) else {
-        return if full.is_file() {
-            vec![full]
-        } else {
-            Vec::new()
-        };
-    };
-    let dir = crate::output::parent_dir(&full).to_path_buf();
-    let mut out: Vec<PathBuf> = fs::read_dir(&dir)
-        .map(|rd| {
-            rd.filter_map(|e| e.ok())
-                .filter(|e| {
-                    let n = e.file_name().to_string_lossy().into_owned();
-                    n.len() > pre.len() + post.len() && n.starts_with(pre) && n.ends_with(post)
-                })
-                .map(|e| e.path())
-                .collect()
-        })
-        .unwrap_or_default();
-    out.sort();
-    out
 }
 
 fn write_all(

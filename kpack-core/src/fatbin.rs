@@ -5,9 +5,8 @@
 
 use std::path::Path;
 
-use crate::binary::{classify, Class, HostBinary};
+use crate::binary::{classify, could_be_binary, BinaryKind, Class, HostBinary, Role};
 use crate::bundle::{parse_fatbin, Bundle};
-use crate::elf::{ElfType, FATBIN_SECTION};
 use crate::error::{Error, Result, WithPath};
 use crate::hipk::{HipkMetadata, Wrapper};
 
@@ -16,9 +15,10 @@ use crate::hipk::{HipkMetadata, Wrapper};
 pub enum Container {
     /// A raw bundle file.
     Raw,
-    /// An ELF file's `.hip_fatbin` section.
-    Elf {
-        elf_type: ElfType,
+    /// A host binary's bundle section (ELF `.hip_fatbin`, PE `.hip_fat`).
+    Host {
+        kind: BinaryKind,
+        section_name: &'static str,
         section_offset: u64,
         section_addr: u64,
     },
@@ -35,16 +35,17 @@ pub struct FatBinary<'a> {
     pub wrappers: Vec<Wrapper>,
 }
 
-/// An ELF host binary whose device code was offloaded: `.hip_fatbin` is
-/// NOBITS (or gone) and `.rocm_kpack_ref` holds the HIPK metadata.
+/// A host binary whose device code was offloaded: the bundle section is
+/// NOBITS (or gone; PE: zero-filled) and the metadata section
+/// (`.rocm_kpack_ref`, `.kpackrf`) holds the HIPK metadata.
 pub struct Offloaded {
-    pub elf_type: ElfType,
+    pub kind: BinaryKind,
     pub metadata: HipkMetadata,
     pub metadata_addr: u64,
     pub wrappers: Vec<Wrapper>,
 }
 
-/// What an ELF or bundle file holds.
+/// What a host binary or bundle file holds.
 pub enum DeviceCode<'a> {
     Fat(FatBinary<'a>),
     Offloaded(Offloaded),
@@ -57,8 +58,8 @@ fn unsupported<T>(path: &Path, what: impl Into<String>) -> Result<T> {
     })
 }
 
-/// Find the device code of a file's bytes: a raw bundle file, an ELF fat
-/// binary, or an offloaded ELF host binary. Anything else is an error that
+/// Find the device code of a file's bytes: a raw bundle file, an ELF or PE
+/// fat binary, or an offloaded host binary. Anything else is an error that
 /// says what the file is.
 pub fn read_device_code<'a>(path: &Path, bytes: &'a [u8]) -> Result<DeviceCode<'a>> {
     match classify(bytes) {
@@ -73,12 +74,12 @@ pub fn read_device_code<'a>(path: &Path, bytes: &'a [u8]) -> Result<DeviceCode<'
         }
         Class::Archive => unsupported(path, "a .kpack archive, not a binary"),
         Class::StaticArchive => unsupported(path, "a static archive (a link input), not a binary"),
-        Class::Other if !bytes.starts_with(&object::elf::ELFMAG) => unsupported(
+        Class::Other if !could_be_binary(bytes) => unsupported(
             path,
-            "neither an ELF binary, an offload bundle nor a .kpack archive",
+            "neither an ELF or PE binary, an offload bundle nor a .kpack archive",
         ),
         class => {
-            // ELF: parse errors are reported as they are.
+            // ELF or PE: parse errors are reported as they are.
             let bin = HostBinary::parse(bytes).with_path(path)?;
             host_device_code(path, &bin, class)
         }
@@ -86,13 +87,15 @@ pub fn read_device_code<'a>(path: &Path, bytes: &'a [u8]) -> Result<DeviceCode<'
 }
 
 fn host_device_code<'a>(path: &Path, bin: &HostBinary<'a>, class: Class) -> Result<DeviceCode<'a>> {
-    bin.elf().check_sections().with_path(path)?;
+    bin.check_sections().with_path(path)?;
+    let fatbin_name = bin.section_name(Role::Fatbin);
     let fatbin = bin.fatbin().with_path(path)?.filter(|s| !s.is_nobits());
     let wrappers = bin.wrappers().with_path(path)?.loaded();
-    if let (None, Some(meta)) = (&fatbin, bin.metadata().with_path(path)?) {
+    let offloaded = fatbin.is_none() || class == Class::Offloaded;
+    if let (true, Some(meta)) = (offloaded, bin.metadata().with_path(path)?) {
         // Offloaded, or inconsistent but still worth describing.
         return Ok(DeviceCode::Offloaded(Offloaded {
-            elf_type: bin.elf_type(),
+            kind: bin.kind(),
             metadata: HipkMetadata::decode(meta.data).with_path(path)?,
             metadata_addr: meta.addr,
             wrappers,
@@ -102,17 +105,21 @@ fn host_device_code<'a>(path: &Path, bin: &HostBinary<'a>, class: Class) -> Resu
         return unsupported(
             path,
             match class {
-                Class::DebugOnly => format!(
-                    "a debug-info file (NOBITS {FATBIN_SECTION}, no metadata): no device code"
-                ),
+                Class::DebugOnly => {
+                    format!("a debug-info file (NOBITS {fatbin_name}, no metadata): no device code")
+                }
                 Class::Inconsistent(why) => why,
-                _ => format!("ELF file without device code (no {FATBIN_SECTION} section)"),
+                _ if bin.pe().is_some() => {
+                    format!("PE file without device code (no {fatbin_name} section)")
+                }
+                _ => format!("ELF file without device code (no {fatbin_name} section)"),
             },
         );
     };
     Ok(DeviceCode::Fat(FatBinary {
-        container: Container::Elf {
-            elf_type: bin.elf_type(),
+        container: Container::Host {
+            kind: bin.kind(),
+            section_name: fatbin_name,
             section_offset: sec.offset,
             section_addr: sec.addr,
         },

@@ -6,13 +6,14 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::archive::Archive;
-use crate::binary::{classify, Class};
+use crate::binary::{classify, BinaryKind, Class};
 use crate::bundle::Method;
 use crate::elf::ElfType;
 use crate::error::Result;
-use crate::fatbin::{read_device_code, Container, DeviceCode};
+use crate::fatbin::{read_device_code, Container, DeviceCode, FatBinary};
 use crate::hipk::{Wrapper, HIPF_MAGIC, HIPK_MAGIC};
 use crate::input::map_file;
+use crate::pe::PeKind;
 
 #[derive(Debug, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -26,9 +27,14 @@ pub enum Listing {
 pub struct FatBinaryListing {
     pub file: String,
     pub file_size: u64,
-    /// `bundle` for a raw bundle file, else the ELF type.
+    /// `bundle` for a raw bundle file, else the ELF type or the PE kind
+    /// (`dll`, `exe`).
     pub container: String,
-    /// `.hip_fatbin` offset and size in the file (ELF only).
+    /// The bundle section's name (`.hip_fatbin`, PE: `.hip_fat`); none for
+    /// a raw bundle file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub section_name: Option<String>,
+    /// The bundle section's offset in the file (host binaries only).
     pub section_offset: Option<u64>,
     pub section_size: u64,
     pub bundles: Vec<BundleListing>,
@@ -98,7 +104,12 @@ pub struct KernelListing {
 pub struct OffloadedListing {
     pub file: String,
     pub file_size: u64,
-    pub elf_type: ElfType,
+    /// ELF files: the ELF type.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub elf_type: Option<ElfType>,
+    /// PE files: `dll` or `exe`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pe_kind: Option<PeKind>,
     pub kernel_name: String,
     pub search_paths: Vec<String>,
     pub metadata_address: u64,
@@ -132,91 +143,106 @@ pub fn list(path: &Path) -> Result<Listing> {
     let file = path.display().to_string();
     let file_size = mapped.len() as u64;
     if classify(&mapped) == Class::Archive {
-        let a = Archive::open(path)?;
-        let kernels = a
-            .entries_by_ordinal()
-            .map(|(key, target, e)| KernelListing {
-                key: key.to_string(),
-                target: target.to_string(),
-                ordinal: e.ordinal.into(),
-                original_size: e.original_size,
-            })
-            .collect();
-        return Ok(Listing::Archive(ArchiveListing {
-            file,
-            file_size,
-            format_version: a.format_version(),
-            group_name: a.group_name().to_string(),
-            gfx_arch_family: a.gfx_arch_family().to_string(),
-            gfx_arches: a.gfx_arches().to_vec(),
-            compression_scheme: a.scheme().name().to_string(),
-            kernels,
-        }));
+        return Ok(Listing::Archive(archive_listing(path, file, file_size)?));
     }
-    match read_device_code(path, &mapped)? {
-        DeviceCode::Fat(fat) => {
-            let mut targets: Vec<String> = fat
-                .bundles
-                .iter()
-                .flat_map(|b| b.device_entries().map(|e| e.target().to_string()))
-                .collect();
-            targets.sort();
-            targets.dedup();
-            let (container, section_offset) = match &fat.container {
-                Container::Raw => ("bundle".to_string(), None),
-                Container::Elf {
-                    elf_type,
-                    section_offset,
-                    ..
-                } => (
-                    format!("{elf_type:?}").to_lowercase(),
-                    Some(*section_offset),
-                ),
-            };
-            let bundles = fat
-                .bundles
-                .iter()
-                .map(|b| BundleListing {
-                    index: b.index,
-                    offset: b.range.start,
-                    stored_size: b.range.len(),
-                    compressed: b.compressed.as_ref().map(|(c, i)| CompressedListing {
-                        version: c.version,
-                        method: c.method,
-                        uncompressed_size: c.uncompressed_size,
-                        hash_matches: c.hash_matches,
-                        inner_index: *i,
-                    }),
-                    entries: b
-                        .entries
-                        .iter()
-                        .map(|e| EntryListing {
-                            triple: e.triple.clone(),
-                            target: (!e.is_host()).then(|| e.target().to_string()),
-                            size: e.data.len() as u64,
-                        })
-                        .collect(),
-                })
-                .collect();
-            Ok(Listing::FatBinary(FatBinaryListing {
-                file,
-                file_size,
-                container,
-                section_offset,
-                section_size: fat.data.len() as u64,
-                bundles,
-                targets,
-                wrappers: wrappers(&fat.wrappers),
-            }))
-        }
-        DeviceCode::Offloaded(o) => Ok(Listing::Offloaded(OffloadedListing {
+    Ok(match read_device_code(path, &mapped)? {
+        DeviceCode::Fat(fat) => Listing::FatBinary(fat_listing(&fat, file, file_size)),
+        DeviceCode::Offloaded(o) => Listing::Offloaded(OffloadedListing {
             file,
             file_size,
-            elf_type: o.elf_type,
+            elf_type: match o.kind {
+                BinaryKind::Elf(t) => Some(t),
+                BinaryKind::Pe(_) => None,
+            },
+            pe_kind: match o.kind {
+                BinaryKind::Pe(k) => Some(k),
+                BinaryKind::Elf(_) => None,
+            },
             kernel_name: o.metadata.kernel_name.clone(),
             search_paths: o.metadata.search_paths.clone(),
             metadata_address: o.metadata_addr,
             wrappers: wrappers(&o.wrappers),
-        })),
+        }),
+    })
+}
+
+fn archive_listing(path: &Path, file: String, file_size: u64) -> Result<ArchiveListing> {
+    let a = Archive::open(path)?;
+    let kernels = a
+        .entries_by_ordinal()
+        .map(|(key, target, e)| KernelListing {
+            key: key.to_string(),
+            target: target.to_string(),
+            ordinal: e.ordinal.into(),
+            original_size: e.original_size,
+        })
+        .collect();
+    Ok(ArchiveListing {
+        file,
+        file_size,
+        format_version: a.format_version(),
+        group_name: a.group_name().to_string(),
+        gfx_arch_family: a.gfx_arch_family().to_string(),
+        gfx_arches: a.gfx_arches().to_vec(),
+        compression_scheme: a.scheme().name().to_string(),
+        kernels,
+    })
+}
+
+fn fat_listing(fat: &FatBinary, file: String, file_size: u64) -> FatBinaryListing {
+    let mut targets: Vec<String> = fat
+        .bundles
+        .iter()
+        .flat_map(|b| b.device_entries().map(|e| e.target().to_string()))
+        .collect();
+    targets.sort();
+    targets.dedup();
+    let (container, section_name, section_offset) = match &fat.container {
+        Container::Raw => ("bundle".to_string(), None, None),
+        Container::Host {
+            kind,
+            section_name,
+            section_offset,
+            ..
+        } => (
+            kind.name(),
+            Some(section_name.to_string()),
+            Some(*section_offset),
+        ),
+    };
+    FatBinaryListing {
+        file,
+        file_size,
+        container,
+        section_name,
+        section_offset,
+        section_size: fat.data.len() as u64,
+        bundles: fat.bundles.iter().map(bundle_listing).collect(),
+        targets,
+        wrappers: wrappers(&fat.wrappers),
+    }
+}
+
+fn bundle_listing(b: &crate::bundle::Bundle) -> BundleListing {
+    BundleListing {
+        index: b.index,
+        offset: b.range.start,
+        stored_size: b.range.len(),
+        compressed: b.compressed.as_ref().map(|(c, i)| CompressedListing {
+            version: c.version,
+            method: c.method,
+            uncompressed_size: c.uncompressed_size,
+            hash_matches: c.hash_matches,
+            inner_index: *i,
+        }),
+        entries: b
+            .entries
+            .iter()
+            .map(|e| EntryListing {
+                triple: e.triple.clone(),
+                target: (!e.is_host()).then(|| e.target().to_string()),
+                size: e.data.len() as u64,
+            })
+            .collect(),
     }
 }

@@ -5,9 +5,10 @@
 //! 1. A file is opened ([`input`]: a read-only memory map) and classified
 //!    ([`binary::classify`]: fat binary, offloaded binary, host-only,
 //!    debug-only, link input, bundle, archive). A host binary is ELF
-//!    ([`elf`], through `object`'s header types); [`binary::HostBinary`]
-//!    gives its device-code sections and its wrapper table (`HIPF`/`HIPK`
-//!    records, [`hipk::Wrapper`]) with each pointer resolved.
+//!    ([`elf`]) or PE/COFF ([`pe`]), both through `object`'s header types;
+//!    [`binary::HostBinary`] gives its device-code sections by role and its
+//!    wrapper table (`HIPF`/`HIPK` records, [`hipk::Wrapper`]) with each
+//!    pointer resolved, whatever the container.
 //! 2. The device code of a fat binary is a list of clang offload bundles
 //!    ([`bundle`]: plain and compressed), one code object per target ID
 //!    ([`target`]); [`fatbin`] puts bundles and wrappers together for `ls`
@@ -15,8 +16,9 @@
 //! 3. Offloading ([`offload`]) writes the code objects into per-target
 //!    `.kpack` archives ([`archive`]: MessagePack TOC through `rmp`, zstd
 //!    per kernel) and rewrites the binary into a host-only one whose
-//!    wrappers point at HIPK metadata ([`hipk`]); [`offload::verify_elf`]
-//!    checks the result. Every file is written atomically and durably
+//!    wrappers point at HIPK metadata ([`hipk`]): [`offload::transform`]
+//!    for ELF, [`offload::pe`] for PE; [`offload::verify_binary`] checks the
+//!    result. Every file is written atomically and durably
 //!    ([`output`]).
 //! 4. At run time the loader ([`loader`]) reads the HIPK metadata, finds
 //!    the archives along its search paths and returns the code object for
@@ -38,6 +40,7 @@ pub mod binary;
 pub mod bytes;
 pub mod elf;
 pub mod hipk;
+pub mod pe;
 
 pub mod bundle;
 pub mod fatbin;
@@ -50,10 +53,16 @@ pub mod archive;
 pub mod msgpack;
 pub mod offload;
 pub mod output;
+pub mod prune;
+pub mod restore;
+pub mod size;
+pub mod svg;
 
 pub mod loader;
+pub mod why;
 
 pub mod artifact;
+pub mod wheel;
 
 pub mod error;
 

@@ -65,6 +65,18 @@ pub fn write_atomically_with_mode(
     mode: Option<u32>,
     f: impl FnOnce(&mut File) -> io::Result<()>,
 ) -> Result<()> {
+    write_atomically_as(path, mode, |file| f(file).with_path(path))
+}
+
+/// The one atomic, durable write: `f` fills a temporary file beside `path`
+/// (mode `mode`, or 0666 less the umask) and returns what it wants to; the
+/// file is flushed, fsynced and renamed over `path`, and the directory
+/// fsynced, only if `f` succeeds.
+pub fn write_atomically_as<T>(
+    path: &Path,
+    mode: Option<u32>,
+    f: impl FnOnce(&mut File) -> Result<T>,
+) -> Result<T> {
     let dir = parent_dir(path);
     let mut tmp = tempfile::Builder::new()
         .prefix(TEMP_FILE_PREFIX)
@@ -74,13 +86,14 @@ pub fn write_atomically_with_mode(
     if let Some(mode) = mode {
         fs::set_permissions(tmp.path(), fs::Permissions::from_mode(mode)).with_path(path)?;
     }
-    f(tmp.as_file_mut()).with_path(path)?;
+    let value = f(tmp.as_file_mut())?;
     tmp.as_file_mut().flush().with_path(path)?;
     // The bytes are on disk before the name points at them...
     tmp.as_file().sync_all().with_path(path)?;
     tmp.persist(path).map_err(|e| Error::io(path, e.error))?;
     // ...and the name itself survives a crash.
-    sync_dir(dir).with_path(dir)
+    sync_dir(dir).with_path(dir)?;
+    Ok(value)
 }
 
 /// Write bytes to `path` atomically.

@@ -1,8 +1,20 @@
-//! AMDGPU target IDs: a processor (`gfx1100`, `gfx90a`, or a generic
-//! processor such as `gfx9-4-generic`) followed by `:feature+` / `:feature-`
-//! settings (`sramecc`, `xnack`). A feature left out means "any".
+//! AMDGPU target IDs (SPEC §1.3, §6): a processor followed by `:feature+` /
+//! `:feature-` settings (`sramecc`, `xnack`). A feature left out means
+//! "any". Processors:
+//! - `gfx<digits><lowercase letters>` (`gfx90a`, `gfx1100`, `gfx1250`),
+//!   known to LLVM or not: new GPUs appear faster than tools are updated,
+//!   so any name of this shape is carried through;
+//! - generic processors `gfx<major>[-<minor>]-generic` (`gfx11-generic`,
+//!   `gfx9-4-generic`);
+//! - strict processors `<processor>-strict` (`gfx1250-strict`): the same
+//!   ISA with stricter code generation, a target of its own (never merged
+//!   with `gfx1250`, never stripped);
+//! - `amdgcnspirv`: SPIR-V for AMDGCN (bundle triple
+//!   `hip-spirv64-amd-amdhsa--amdgcnspirv`).
 //!
 //! Printing is canonical: features sorted by name, as LLVM prints them.
+//! [`base_arch`] is the processor of a target as artifact and database
+//! keys use it.
 
 use std::fmt;
 use std::str::FromStr;
@@ -14,7 +26,7 @@ pub const AGENT_ISA_PREFIX: &str = "amdgcn-amd-amdhsa--";
 pub enum TargetError {
     #[error("empty target ID")]
     Empty,
-    #[error("target ID '{0}': processor '{1}' is not a gfx processor name")]
+    #[error("target ID '{0}': processor '{1}' is not a processor name (gfx<digits><letters>, a -generic or -strict one, or amdgcnspirv)")]
     BadProcessor(String, String),
     #[error("target ID '{0}': feature '{1}' must be a name followed by '+' or '-'")]
     BadFeature(String, String),
@@ -102,6 +114,16 @@ impl TargetId {
         self.processor.ends_with("-generic")
     }
 
+    /// Is this a strict processor (`gfx1250-strict`)?
+    pub fn is_strict(&self) -> bool {
+        self.processor.ends_with(STRICT_SUFFIX)
+    }
+
+    /// Is this SPIR-V for AMDGCN (`amdgcnspirv`)?
+    pub fn is_spirv(&self) -> bool {
+        self.processor == SPIRV
+    }
+
     /// Targets whose code objects run on an agent with this target ID, most
     /// specific first: every subset of the features, larger subsets first,
     /// and among subsets of one size in feature-name order. For
@@ -122,6 +144,21 @@ impl TargetId {
         out
     }
 
+    /// Does a request for this target (`kpack prune --targets`, `restore
+    /// --targets`) take a code object built for `code_object`? The same
+    /// processor, and no feature that both set is set differently: a
+    /// request leaves what it does not name open, as the loader does for
+    /// code objects (`gfx90a` takes `gfx90a`, `gfx90a:xnack+` and
+    /// `gfx90a:xnack-`; `gfx90a:xnack-` takes `gfx90a` and `gfx90a:xnack-`,
+    /// the code an xnack- device loads, but not `gfx90a:xnack+`).
+    pub fn takes(&self, code_object: &TargetId) -> bool {
+        self.processor == code_object.processor
+            && code_object
+                .features
+                .iter()
+                .all(|(name, on)| self.feature(name).is_none_or(|mine| mine == *on))
+    }
+
     /// Can a code object built for `code_object` run on an agent with this
     /// target ID? Same processor, and every feature the code object sets is
     /// set the same way here.
@@ -134,9 +171,19 @@ impl TargetId {
     }
 }
 
-/// `gfx` followed by letters and digits, or a generic processor
-/// `gfx<major>[-<minor>]-generic`.
+/// The processor name of SPIR-V for AMDGCN.
+pub const SPIRV: &str = "amdgcnspirv";
+
+/// The suffix of strict processors (`gfx1250-strict`).
+pub const STRICT_SUFFIX: &str = "-strict";
+
+/// `gfx` followed by digits then letters and digits (`gfx90a`, `gfx1250`),
+/// that with `-strict`, a generic processor `gfx<major>[-<minor>]-generic`,
+/// or `amdgcnspirv`.
 fn is_processor(p: &str) -> bool {
+    if p == SPIRV {
+        return true;
+    }
     let Some(rest) = p.strip_prefix("gfx") else {
         return false;
     };
@@ -146,11 +193,45 @@ fn is_processor(p: &str) -> bool {
                 .split('-')
                 .all(|x| !x.is_empty() && x.bytes().all(|b| b.is_ascii_digit()));
     }
+    let rest = rest.strip_suffix(STRICT_SUFFIX).unwrap_or(rest);
     !rest.is_empty()
         && rest
             .bytes()
             .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase())
         && rest.as_bytes()[0].is_ascii_digit()
+}
+
+/// `text` with the `-xnack`/`-sramecc` spellings of features that some
+/// database file names use turned into `:xnack`/`:sramecc`
+/// (`gfx90a-xnack+` → `gfx90a:xnack+`); a `-strict` suffix stays.
+pub fn normalize_feature_spelling(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find('-') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        let feature = ["xnack", "sramecc"].iter().any(|f| after.starts_with(f));
+        out.push(if feature { ':' } else { '-' });
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The processor of a target or database key without its features, as
+/// artifact splitting keys per-target database artifacts and
+/// `--gpu-targets` compares: the `-xnack`/`-sramecc` spellings normalized
+/// ([`normalize_feature_spelling`]), then everything from the first `:`
+/// cut. `gfx942:sramecc+:xnack-` → `gfx942`, `gfx90a-xnack-` → `gfx90a`,
+/// `gfx1250-strict-xnack+` → `gfx1250-strict` (`-strict` is never
+/// stripped). Keys that are not target IDs (AOTriton's family keys
+/// `gfx11`, `gfx12_0`) come back as they are.
+pub fn base_arch(key: &str) -> String {
+    let normalized = normalize_feature_spelling(key);
+    match normalized.split_once(':') {
+        Some((processor, _)) => processor.to_string(),
+        None => normalized,
+    }
 }
 
 fn for_each_combination(n: usize, k: usize, f: &mut dyn FnMut(&[usize])) {
@@ -219,6 +300,61 @@ mod tests {
         assert!(!t("gfx1100").is_generic());
     }
 
+    /// SPEC §6: strict processors, `amdgcnspirv`, and processors LLVM 19
+    /// does not know are targets of their own.
+    #[test]
+    fn strict_spirv_and_unknown_processors() {
+        let strict = t("gfx1250-strict:xnack+");
+        assert_eq!(strict.processor(), "gfx1250-strict");
+        assert!(strict.is_strict() && !strict.is_generic());
+        assert_eq!(strict.to_string(), "gfx1250-strict:xnack+");
+        assert!(!t("gfx1250").is_strict());
+        // Never merged: neither runs the other's code objects.
+        assert!(!t("gfx1250").accepts(&t("gfx1250-strict")));
+        assert!(!t("gfx1250-strict").accepts(&t("gfx1250")));
+        let spirv = t("amdgcnspirv");
+        assert!(spirv.is_spirv());
+        assert_eq!(
+            spirv.compatible_targets(),
+            vec![t("amdgcnspirv")],
+            "amdgcnspirv is looked up like any other target"
+        );
+        for unknown in ["gfx1153", "gfx1251", "gfx13000", "gfx90c"] {
+            assert_eq!(t(unknown).to_string(), unknown);
+        }
+        for bad in [
+            "gfx-strict",
+            "gfx1250-strict-strict",
+            "amdgcnspirv2",
+            "spirv",
+        ] {
+            assert!(TargetId::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn base_arch_normalizes_and_keeps_strict() {
+        for (key, base) in [
+            ("gfx942:sramecc+:xnack-", "gfx942"),
+            ("gfx90a-xnack-", "gfx90a"),
+            ("gfx90a-xnack+", "gfx90a"),
+            ("gfx942-sramecc+-xnack-", "gfx942"),
+            ("gfx1250-strict-xnack+", "gfx1250-strict"),
+            ("gfx1250-strict", "gfx1250-strict"),
+            ("gfx11-generic:xnack-", "gfx11-generic"),
+            ("amdgcnspirv", "amdgcnspirv"),
+            ("gfx12_0", "gfx12_0"),
+            ("gfx11", "gfx11"),
+        ] {
+            assert_eq!(base_arch(key), base, "{key}");
+        }
+        assert_eq!(normalize_feature_spelling("gfx90a-xnack+"), "gfx90a:xnack+");
+        assert_eq!(
+            normalize_feature_spelling("gfx1250-strict-sramecc-"),
+            "gfx1250-strict:sramecc-"
+        );
+    }
+
     #[test]
     fn rejects_bad_ids() {
         for bad in [
@@ -272,12 +408,29 @@ mod tests {
     }
 
     #[test]
+    fn requests_take_what_the_loader_would() {
+        assert!(t("gfx90a").takes(&t("gfx90a:xnack+")));
+        assert!(t("gfx90a").takes(&t("gfx90a:xnack-")));
+        assert!(t("gfx90a").takes(&t("gfx90a")));
+        assert!(t("gfx90a:xnack-").takes(&t("gfx90a")));
+        assert!(t("gfx90a:xnack-").takes(&t("gfx90a:xnack-")));
+        assert!(!t("gfx90a:xnack-").takes(&t("gfx90a:xnack+")));
+        assert!(!t("gfx90a").takes(&t("gfx908")));
+        assert!(t("gfx942:sramecc+").takes(&t("gfx942:sramecc+:xnack-")));
+        assert!(!t("gfx942:sramecc-").takes(&t("gfx942:sramecc+:xnack-")));
+    }
+
+    #[test]
     fn triples() {
         assert_eq!(
             target_of_triple("hipv4-amdgcn-amd-amdhsa--gfx942:sramecc+:xnack-"),
             "gfx942:sramecc+:xnack-"
         );
         assert_eq!(target_of_triple("hip-amdgcn-amd-amdhsa--gfx906"), "gfx906");
+        assert_eq!(
+            target_of_triple("hip-spirv64-amd-amdhsa--amdgcnspirv"),
+            "amdgcnspirv"
+        );
         assert_eq!(target_of_triple("host-x86_64-unknown-linux--"), "");
         assert!(is_host_triple("host-x86_64-unknown-linux"));
         assert!(!is_host_triple("hipv4-amdgcn-amd-amdhsa--gfx906"));

@@ -173,7 +173,7 @@ impl KpackArchive {
     }
 
     fn path(&self) -> Vec<u8> {
-        crate::path_bytes(&self.path)
+        crate::path_bytes_lossy(&self.path)
     }
 
     fn architectures(&self) -> Vec<String> {
@@ -391,7 +391,7 @@ fn discover_binary_path(address: usize, failure: &mut ffi::Failure) -> ffi::Mapp
             Failure::new(code, kpack_core::error::report(&e))
         })?;
         Ok(ffi::MappedFile {
-            path: crate::path_bytes(&found.path),
+            path: crate::path_bytes_lossy(&found.path),
             offset: found.offset,
         })
     })

@@ -20,6 +20,8 @@
 
 mod bridge;
 pub mod prelink;
+#[cfg(windows)]
+mod windows;
 
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::io::Read;
@@ -78,24 +80,34 @@ pub fn open_error_code(e: &kpack_core::Error) -> KpackError {
 
 /// The code of a failure to read a code object from an open archive.
 pub fn read_error_code(e: &ArchiveError) -> KpackError {
-    match e {
-        ArchiveError::KernelNotFound { .. } => E::KernelNotFound,
-        ArchiveError::Io(_) => E::IoError,
-        _ => E::DecompressionFailed,
-    }
+    from_code(loader::ErrorCode::of_read(e))
 }
 
-/// The code of a failed load.
+/// The code of a failed load (kpack-core decides it: `kpack why` reports
+/// the same).
 pub fn load_error_code(e: &LoadError) -> KpackError {
-    match e {
-        LoadError::NoArchitectures => E::InvalidArgument,
-        LoadError::Disabled => E::NotImplemented,
-        LoadError::Metadata(_) => E::InvalidMetadata,
-        LoadError::Read { source, .. } => read_error_code(source),
-        LoadError::KernelNotFound { .. } => E::KernelNotFound,
-        LoadError::ArchNotFound { .. } => E::ArchNotFound,
-        LoadError::ArchiveNotFound { .. } => E::ArchiveNotFound,
-        LoadError::OutOfMemory { .. } => E::OutOfMemory,
+    from_code(e.code())
+}
+
+/// kpack-core's error code as the C enum, value for value.
+fn from_code(c: loader::ErrorCode) -> KpackError {
+    use loader::ErrorCode as C;
+    match c {
+        C::Success => E::Success,
+        C::InvalidArgument => E::InvalidArgument,
+        C::FileNotFound => E::FileNotFound,
+        C::InvalidFormat => E::InvalidFormat,
+        C::UnsupportedVersion => E::UnsupportedVersion,
+        C::KernelNotFound => E::KernelNotFound,
+        C::DecompressionFailed => E::DecompressionFailed,
+        C::OutOfMemory => E::OutOfMemory,
+        C::NotImplemented => E::NotImplemented,
+        C::IoError => E::IoError,
+        C::MsgpackParseFailed => E::MsgpackParseFailed,
+        C::PathDiscoveryFailed => E::PathDiscoveryFailed,
+        C::InvalidMetadata => E::InvalidMetadata,
+        C::ArchiveNotFound => E::ArchiveNotFound,
+        C::ArchNotFound => E::ArchNotFound,
     }
 }
 
@@ -490,12 +502,15 @@ pub unsafe extern "C" fn kpack_discover_binary_path(
             path_out.is_null(),
             path_out_size == 0,
         ])?;
-        let found =
-            loader::discover_binary_path(address_in_binary as usize).map_err(|e| match e {
-                DiscoverError::Unsupported => E::NotImplemented,
-                DiscoverError::Io(_) | DiscoverError::NotMapped(_) => E::PathDiscoveryFailed,
-            })?;
-        let bytes = path_bytes(&found.path);
+        #[cfg(windows)]
+        let found = windows::discover_binary_path(address_in_binary as usize);
+        #[cfg(not(windows))]
+        let found = loader::discover_binary_path(address_in_binary as usize);
+        let found = found.map_err(|e| match e {
+            DiscoverError::Unsupported => E::NotImplemented,
+            DiscoverError::Io(_) | DiscoverError::NotMapped(_) => E::PathDiscoveryFailed,
+        })?;
+        let bytes = path_bytes(&found.path).ok_or(E::PathDiscoveryFailed)?;
         if bytes.len() >= path_out_size {
             return Err(E::InvalidArgument);
         }
@@ -515,14 +530,22 @@ pub unsafe extern "C" fn kpack_discover_binary_path(
 }
 
 #[cfg(unix)]
-fn path_bytes(p: &std::path::Path) -> Vec<u8> {
+fn path_bytes(p: &std::path::Path) -> Option<Vec<u8>> {
     use std::os::unix::ffi::OsStrExt;
-    p.as_os_str().as_bytes().to_vec()
+    Some(p.as_os_str().as_bytes().to_vec())
 }
 
+/// Elsewhere (Windows) the path is handed out as UTF-8; one that is not
+/// valid UTF-16 cannot be, and discovery fails.
 #[cfg(not(unix))]
-fn path_bytes(p: &std::path::Path) -> Vec<u8> {
-    p.to_string_lossy().into_owned().into_bytes()
+fn path_bytes(p: &std::path::Path) -> Option<Vec<u8>> {
+    p.to_str().map(|s| s.as_bytes().to_vec())
+}
+
+/// [`path_bytes`], or (a path that cannot be UTF-8) its lossy text: for
+/// the C++ API, which reports paths rather than opening them.
+fn path_bytes_lossy(p: &std::path::Path) -> Vec<u8> {
+    path_bytes(p).unwrap_or_else(|| p.to_string_lossy().into_owned().into_bytes())
 }
 
 /// Load a code object through the cache.

@@ -344,6 +344,139 @@ pub fn assert_tools_accept(original: &Path, rewritten: &Path) {
     kpack_ok(&[&"verify-elf", &rewritten]);
 }
 
+/// Runs the host code of a fixture (through dlcheck for a library), with
+/// the environment given.
+pub fn run_host(f: &Fixture, binary: &Path, env: &[(&str, &Path)]) -> String {
+    let mut cmd = match &f.host_check {
+        Some(check) => {
+            let mut c = Command::new(fixtures_dir().join(manifest().dlcheck));
+            c.arg(binary).arg(&*check.symbol);
+            c
+        }
+        None => Command::new(binary),
+    };
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{} failed: {}",
+        binary.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A stand-in for the HIP runtime's registration entry points, preloaded
+/// ahead of libamdhip64: logs each wrapper it is given and the bytes its
+/// `binary` pointer points at.
+pub fn shim() -> PathBuf {
+    static SHIM: OnceLock<PathBuf> = OnceLock::new();
+    SHIM.get_or_init(|| {
+        let dir = workspace().join("target/test-shim");
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("hipshim.c");
+        std::fs::write(
+            &src,
+            r#"
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+typedef struct { uint32_t magic, version; const unsigned char* binary; uint64_t reserved1; } wrapper_t;
+static void* handle[1];
+void** __hipRegisterFatBinary(const void* data) {
+  const wrapper_t* w = (const wrapper_t*)data;
+  FILE* f = fopen(getenv("KPACK_SHIM_LOG"), "a");
+  if (!f) abort();
+  fprintf(f, "%08x %u %llu ", w->magic, w->version, (unsigned long long)w->reserved1);
+  size_t n = 4096 - ((uintptr_t)w->binary & 4095);
+  if (n > 1024) n = 1024;
+  for (size_t i = 0; i < n; i++) fprintf(f, "%02x", w->binary[i]);
+  fprintf(f, "\n");
+  fclose(f);
+  return handle;
+}
+void __hipUnregisterFatBinary(void** h) { (void)h; }
+void __hipRegisterFunction(void) {}
+void __hipRegisterVar(void) {}
+void __hipRegisterManagedVar(void) {}
+void __hipRegisterSurface(void) {}
+void __hipRegisterTexture(void) {}
+"#,
+        )
+        .unwrap();
+        let so = dir.join("libhipshim.so");
+        let mut p = Program::c("c11");
+        p.cc().flag("-shared");
+        built(p.input(&src).link(&so));
+        so
+    })
+    .clone()
+}
+
+pub fn registered(f: &Fixture, binary: &Path) -> Vec<Registered> {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let shim = shim();
+    let out = run_host(
+        f,
+        binary,
+        &[("LD_PRELOAD", &shim), ("KPACK_SHIM_LOG", &log)],
+    );
+    if let Some(check) = &f.host_check {
+        assert_eq!(out, check.value.to_string(), "{}: host code result", f.name);
+    }
+    read_registrations(&log)
+}
+
+/// One wrapper as the stand-in HIP runtime logged it, whatever its magic:
+/// the first bytes its pointer reaches (at most 1 KiB, up to the end of
+/// their page).
+pub struct RawRegistration {
+    pub magic: u32,
+    pub version: u32,
+    pub reserved1: u64,
+    pub bytes: Vec<u8>,
+}
+
+/// Run the host code of `binary` (fixture `f`'s) under the stand-in HIP
+/// runtime, check its result, and return what it was handed.
+pub fn registered_raw(f: &Fixture, binary: &Path) -> Vec<RawRegistration> {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let shim = shim();
+    let out = run_host(
+        f,
+        binary,
+        &[("LD_PRELOAD", &shim), ("KPACK_SHIM_LOG", &log)],
+    );
+    if let Some(check) = &f.host_check {
+        assert_eq!(out, check.value.to_string(), "{}: host code result", f.name);
+    }
+    raw_registrations(&log)
+}
+
+/// The lines of the stand-in runtime's log.
+pub fn raw_registrations(log: &Path) -> Vec<RawRegistration> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let p: Vec<&str> = l.split(' ').collect();
+            let hex = p[3];
+            RawRegistration {
+                magic: u32::from_str_radix(p[0], 16).unwrap(),
+                version: p[1].parse().unwrap(),
+                reserved1: p[2].parse().unwrap(),
+                bytes: (0..hex.len() / 2)
+                    .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
 /// One wrapper as the stand-in HIP runtime saw it (a line of its log:
 /// magic, version, reserved1, the bytes at the wrapper's pointer).
 pub struct Registered {
@@ -357,22 +490,46 @@ pub struct Registered {
 /// `hipstub.c`, the tests' LD_PRELOAD shim) to `log`; each pointer must
 /// reach HIPK metadata.
 pub fn read_registrations(log: &Path) -> Vec<Registered> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| {
-            let p: Vec<&str> = l.split(' ').collect();
-            let hex = p[3];
-            let bytes: Vec<u8> = (0..hex.len() / 2)
-                .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
-                .collect();
-            Registered {
-                magic: u32::from_str_radix(p[0], 16).unwrap(),
-                version: p[1].parse().unwrap(),
-                co_index: p[2].parse().unwrap(),
-                metadata: kpack_core::hipk::HipkMetadata::decode(&bytes)
-                    .expect("wrapper points at HIPK metadata"),
-            }
+    raw_registrations(log)
+        .into_iter()
+        .map(|r| Registered {
+            magic: r.magic,
+            version: r.version,
+            co_index: r.reserved1,
+            metadata: kpack_core::hipk::HipkMetadata::decode(&r.bytes)
+                .expect("wrapper points at HIPK metadata"),
         })
         .collect()
+}
+
+/// If `original` carries DWARF (`.debug_info`), run dwz (Debian's dh_dwz)
+/// on it and on its offloaded form `rewritten`: dwz must accept both alike
+/// (it refuses, for one, allocatable sections after non-allocatable ones).
+/// Returns dwz's output for the rewritten binary, to be checked further.
+pub fn dwz_accepts(original: &Path, rewritten: &Path, scratch: &Path) -> Option<PathBuf> {
+    let data = std::fs::read(original).unwrap();
+    let elf = kpack_core::elf::ElfView::parse(&data).unwrap();
+    elf.section(".debug_info").unwrap()?;
+    let dwz = |input: &Path, out: &Path| {
+        let o = Command::new("dwz")
+            .arg("-o")
+            .arg(out)
+            .arg(input)
+            .output()
+            .expect("dwz (package dwz)");
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (ok, err) = dwz(original, &scratch.join("original.dwz"));
+    assert!(ok, "dwz refuses the input {}: {err}", original.display());
+    let out = scratch.join("rewritten.dwz");
+    let (ok, err) = dwz(rewritten, &out);
+    assert!(
+        ok && err.trim().is_empty(),
+        "dwz on {}: {err}",
+        rewritten.display()
+    );
+    Some(out)
 }

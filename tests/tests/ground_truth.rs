@@ -69,6 +69,7 @@ ground_truth! {
     libmulti => "libmulti.so",
     libwide => "libwide.so",
     libvadd_relr => "libvadd_relr.so",
+    libvadd_dwarf4 => "libvadd_dwarf4.so",
 }
 
 #[test]

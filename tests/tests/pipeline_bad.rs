@@ -158,7 +158,7 @@ fn split_unknown_database_handler() {
         "{err}"
     );
     assert!(
-        err.contains("rocblas, hipblaslt, aotriton, miopen, hipkernelprovider"),
+        err.contains("rocblas, hipblaslt, hipsparselt, aotriton, miopen, composablekernel, hipkernelprovider, hotswap_cache"),
         "{err}"
     );
     assert!(!out.exists());
@@ -814,8 +814,11 @@ fn split_database_handlers_and_tmp_dir() {
         "stage\n",
         &[
             ("stage/lib/libml.so", &fat),
-            ("stage/lib/aotriton/kernels/gfx1100/flash/attn.hsaco", b"a"),
-            ("stage/lib/aotriton/kernels/README", b"r"),
+            (
+                "stage/lib/aotriton.images/amd-gfx1100/flash/attn.aks2",
+                b"a",
+            ),
+            ("stage/lib/aotriton.images/README", b"r"),
             ("stage/share/miopen/db/gfx942.tn.model", b"m"),
             ("stage/share/miopen/db/gfx942.kdb", b"k"),
             ("stage/lib/engines/arch_content/gemm/gfx1101/k.co", b"h"),
@@ -844,7 +847,7 @@ fn split_database_handlers_and_tmp_dir() {
     let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(
         s["artifacts"][0]["database_targets"],
-        serde_json::json!({"gfx1100": 1, "gfx1101": 1, "gfx942": 1})
+        serde_json::json!({"gfx1100": 1, "gfx1101": 1, "gfx942": 2})
     );
     let files = |name: &str| -> Vec<String> {
         snapshot(&out.join(name))
@@ -858,7 +861,7 @@ fn split_database_handlers_and_tmp_dir() {
         [
             "artifact_manifest.txt",
             "stage/.kpack/ml_lib_gfx1100.kpack",
-            "stage/lib/aotriton/kernels/gfx1100/flash/attn.hsaco"
+            "stage/lib/aotriton.images/amd-gfx1100/flash/attn.aks2"
         ]
     );
     assert_eq!(
@@ -874,6 +877,7 @@ fn split_database_handlers_and_tmp_dir() {
         [
             "artifact_manifest.txt",
             "stage/.kpack/ml_lib_gfx942.kpack",
+            "stage/share/miopen/db/gfx942.kdb",
             "stage/share/miopen/db/gfx942.tn.model"
         ]
     );
@@ -881,10 +885,9 @@ fn split_database_handlers_and_tmp_dir() {
         files("ml_lib_generic"),
         [
             "artifact_manifest.txt",
-            "stage/lib/aotriton/kernels/README",
+            "stage/lib/aotriton.images/README",
             "stage/lib/hipblaslt/library/extop_gfx942.co",
-            "stage/lib/libml.so",
-            "stage/share/miopen/db/gfx942.kdb"
+            "stage/lib/libml.so"
         ]
     );
     assert_eq!(names(&tmp), Vec::<String>::new(), "scratch left behind");

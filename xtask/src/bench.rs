@@ -33,11 +33,22 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use xshell::{cmd, Shell};
 
-use crate::{bench_libs, bench_pipeline, bench_runtime, cargo};
+use crate::{
+    bench_large, bench_libs, bench_pipeline, bench_rewrite, bench_runtime, bench_wheels, cargo,
+};
 
 /// Debian packages the bench needs (the C compiler builds the runtime
 /// bench program).
-const DEBIAN_PACKAGES: &[&str] = &["librocsparse0", "librocrand1", "zstd", "time", "gcc"];
+const DEBIAN_PACKAGES: &[&str] = &[
+    "librocsparse0",
+    "librocrand1",
+    "zstd",
+    "time",
+    "gcc",
+    "zip",
+    "unzip",
+    "python3-venv",
+];
 
 /// Set in the environment of the release re-run.
 const RELEASE_VAR: &str = "KPACK_BENCH_RELEASE";
@@ -49,7 +60,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
     /// Measure only these sections (comma-separated): rocrand, rocsparse,
-    /// pipeline, runtime. Default: all.
+    /// pipeline, runtime, large, rewrite (prune and restore of
+    /// librocsparse), wheels. Default: all.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Keep target/bench/work (the large intermediate files) afterwards.
@@ -254,8 +266,17 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     }
     let wanted = |s: &str| args.only.is_empty() || args.only.iter().any(|o| o == s);
     for o in &args.only {
-        if !["rocrand", "rocsparse", "pipeline", "runtime"].contains(&o.as_str()) {
-            bail!("--only {o}: sections are rocrand, rocsparse, pipeline, runtime");
+        let sections = [
+            "rocrand",
+            "rocsparse",
+            "pipeline",
+            "runtime",
+            "large",
+            "rewrite",
+            "wheels",
+        ];
+        if !sections.contains(&o.as_str()) {
+            bail!("--only {o}: sections are {}", sections.join(", "));
         }
     }
     let bench_dir = root.join("target/bench");
@@ -288,6 +309,18 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     if wanted("runtime") {
         eprintln!("== runtime");
         rows.extend(bench_runtime::run(&ctx)?);
+    }
+    if wanted("large") {
+        eprintln!("== large");
+        rows.extend(bench_large::run(&ctx)?);
+    }
+    if wanted("rewrite") {
+        eprintln!("== rewrite");
+        rows.extend(bench_rewrite::run(&ctx)?);
+    }
+    if wanted("wheels") {
+        eprintln!("== wheels");
+        rows.extend(bench_wheels::run(&ctx)?);
     }
 
     let report = Report {

@@ -34,6 +34,9 @@ pub struct Lib {
     /// Runs per `--reps` (more for a small library: its runs take tens of
     /// milliseconds, where a busy machine's noise is large).
     pub rep_factor: usize,
+    /// Also split with `--gpu-targets` these (TheRock's per-shard split),
+    /// which must cost no more than the full split.
+    pub gpu_targets: &'static [&'static str],
 }
 
 pub const ROCRAND: Lib = Lib {
@@ -46,6 +49,7 @@ pub const ROCRAND: Lib = Lib {
     split_rss_limit_mib: None,
     transform_limit_s: None,
     rep_factor: 3,
+    gpu_targets: &[],
 };
 
 pub const ROCSPARSE: Lib = Lib {
@@ -58,6 +62,7 @@ pub const ROCSPARSE: Lib = Lib {
     split_rss_limit_mib: Some(256.0),
     transform_limit_s: Some(0.2),
     rep_factor: 1,
+    gpu_targets: &["gfx90a", "gfx1030"],
 };
 
 impl Lib {
@@ -107,6 +112,50 @@ pub fn write_device_code(input: &Path, out: &Path, files: &Path) -> Result<(u64,
     }
     w.flush()?;
     Ok((n, names))
+}
+
+/// `split --gpu-targets` of the library: it keeps fewer code objects and
+/// must cost no more (wall, peak RSS) than the full split.
+fn gpu_targets_row(
+    lib: &Lib,
+    runs: &Runs,
+    full_wall: Option<f64>,
+    full_rss: Option<f64>,
+) -> Result<Row> {
+    let targets = lib.gpu_targets.join(" ");
+    let mut row = Row::new(
+        lib.section,
+        "split_gpu_targets",
+        format!("split {} --gpu-targets {targets}", lib.name),
+    );
+    runs.fill(&mut row);
+    let j = parse(&runs.last_stdout, "kpack split --gpu-targets")?;
+    let (list, ai, ao) = archives(&j["artifacts"][0]["archives"]);
+    row.bytes_in = std::fs::metadata(lib.path).ok().map(|m| m.len());
+    row.bytes_out = j["totals"]["bytes_out"].as_u64();
+    row.compression_ratio = ratio(ai, ao);
+    row.details = json!({
+        "archives": list,
+        "code_objects": j["totals"]["code_objects"],
+        "dropped_code_objects": j["artifacts"][0]["dropped_code_objects"],
+        "full_split_wall_s": full_wall,
+    });
+    // 5 % for the noise of a shared machine.
+    let wall = row.wall().unwrap_or(f64::NAN);
+    let limit = full_wall.unwrap_or(f64::NAN) * 1.05;
+    row.targets.push(Target::at_most(
+        format!("≤ full split + 5 % ({})", crate::bench::fmt_time(limit)),
+        wall,
+        limit,
+    ));
+    let rss = row.peak_rss_kib.as_ref().map_or(f64::NAN, |r| r.median);
+    let rss_limit = full_rss.unwrap_or(f64::NAN);
+    row.targets.push(Target::at_most(
+        format!("peak RSS ≤ full split's ({:.0} MiB)", rss_limit / 1024.0),
+        rss,
+        rss_limit,
+    ));
+    Ok(row)
 }
 
 fn parse(stdout: &str, what: &str) -> Result<Value> {
@@ -174,6 +223,7 @@ pub fn run(ctx: &Ctx, lib: &Lib) -> Result<Vec<Row>> {
         Runs::default(),
     );
     let mut split_err = None;
+    let mut by_targets = Runs::default();
     let mut transform = Vec::new();
     let mut archive_s = Vec::new();
     let mut split_seconds = Vec::new();
@@ -204,6 +254,24 @@ pub fn run(ctx: &Ctx, lib: &Lib) -> Result<Vec<Row>> {
                 split.push(run, r);
             }
             Err(e) => split_err = Some(format!("{e:#}")),
+        }
+        if !lib.gpu_targets.is_empty() {
+            remove(&split_out)?;
+            let r = resident(&[input]);
+            let mut a = args![
+                "split",
+                "--artifact-dir",
+                &artifact,
+                "--artifact-prefix",
+                lib.artifact_prefix,
+                "--output-dir",
+                &split_out,
+                "--json",
+                "--gpu-targets"
+            ]
+            .to_vec();
+            a.extend(lib.gpu_targets.iter().map(std::ffi::OsString::from));
+            by_targets.push(timed(&ctx.kpack, &a, &dir)?, r);
         }
 
         remove(&off_out)?;
@@ -355,7 +423,12 @@ pub fn run(ctx: &Ctx, lib: &Lib) -> Result<Vec<Row>> {
             limit,
         ));
     }
+    let full_split = row.wall();
+    let full_rss = row.peak_rss_kib.as_ref().map(|r| r.median);
     rows.push(row);
+    if !lib.gpu_targets.is_empty() {
+        rows.push(gpu_targets_row(lib, &by_targets, full_split, full_rss)?);
+    }
 
     // offload
     let mut row = Row::new(s, "offload", format!("offload {}", lib.name));

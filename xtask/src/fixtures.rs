@@ -15,7 +15,7 @@ use std::borrow::Cow;
 
 use anyhow::{bail, Context, Result};
 use kpack_testkit::manifest::{self, Entry, Host, HostCheck, Kind, Manifest};
-use kpack_testkit::shards;
+use kpack_testkit::{oracle, shards};
 use xshell::{cmd, Shell};
 
 use crate::verify;
@@ -44,6 +44,59 @@ pub enum Build {
     },
     /// Each unit is compiled alone with `-c`; a last call links the objects.
     PerObject { units: &'static [Unit] },
+    /// Bundles made by `clang-offload-bundler` from [`Device`] code of our
+    /// choosing (targets clang 19 cannot compile for: `gfx1250-strict`,
+    /// `amdgcnspirv`), embedded in each unit's host object by clang
+    /// (`--cuda-host-only -fcuda-include-gpubinary`, which also emits the
+    /// wrapper and its registration, as a normal HIP compile does); a last
+    /// call links the objects. Every unit's bundle holds `entries`.
+    Bundled {
+        units: &'static [Unit],
+        entries: &'static [(&'static str, Device)],
+        bundler: Bundler,
+    },
+}
+
+/// Who writes a [`Build::Bundled`] bundle.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Bundler {
+    /// LLVM 19's `clang-offload-bundler` (a unit's `compress` asks for a
+    /// compressed bundle).
+    Llvm,
+    /// `cargo xtask bundle` ([`write_bundle`]): triples exactly as given,
+    /// for processors LLVM 19 does not know (its bundler writes
+    /// `...--gfx1250-strict-`); never compressed.
+    Own,
+}
+
+/// `cargo xtask bundle`: an uncompressed bundle of a host entry and the
+/// `inputs`, one per triple of `triples` (comma-separated).
+pub fn write_bundle(triples: &str, inputs: &[std::path::PathBuf], output: &Path) -> Result<()> {
+    let triples: Vec<&str> = triples.split(',').collect();
+    if triples.len() != inputs.len() {
+        bail!("{} triples for {} inputs", triples.len(), inputs.len());
+    }
+    let data = inputs
+        .iter()
+        .map(|p| std::fs::read(p).with_context(|| format!("reading {}", p.display())))
+        .collect::<Result<Vec<_>>>()?;
+    let mut entries: Vec<(&str, &[u8])> = vec![("host-x86_64-unknown-linux--", &[])];
+    entries.extend(triples.iter().copied().zip(data.iter().map(Vec::as_slice)));
+    std::fs::write(output, oracle::write_bundle(&entries))
+        .with_context(|| format!("writing {}", output.display()))
+}
+
+/// What one entry of a [`Build::Bundled`] bundle holds.
+pub enum Device {
+    /// The unit's source compiled by clang for this processor, with these
+    /// extra flags (the bundle's triple may name another target: LLVM 19
+    /// knows no gfx1250).
+    Compiled {
+        arch: &'static str,
+        flags: &'static [&'static str],
+    },
+    /// A file in `integration/hip`.
+    File(&'static str),
 }
 
 /// A HIP source compiled to an object of its own.
@@ -254,6 +307,23 @@ pub const FIXTURES: &[Fixture] = &[
         description: "packed relative relocations (.relr.dyn, DT_RELR)",
     },
     Fixture {
+        name: "libvadd_dwarf4.so",
+        soname: None,
+        kind: Kind::Shared,
+        host: Host::X86_64Linux,
+        targets: &["gfx1100", "gfx942"],
+        build: Build::Single {
+            sources: &["vadd.hip"],
+            flags: &["-g", "-gdwarf-4"],
+        },
+        bundles: 1,
+        wrappers: 1,
+        compressed_bundles: 0,
+        relr: false,
+        host_check: VADD_CHECK,
+        description: "DWARF 4 debug info (what dwz, Debian's dh_dwz, rewrites)",
+    },
+    Fixture {
         name: "libhostonly.so",
         soname: None,
         kind: Kind::Shared,
@@ -342,21 +412,469 @@ pub fn foreign_fixtures(host: Host) -> Vec<Fixture> {
             targets: &["gfx1100", "gfx942"],
             build: Build::Single {
                 sources: &["vadd.hip", "vadd_main.cpp", "hipstub.c"],
-                flags: &[],
+                flags: &["-g", "-gdwarf-4"],
             },
             bundles: 1,
             wrappers: 1,
             compressed_bundles: 0,
             relr: false,
             host_check: None,
-            description: "PIE executable with the stand-in HIP runtime linked in",
+            description: "PIE executable with the stand-in HIP runtime linked in, DWARF 4",
         },
     ]
 }
 
-/// Hosts other than this machine's.
+/// Targets of the TheRock tree's rocBLAS: features, and a generic
+/// processor (code object v6, which LLVM 19 only emits when asked).
+const ROCBLAS_ENTRIES: &[(&str, Device)] = &[
+    (
+        "hipv4-amdgcn-amd-amdhsa--gfx90a:xnack-",
+        compiled("gfx90a:xnack-"),
+    ),
+    (
+        "hipv4-amdgcn-amd-amdhsa--gfx90a:xnack+",
+        compiled("gfx90a:xnack+"),
+    ),
+    ("hipv4-amdgcn-amd-amdhsa--gfx942", compiled("gfx942")),
+    ("hipv4-amdgcn-amd-amdhsa--gfx1100", compiled("gfx1100")),
+    (
+        "hipv4-amdgcn-amd-amdhsa--gfx11-generic",
+        Device::Compiled {
+            arch: "gfx11-generic",
+            flags: &["-mcode-object-version=6", "-Wno-unknown-warning-option"],
+        },
+    ),
+    ("hipv4-amdgcn-amd-amdhsa--gfx1201", compiled("gfx1201")),
+];
+
+/// Targets of the TheRock tree's MIOpen: a strict target beside its
+/// non-strict one, and SPIR-V. LLVM 19 knows no gfx1250: those entries
+/// hold gfx1200/gfx1201 code (distinct bytes, so that a mix-up shows); the
+/// SPIR-V entry is a minimal module (`integration/hip/amdgcnspirv.spv`:
+/// header, `OpCapability Addresses`, `OpCapability Kernel`,
+/// `OpMemoryModel Physical64 OpenCL`), as clang 19 emits SPIR-V only with
+/// llvm-spirv.
+const MIOPEN_ENTRIES: &[(&str, Device)] = &[
+    ("hipv4-amdgcn-amd-amdhsa--gfx942", compiled("gfx942")),
+    ("hipv4-amdgcn-amd-amdhsa--gfx1250", compiled("gfx1200")),
+    (
+        "hipv4-amdgcn-amd-amdhsa--gfx1250-strict",
+        compiled("gfx1201"),
+    ),
+    (
+        "hip-spirv64-amd-amdhsa--amdgcnspirv",
+        Device::File("amdgcnspirv.spv"),
+    ),
+];
+
+const fn compiled(arch: &'static str) -> Device {
+    Device::Compiled { arch, flags: &[] }
+}
+
+/// The fat binaries of the TheRock-shaped tree (`therock/`; the tests lay
+/// the tree out around them, with synthetic database files): several
+/// bundles (one compressed), strict, generic and SPIR-V targets, and
+/// MIOpen's per-target CK libraries (fat binaries of one target each).
+pub fn therock_fixtures() -> Vec<Fixture> {
+    let lib = |name, soname, targets, build, bundles, compressed_bundles, description| Fixture {
+        name,
+        soname: Some(soname),
+        kind: Kind::Shared,
+        host: Host::X86_64Linux,
+        targets,
+        build,
+        bundles,
+        wrappers: bundles,
+        compressed_bundles,
+        relr: false,
+        host_check: VADD_CHECK,
+        description,
+    };
+    const TWO: &[Unit] = &[
+        Unit {
+            source: "vadd.hip",
+            compress: false,
+        },
+        Unit {
+            source: "reduce.hip",
+            compress: true,
+        },
+    ];
+    const TWO_PLAIN: &[Unit] = &[
+        Unit {
+            source: "vadd.hip",
+            compress: false,
+        },
+        Unit {
+            source: "stencil.hip",
+            compress: false,
+        },
+    ];
+    let ck = |name, soname, target: &'static [&'static str]| {
+        lib(
+            name,
+            soname,
+            target,
+            Build::Single {
+                sources: &["vadd.hip"],
+                flags: &[],
+            },
+            1,
+            0,
+            "MIOpen's per-target CK library: a fat binary of one target",
+        )
+    };
+    vec![
+        lib(
+            "therock/librocblas.so.4.4",
+            "librocblas.so.4",
+            &[
+                "gfx90a:xnack-",
+                "gfx90a:xnack+",
+                "gfx942",
+                "gfx1100",
+                "gfx11-generic",
+                "gfx1201",
+            ],
+            Build::Bundled {
+                units: TWO,
+                entries: ROCBLAS_ENTRIES,
+                bundler: Bundler::Llvm,
+            },
+            2,
+            1,
+            "two bundles (the second compressed): xnack± and a generic target",
+        ),
+        lib(
+            "therock/libMIOpen.so.1",
+            "libMIOpen.so.1",
+            &["gfx942", "gfx1250", "gfx1250-strict", "amdgcnspirv"],
+            Build::Bundled {
+                units: TWO_PLAIN,
+                entries: MIOPEN_ENTRIES,
+                bundler: Bundler::Own,
+            },
+            2,
+            0,
+            "two bundles: gfx1250 and gfx1250-strict side by side, and amdgcnspirv",
+        ),
+        ck(
+            "therock/libMIOpenCKGroupedConv_gfx942.so",
+            "libMIOpenCKGroupedConv_gfx942.so",
+            &["gfx942"],
+        ),
+        ck(
+            "therock/libMIOpenCKGroupedConv_gfx1100.so",
+            "libMIOpenCKGroupedConv_gfx1100.so",
+            &["gfx1100"],
+        ),
+    ]
+}
+
+/// Linux hosts other than this machine's (Windows fixtures:
+/// [`windows_fixtures`]).
 pub fn foreign_hosts() -> impl Iterator<Item = Host> {
-    Host::ALL.into_iter().filter(|h| !h.is_native())
+    Host::ALL
+        .into_iter()
+        .filter(|h| !h.is_native() && !h.is_windows())
+}
+
+// Windows fixtures: PE32+ DLLs and an EXE, built by clang-19 for
+// x86_64-pc-windows-msvc and lld against a stand-in amdhip64.dll (no HIP
+// runtime, no MSVC runtime here: integration/hip/windows has the few
+// pieces needed), run under Wine.
+
+/// The Windows sources, relative to [`HIP_DIR`].
+const WINDOWS_DIR: &str = "windows";
+/// Compiled into every Windows fixture: the support job's outputs.
+const WINDOWS_SUPPORT: &[&str] = &[
+    "windows/crt.c",
+    "windows/crtexe.c",
+    "windows/amdhip64.c",
+    "windows/kernel32.def",
+];
+
+/// A Windows fixture: the common description plus what only a PE link
+/// needs.
+pub struct WinFixture {
+    pub fixture: Fixture,
+    /// Extra linker flags (`-Wl,...`).
+    pub link_flags: &'static [&'static str],
+    /// A file (below [`HIP_DIR`]) appended to the linked image: data after
+    /// the last section.
+    pub append: Option<&'static str>,
+}
+
+/// The Windows fixtures. Names are `windows/<file>`.
+pub fn windows_fixtures() -> Vec<WinFixture> {
+    let host = Host::X86_64Windows;
+    let dll =
+        |name, targets, build, bundles, compressed_bundles, host_check, description| Fixture {
+            name,
+            soname: None,
+            kind: Kind::Shared,
+            host,
+            targets,
+            build,
+            bundles,
+            wrappers: bundles,
+            compressed_bundles,
+            relr: false,
+            host_check,
+            description,
+        };
+    let vadd = |flags| Build::Single {
+        sources: &["vadd.hip"],
+        flags,
+    };
+    let plain = |fixture| WinFixture {
+        fixture,
+        link_flags: &[],
+        append: None,
+    };
+    vec![
+        plain(dll(
+            "windows/vadd.dll",
+            &["gfx1100", "gfx942"],
+            vadd(&[]),
+            1,
+            0,
+            VADD_CHECK,
+            "PE32+ DLL, one bundle",
+        )),
+        WinFixture {
+            link_flags: &["-Wl,-base:0x140000000"],
+            ..plain(dll(
+                "windows/multi.dll",
+                &["gfx1100", "gfx942"],
+                Build::PerObject {
+                    units: libmulti_units(),
+                },
+                4,
+                2,
+                REDUCE_CHECK,
+                "4 objects (2nd and 4th compressed): 4 bundles; its image base is the loader EXE's, so Windows relocates it",
+            ))
+        },
+        plain(dll(
+            "windows/vadd_compressed.dll",
+            &["gfx1100", "gfx1101", "gfx942"],
+            vadd(&["--offload-compress"]),
+            1,
+            1,
+            VADD_CHECK,
+            "a compressed bundle (CCOB v2, zstd)",
+        )),
+        WinFixture {
+            link_flags: &["-Wl,-debug:symtab"],
+            append: Some("windows/crt.c"),
+            ..plain(dll(
+                "windows/overlay.dll",
+                &["gfx1100", "gfx942"],
+                vadd(&[]),
+                1,
+                0,
+                VADD_CHECK,
+                "a COFF symbol table and appended data after the last section",
+            ))
+        },
+        plain(dll(
+            "windows/big.dll",
+            MANY_TARGETS,
+            Build::PerObject { units: FOUR_UNITS },
+            4,
+            0,
+            VADD_CHECK,
+            "four bundles of twelve targets: 48 code objects",
+        )),
+        plain(dll(
+            "windows/small.dll",
+            &["gfx1100"],
+            vadd(&["--offload-compress"]),
+            1,
+            1,
+            VADD_CHECK,
+            ".hip_fat smaller than a page",
+        )),
+        plain(Fixture {
+            kind: Kind::Exec,
+            ..dll(
+                "windows/vadd.exe",
+                &["gfx1100", "gfx942"],
+                Build::Single {
+                    sources: &["vadd.hip", "windows/exemain.cpp"],
+                    flags: &[],
+                },
+                1,
+                0,
+                None,
+                "PE32+ EXE; prints what the stand-in runtime saw and exits 0",
+            )
+        }),
+    ]
+}
+
+/// libmulti.so's four units, the second and fourth compressed.
+fn libmulti_units() -> &'static [Unit] {
+    match &FIXTURES
+        .iter()
+        .find(|f| f.name == "libmulti.so")
+        .expect("libmulti")
+        .build
+    {
+        Build::PerObject { units } => units,
+        _ => unreachable!("libmulti is built per object"),
+    }
+}
+
+/// The directory of the Windows support files and fixtures.
+fn windows_out() -> String {
+    format!("{FIXTURES_DIR}/{}", Host::X86_64Windows.dir())
+}
+
+impl WinFixture {
+    /// Compile (per object or at once) and link with lld against the
+    /// support objects and the stand-in runtime's import library; append
+    /// data where asked.
+    fn commands(&self) -> Vec<Vec<String>> {
+        let f = &self.fixture;
+        let (w, target) = (windows_out(), format!("--target={}", f.host.triple()));
+        let output = format!("{FIXTURES_DIR}/{}", f.name);
+        let mut link = strings(&[CLANGXX, &target, "-fuse-ld=lld", "-nostdlib"]);
+        link.extend(strings(match f.kind {
+            Kind::Exec => &["-Wl,-entry:mainCRTStartup", "-Wl,-subsystem:console"][..],
+            _ => &["-shared", "-Wl,-entry:_DllMainCRTStartup"][..],
+        }));
+        link.extend(
+            f.host_check
+                .iter()
+                .map(|c| format!("-Wl,-export:{}", c.symbol)),
+        );
+        link.extend(strings(self.link_flags));
+        let mut commands = Vec::new();
+        let compile = |extra: &[String]| {
+            let mut c = strings(&[CLANGXX, &target]);
+            c.extend(strings(COMMON_FLAGS));
+            c.extend(f.offload_flags());
+            c.extend(extra.iter().cloned());
+            c
+        };
+        match &f.build {
+            Build::Single { sources, flags } => {
+                let mut c = compile(&strings(flags));
+                c.extend(link.drain(2..));
+                c.extend(strings(&["-o", &output]));
+                c.extend(inputs(sources));
+                link = c;
+            }
+            Build::PerObject { units } => {
+                link.extend(strings(&["-o", &output]));
+                for unit in units.iter() {
+                    let stem = unit.source.trim_end_matches(".hip");
+                    let file = f.name.rsplit('/').next().unwrap_or(f.name);
+                    let object = format!("{w}/obj/{file}/{stem}.o");
+                    let mut extra = Vec::new();
+                    if unit.compress {
+                        extra.push("--offload-compress".into());
+                    }
+                    extra.extend(strings(&["-c", "-o", &object, "-x", "hip"]));
+                    extra.push(hip_path(unit.source));
+                    commands.push(compile(&extra));
+                    link.push(object);
+                }
+            }
+            Build::Bundled { .. } => unreachable!("no Windows fixture is bundled by hand"),
+        }
+        link.extend(strings(&["-x", "none", &format!("{w}/crt.o")]));
+        if f.kind == Kind::Exec {
+            link.extend([format!("{w}/crtexe.o"), format!("{w}/kernel32.lib")]);
+        }
+        link.push(format!("{w}/amdhip64.lib"));
+        commands.push(link);
+        if let Some(file) = self.append {
+            let append = format!("cat {} >> {output}", hip_path(file));
+            commands.push(strings(&["sh", "-c", &append]));
+        }
+        commands
+    }
+
+    fn job(&self) -> Job {
+        let mut inputs = self.fixture.sources();
+        inputs.extend(WINDOWS_SUPPORT.iter().map(|s| hip_path(s)));
+        inputs.extend(self.append.map(hip_path));
+        Job {
+            name: self.fixture.name.to_owned(),
+            inputs,
+            commands: self.commands(),
+            output: format!("{FIXTURES_DIR}/{}", self.fixture.name),
+            expect: format!(
+                "{} link={} append={:?}",
+                self.fixture.expectation(),
+                self.link_flags.join(","),
+                self.append
+            ),
+        }
+    }
+}
+
+impl Job {
+    /// The Windows support files: the C runtime pieces (`crt.o`,
+    /// `crtexe.o`), kernel32's import library (llvm-dlltool), the stand-in
+    /// `amdhip64.dll` and its import library, and the loader `winload.exe`.
+    fn windows_support() -> Job {
+        let w = windows_out();
+        let target = format!("--target={}", Host::X86_64Windows.triple());
+        let src = |f: &str| hip_path(&format!("{WINDOWS_DIR}/{f}"));
+        let cc = |args: &[&str]| {
+            let mut c = strings(&[CLANG, &target, "-O2", "-Wall"]);
+            c.extend(strings(args));
+            c
+        };
+        let commands = vec![
+            cc(&["-c", "-o", &format!("{w}/crt.o"), &src("crt.c")]),
+            cc(&["-c", "-o", &format!("{w}/crtexe.o"), &src("crtexe.c")]),
+            strings(&[
+                "llvm-dlltool-19",
+                "-m",
+                "i386:x86-64",
+                "-d",
+                &src("kernel32.def"),
+                "-l",
+                &format!("{w}/kernel32.lib"),
+            ]),
+            cc(&[
+                "-fuse-ld=lld",
+                "-shared",
+                "-nostdlib",
+                "-Wl,-noentry",
+                "-o",
+                &format!("{w}/amdhip64.dll"),
+                &src("amdhip64.c"),
+            ]),
+            cc(&[
+                "-fuse-ld=lld",
+                "-nostdlib",
+                "-Wl,-entry:mainCRTStartup",
+                "-Wl,-subsystem:console",
+                "-o",
+                &format!("{w}/winload.exe"),
+                &src("winload.c"),
+                &format!("{w}/crt.o"),
+                &format!("{w}/crtexe.o"),
+                &format!("{w}/kernel32.lib"),
+                &format!("{w}/amdhip64.lib"),
+            ]),
+        ];
+        let mut inputs: Vec<String> = WINDOWS_SUPPORT.iter().map(|s| hip_path(s)).collect();
+        inputs.push(src("winload.c"));
+        Job {
+            name: Host::X86_64Windows.loader(),
+            inputs,
+            commands,
+            output: format!("{w}/winload.exe"),
+            expect: String::new(),
+        }
+    }
 }
 
 /// How the fat binaries of each shard of the pipeline tests' tree
@@ -468,6 +986,14 @@ impl Fixture {
         match &self.build {
             Build::Single { sources, .. } => sources.iter().map(|s| hip_path(s)).collect(),
             Build::PerObject { units } => units.iter().map(|u| hip_path(u.source)).collect(),
+            Build::Bundled { units, entries, .. } => units
+                .iter()
+                .map(|u| hip_path(u.source))
+                .chain(entries.iter().filter_map(|(_, d)| match d {
+                    Device::File(f) => Some(hip_path(f)),
+                    Device::Compiled { .. } => None,
+                }))
+                .collect(),
         }
     }
 
@@ -519,7 +1045,100 @@ impl Fixture {
                 commands.push(link);
                 commands
             }
+            Build::Bundled {
+                units,
+                entries,
+                bundler,
+            } => self.bundled_commands(out_dir, units, entries, *bundler),
         }
+    }
+
+    /// [`Build::Bundled`]: per unit, its device code objects, the bundle,
+    /// the host object with the bundle; then the link.
+    fn bundled_commands(
+        &self,
+        out_dir: &str,
+        units: &[Unit],
+        entries: &[(&str, Device)],
+        bundler: Bundler,
+    ) -> Vec<Vec<String>> {
+        let obj_dir = format!("{out_dir}/obj/{}", self.name);
+        let mut commands = Vec::new();
+        let mut link = strings(&[CLANGXX]);
+        link.extend(self.link_flags());
+        link.extend(strings(&["-o", &format!("{out_dir}/{}", self.name)]));
+        let hip = ["-nogpulib", "-nogpuinc", "-I", HIP_DIR];
+        for unit in units {
+            let stem = unit.source.trim_end_matches(".hip");
+            let mut inputs = Vec::new();
+            for (i, (_, device)) in entries.iter().enumerate() {
+                let input = match device {
+                    Device::Compiled { arch, flags } => {
+                        let co = format!("{obj_dir}/{stem}-{i}.co");
+                        let mut c = strings(&[CLANGXX, "-x", "hip", "--cuda-device-only"]);
+                        c.extend(strings(&["--no-gpu-bundle-output", "-O2"]));
+                        c.push(format!("--offload-arch={arch}"));
+                        c.extend(strings(&hip));
+                        c.extend(strings(flags));
+                        c.extend(strings(&["-o", &co, &hip_path(unit.source)]));
+                        commands.push(c);
+                        co
+                    }
+                    Device::File(f) => hip_path(f),
+                };
+                inputs.push(input);
+            }
+            let triples: Vec<&str> = entries.iter().map(|(t, _)| *t).collect();
+            let fatbin = format!("{obj_dir}/{stem}.hipfb");
+            commands.push(match bundler {
+                Bundler::Llvm => {
+                    let mut b = vec![format!("{}/clang-offload-bundler", oracle::LLVM_BIN)];
+                    b.push("-type=o".into());
+                    b.push(format!(
+                        "-targets=host-x86_64-unknown-linux--,{}",
+                        triples.join(",")
+                    ));
+                    b.push("-input=/dev/null".into());
+                    b.extend(inputs.iter().map(|i| format!("-input={i}")));
+                    if unit.compress {
+                        b.push("-compress".into());
+                    }
+                    b.push(format!("-output={fatbin}"));
+                    b
+                }
+                Bundler::Own => {
+                    let exe =
+                        std::env::current_exe().map_or("xtask".into(), |p| p.display().to_string());
+                    let mut b = vec![exe, "bundle".into(), "--triples".into(), triples.join(",")];
+                    for i in inputs {
+                        b.extend(["--input".into(), i]);
+                    }
+                    b.extend(["--output".into(), fatbin.clone()]);
+                    b
+                }
+            });
+            let object = format!("{obj_dir}/{stem}.o");
+            let mut c = strings(&[CLANGXX]);
+            c.extend(strings(COMMON_FLAGS));
+            c.extend(strings(self.code_model()));
+            // A compilation unit ID of its own (the driver derives one only
+            // when it compiles both sides).
+            c.extend(strings(&["-x", "hip", "--cuda-host-only"]));
+            c.extend(["-Xclang".into(), format!("-cuid={stem}")]);
+            c.extend(strings(&hip));
+            c.extend(strings(&[
+                "-Xclang",
+                "-fcuda-include-gpubinary",
+                "-Xclang",
+                &fatbin,
+            ]));
+            c.extend(strings(&["-c", "-o", &object, &hip_path(unit.source)]));
+            commands.push(c);
+            link.push(object);
+        }
+        link.push("-lamdhip64".into());
+        commands.push(link);
+        commands
     }
 
     /// A foreign host's build: clang-19 compiles each source for the
@@ -533,7 +1152,9 @@ impl Fixture {
         let mut commands = Vec::new();
         let (sources, flags): (Vec<&str>, &[&str]) = match &self.build {
             Build::Single { sources, flags } => (sources.to_vec(), flags),
-            Build::PerObject { units } => (units.iter().map(|u| u.source).collect(), &[]),
+            Build::PerObject { units } | Build::Bundled { units, .. } => {
+                (units.iter().map(|u| u.source).collect(), &[])
+            }
         };
         for source in sources {
             let (stem, ext) = source.rsplit_once('.').expect("sources have extensions");
@@ -776,6 +1397,34 @@ pub fn build_all(sh: &Shell, root: &Path, force: bool) -> Result<()> {
         let size = std::fs::metadata(root.join(&job.output))?.len();
         summary.push((fixture.name.to_owned(), fixture, outcome, size));
     }
+    let therock = therock_fixtures();
+    for fixture in &therock {
+        let job = Job::for_fixture(fixture, FIXTURES_DIR, fixture.name.to_owned());
+        let outcome = build_job(sh, &job, &compiler, &headers, &stamps, force, |path| {
+            verify::check(sh, &root.join(path), fixture, &fixtures_dir)
+        })?;
+        let size = std::fs::metadata(root.join(&job.output))?.len();
+        summary.push((fixture.name.to_owned(), fixture, outcome, size));
+    }
+    let support = Job::windows_support();
+    build_job(
+        sh,
+        &support,
+        &compiler,
+        &headers,
+        &stamps,
+        force,
+        |_| Ok(()),
+    )?;
+    let windows = windows_fixtures();
+    for wf in &windows {
+        let job = wf.job();
+        let outcome = build_job(sh, &job, &compiler, &headers, &stamps, force, |path| {
+            verify::check(sh, &root.join(path), &wf.fixture, &fixtures_dir)
+        })?;
+        let size = std::fs::metadata(root.join(&job.output))?.len();
+        summary.push((wf.fixture.name.to_owned(), &wf.fixture, outcome, size));
+    }
     let shard_fixtures = shard_fixtures();
     for (shard, fixture) in &shard_fixtures {
         let name = format!("{shard}/{}", fixture.name);
@@ -913,6 +1562,11 @@ pub fn fixtures_manifest() -> Manifest {
             .collect(),
         foreign: foreign_hosts()
             .flat_map(foreign_fixtures)
+            .chain(windows_fixtures().into_iter().map(|w| w.fixture))
+            .map(|f| f.entry(f.name.to_owned()))
+            .collect(),
+        therock: therock_fixtures()
+            .iter()
             .map(|f| f.entry(f.name.to_owned()))
             .collect(),
     }

@@ -5,9 +5,12 @@
 
 mod artifacts;
 mod bench;
+mod bench_large;
 mod bench_libs;
 mod bench_pipeline;
+mod bench_rewrite;
 mod bench_runtime;
+mod bench_wheels;
 mod demo;
 mod dist;
 mod fixtures;
@@ -16,6 +19,7 @@ mod malformed;
 mod sanitize;
 mod test;
 mod verify;
+mod wheel;
 
 use std::path::{Path, PathBuf};
 
@@ -103,6 +107,18 @@ enum Task {
         #[arg(long)]
         valgrind_only: bool,
     },
+    /// Build kpack as a pip-installable wheel (the `kpack` command and the
+    /// `rocm_kpack.tools.*` entry points) with maturin from PyPI, into DIR.
+    Wheel {
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// The dev profile (faster to build; not stripped).
+        #[arg(long)]
+        debug: bool,
+    },
+    /// Create or update target/py-venv, the Python environment of the wheel
+    /// tests (pip, wheel, maturin from PyPI; PyPI's rocm-bootstrap wheel).
+    PyEnv,
     /// `kpack split` over a build tree (release build of kpack; same flags,
     /// see `cargo xtask split --help`).
     #[command(disable_help_flag = true)]
@@ -121,6 +137,22 @@ enum Task {
     Recombine {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
+    },
+    /// Write an uncompressed offload bundle with the triples exactly as
+    /// given (a fixture build step: LLVM 19's bundler rewrites triples of
+    /// processors it does not know).
+    /// The bench's child process that writes or reads a large archive.
+    #[command(hide = true)]
+    BenchArchive(bench_large::ArchiveArgs),
+    #[command(hide = true)]
+    Bundle {
+        /// Comma-separated triples, one per --input, in order.
+        #[arg(long)]
+        triples: String,
+        #[arg(long)]
+        input: Vec<PathBuf>,
+        #[arg(long)]
+        output: PathBuf,
     },
 }
 
@@ -174,9 +206,21 @@ fn main() -> anyhow::Result<()> {
                 valgrind_only,
             },
         )?,
+        Task::Wheel { out, debug } => {
+            wheel::build(&sh, &root, &out, debug)?;
+        }
+        Task::PyEnv => {
+            println!("{}", wheel::py_env(&sh, &root)?.display());
+        }
         Task::Split { args } => artifacts::run(&root, "split", &args)?,
         Task::Verify { args } => artifacts::run(&root, "verify", &args)?,
         Task::Recombine { args } => artifacts::run(&root, "recombine", &args)?,
+        Task::BenchArchive(a) => bench_large::child(&a)?,
+        Task::Bundle {
+            triples,
+            input,
+            output,
+        } => fixtures::write_bundle(&triples, &input, &output)?,
     }
     Ok(())
 }

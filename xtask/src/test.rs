@@ -11,8 +11,8 @@ use crate::cargo;
 use crate::fixtures::{self, FIXTURES_DIR};
 
 /// Debian packages the fixtures and the tests need. clang-tools-19 holds
-/// clang-offload-bundler and llvm-19 the llvm-* tools: both only
-/// recommended by clang-19, so named here.
+/// clang-offload-bundler and llvm-19 the llvm-* tools (llvm-dlltool too):
+/// both only recommended by clang-19, so named here.
 const DEBIAN_PACKAGES: &[&str] = &[
     "clang-19",
     "clang-tools-19",
@@ -26,12 +26,26 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "valgrind",
     "binutils",
     "g++",
+    // Foreign hosts: AArch64 and ppc64le fixtures, linked by GNU ld and run
+    // under qemu-user.
+    "gcc-aarch64-linux-gnu",
+    "gcc-powerpc64le-linux-gnu",
+    "libc6-dev-arm64-cross",
+    "libc6-dev-ppc64el-cross",
+    "qemu-user",
+    // Debian's dh_dwz runs dwz on every package's binaries.
+    "dwz",
+    // rsvg-convert: the tests render `kpack size --svg` treemaps.
+    "librsvg2-bin",
+    // Runs the Windows fixtures (PE32+ DLLs and EXEs): /usr/lib/wine/wine64.
+    "wine64",
 ];
 
 pub fn run(sh: &Shell, root: &Path) -> Result<()> {
     install_debian_packages(sh)?;
     install_rust_components(sh)?;
     fixtures::build_all(sh, root, false)?;
+    let py_venv = crate::wheel::py_env(sh, root)?;
 
     let cargo = cargo();
     let fixtures_dir = root.join(FIXTURES_DIR);
@@ -41,7 +55,8 @@ pub fn run(sh: &Shell, root: &Path) -> Result<()> {
             "cargo test",
             cmd!(sh, "{cargo} test --workspace")
                 .env("KPACK_FIXTURES_DIR", &fixtures_dir)
-                .env("KPACK_LLVM_BIN", LLVM_BIN),
+                .env("KPACK_LLVM_BIN", LLVM_BIN)
+                .env("KPACK_PY_VENV", &py_venv),
         ),
         ("cargo fmt", cmd!(sh, "{cargo} fmt --all --check")),
         (

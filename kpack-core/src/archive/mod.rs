@@ -48,11 +48,12 @@ pub const KERNEL_TYPE: &str = "hsaco";
 /// Most frames a `zstd-per-kernel` blob may hold (the reference runtime's
 /// limit).
 pub const MAX_FRAMES: u64 = 1 << 20;
-/// Largest single kernel read or written (4 GiB).
+/// Largest single kernel read or written (4 GiB): a zstd frame's length is
+/// a `u32`. Archives themselves may be larger (SPEC §7: offsets are 64-bit
+/// throughout; upstream has met a 4.1 GB archive).
 pub const MAX_KERNEL_SIZE: u64 = 1 << 32;
-/// Largest `zstd_size` the reference runtime accepts (4 GiB); the writer
-/// keeps to it.
-pub const MAX_ZSTD_SIZE: u64 = 1 << 32;
+/// Largest zstd frame (its length prefix is a `u32`).
+pub const MAX_FRAME_SIZE: u64 = u32::MAX as u64;
 /// zstd level used unless told otherwise.
 pub const DEFAULT_ZSTD_LEVEL: i32 = 3;
 
@@ -223,8 +224,13 @@ pub enum ArchiveError {
         target: String,
         reason: String,
     },
-    #[error("zstd blob of {size} bytes exceeds the limit of {max} bytes")]
-    ZstdBlobTooLarge { size: u64, max: u64 },
+    #[error("kernel {key} @ {target}: its zstd frame of {size} bytes exceeds the limit of {max} bytes (the frame length is a u32)")]
+    FrameTooLarge {
+        key: String,
+        target: String,
+        size: u64,
+        max: u64,
+    },
     #[error("I/O error: {0}")]
     Io(#[source] Arc<io::Error>),
 }

@@ -365,6 +365,41 @@ impl Archive {
         }
     }
 
+    /// The bytes the kernel of `entry` takes in the blob: its zstd frame and
+    /// the frame's length prefix (`zstd-per-kernel`), or its blob (`none`).
+    /// Entries that share an ordinal share these bytes.
+    pub fn stored_size(&self, entry: &Entry) -> Result<u64, ArchiveError> {
+        let ordinal = entry.ordinal as usize;
+        let out_of_range = |count: usize| ArchiveError::OrdinalOutOfRange {
+            key: entry.key.clone(),
+            target: entry.target.clone(),
+            ordinal: ordinal as u64,
+            count: count as u64,
+        };
+        match &self.layout {
+            Layout::Blobs(blobs) => blobs
+                .get(ordinal)
+                .map(|&(_, size)| size)
+                .ok_or_else(|| out_of_range(blobs.len())),
+            Layout::Zstd { .. } => {
+                let frames = self
+                    .frames
+                    .get_or_init(|| self.index_frames())
+                    .as_ref()
+                    .map_err(Clone::clone)?;
+                frames
+                    .get(ordinal)
+                    .map(|&(_, len)| len + 4)
+                    .ok_or_else(|| out_of_range(frames.len()))
+            }
+        }
+    }
+
+    /// The file's length.
+    pub fn file_size(&self) -> u64 {
+        self.data.len() as u64
+    }
+
     /// `data[offset..offset + size]` for a range validated at open time.
     fn slice(&self, offset: u64, size: u64) -> &[u8] {
         // Ranges are validated against the file length when the TOC or the

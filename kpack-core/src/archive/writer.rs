@@ -7,6 +7,12 @@
 //! compressed, so memory stays bounded. Every kernel is its own frame
 //! compressed with the same parameters, so the output does not depend on the
 //! number of threads.
+//!
+//! Shared code objects: a kernel added with the same target and the same
+//! bytes as one added before is stored once; its TOC entry gets the earlier
+//! kernel's ordinal. Readers (kpack's, the reference runtime's and Python
+//! tooling's) find kernels by ordinal, so such archives read unchanged; an
+//! archive without duplicates is byte-for-byte what it was before.
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
@@ -18,7 +24,7 @@ use rayon::prelude::*;
 use super::toc::{EntryOut, Layout, TocOut};
 use super::{
     ArchiveError, Metadata, Scheme, DEFAULT_ZSTD_LEVEL, FORMAT_VERSION, HEADER_SIZE, MAGIC,
-    MAX_FRAMES, MAX_KERNEL_SIZE, MAX_ZSTD_SIZE,
+    MAX_FRAMES, MAX_FRAME_SIZE, MAX_KERNEL_SIZE,
 };
 use crate::bytes;
 use crate::error::WithPath;
@@ -39,12 +45,25 @@ pub struct WriteSummary {
     pub bytes_in: u64,
     /// Size of the archive file.
     pub bytes_out: u64,
+    /// TOC entries that share the ordinal of an earlier, identical code
+    /// object (same target, same bytes) instead of being stored again.
+    pub shared: usize,
+    /// Uncompressed bytes those entries did not store again.
+    pub bytes_saved: u64,
 }
 
+/// A kernel stored in the blob (its index is its ordinal).
 struct Pending<'a> {
     key: String,
     target: String,
     data: Cow<'a, [u8]>,
+}
+
+/// One TOC entry: a (key, target) and the ordinal of its bytes.
+struct TocEntry {
+    target: String,
+    ordinal: usize,
+    size: u64,
     metadata: Option<Metadata>,
 }
 
@@ -68,10 +87,14 @@ pub struct ArchiveWriter<'a> {
     batch_bytes: usize,
     /// In ordinal order.
     kernels: Vec<Pending<'a>>,
-    /// Keys in first-insertion order, each with its kernels' indices.
+    /// In insertion order.
+    entries: Vec<TocEntry>,
+    /// Keys in first-insertion order, each with its entries' indices.
     keys: Vec<(String, Vec<usize>)>,
     key_index: HashMap<String, usize>,
     seen: HashSet<(String, String)>,
+    /// (target, size) -> ordinals of the stored kernels of that size.
+    by_content: HashMap<(String, usize), Vec<usize>>,
     /// Called with each kernel's input bytes once they are written (e.g. to
     /// drop the pages of a memory-mapped input).
     done: Option<WrittenHook<'a>>,
@@ -94,9 +117,11 @@ impl<'a> ArchiveWriter<'a> {
             checksum: true,
             batch_bytes: DEFAULT_BATCH_BYTES,
             kernels: Vec::new(),
+            entries: Vec::new(),
             keys: Vec::new(),
             key_index: HashMap::new(),
             seen: HashSet::new(),
+            by_content: HashMap::new(),
             done: None,
         }
     }
@@ -134,17 +159,19 @@ impl<'a> ArchiveWriter<'a> {
         self
     }
 
-    /// Number of kernels added.
+    /// Number of kernels added (TOC entries, shared ones included).
     pub fn len(&self) -> usize {
-        self.kernels.len()
+        self.entries.len()
     }
 
     /// Whether no kernel was added.
     pub fn is_empty(&self) -> bool {
-        self.kernels.is_empty()
+        self.entries.is_empty()
     }
 
-    /// Add a kernel; returns its ordinal. `key` must end in `#N` (N decimal);
+    /// Add a kernel; returns its ordinal: a new one, or that of an earlier
+    /// kernel with the same target and bytes, which it then shares (the
+    /// bytes are stored once). `key` must end in `#N` (N decimal);
     /// (`key`, `target`) must be new. `metadata`, if given, is written as the
     /// entry's `metadata` map in the given order.
     pub fn add(
@@ -164,56 +191,86 @@ impl<'a> ArchiveWriter<'a> {
                 max: MAX_KERNEL_SIZE,
             });
         }
-        let ordinal =
-            u32::try_from(self.kernels.len()).map_err(|_| ArchiveError::TooManyFrames {
-                count: self.kernels.len() as u64,
-                max: u32::MAX.into(),
-            })?;
         if !self.seen.insert((key.clone(), target.clone())) {
             return Err(ArchiveError::DuplicateKernel { key, target });
         }
+        let size = data.len() as u64;
+        let ordinal = match self.stored_copy(&target, &data) {
+            Some(ordinal) => {
+                // Never stored: its pages can go now.
+                if let Some(done) = &self.done {
+                    done(&data);
+                }
+                ordinal
+            }
+            None => self.store(&key, &target, data)?,
+        };
         let slot = match self.key_index.get(&key) {
             Some(&i) => i,
             None => {
                 self.keys.push((key.clone(), Vec::new()));
-                self.key_index.insert(key.clone(), self.keys.len() - 1);
+                self.key_index.insert(key, self.keys.len() - 1);
                 self.keys.len() - 1
             }
         };
-        self.keys[slot].1.push(self.kernels.len());
-        self.kernels.push(Pending {
-            key,
+        self.keys[slot].1.push(self.entries.len());
+        self.entries.push(TocEntry {
             target,
-            data,
+            ordinal,
+            size,
             metadata,
+        });
+        // Fits: store() checked it.
+        Ok(ordinal as u32)
+    }
+
+    /// The ordinal of a stored kernel with this target and these bytes.
+    fn stored_copy(&self, target: &str, data: &[u8]) -> Option<usize> {
+        let same_size = self.by_content.get(&(target.to_owned(), data.len()))?;
+        same_size
+            .iter()
+            .copied()
+            .find(|&o| *self.kernels[o].data == *data)
+    }
+
+    /// Store a new kernel: its ordinal.
+    fn store(
+        &mut self,
+        key: &str,
+        target: &str,
+        data: Cow<'a, [u8]>,
+    ) -> Result<usize, ArchiveError> {
+        let ordinal = self.kernels.len();
+        if u32::try_from(ordinal).is_err() {
+            return Err(ArchiveError::TooManyFrames {
+                count: ordinal as u64,
+                max: u32::MAX.into(),
+            });
+        }
+        self.by_content
+            .entry((target.to_owned(), data.len()))
+            .or_default()
+            .push(ordinal);
+        self.kernels.push(Pending {
+            key: key.to_owned(),
+            target: target.to_owned(),
+            data,
         });
         Ok(ordinal)
     }
 
     /// Write the archive to `path`: into a temporary file in the same
-    /// directory, renamed over `path` only once complete (nothing is left
-    /// behind on error).
+    /// directory, renamed over `path` only once complete and on disk
+    /// ([`crate::output::write_atomically_as`]: nothing is left behind on
+    /// error).
     pub fn write(&self, path: impl AsRef<Path>) -> crate::Result<WriteSummary> {
         let path = path.as_ref();
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        let mut builder = tempfile::Builder::new();
-        builder.prefix(".kpack-tmp-");
-        #[cfg(unix)]
-        {
-            // Like a plain create: 0666 less the umask (not tempfile's 0600).
-            use std::os::unix::fs::PermissionsExt;
-            builder.permissions(std::fs::Permissions::from_mode(0o666));
-        }
-        let tmp = builder.tempfile_in(dir).with_path(path)?;
-        let mut out = BufWriter::with_capacity(1 << 20, tmp.as_file());
-        let summary = self.write_to(&mut out).with_path(path)?;
-        out.flush().with_path(path)?;
-        drop(out);
-        tmp.persist(path).map_err(|e| e.error).with_path(path)?;
-        Ok(summary)
+        crate::output::write_atomically_as(path, None, |file| {
+            let mut out = BufWriter::with_capacity(1 << 20, file);
+            let summary = self.write_to(&mut out).with_path(path)?;
+            out.flush().with_path(path)?;
+            Ok(summary)
+        })
     }
 
     /// Write the archive to `out`, starting at its current position.
@@ -240,10 +297,14 @@ impl<'a> ArchiveWriter<'a> {
         out.write_all(&toc_offset.to_le_bytes())?;
         out.seek(SeekFrom::Start(base + end))?;
         out.flush()?;
+        let bytes_in: u64 = self.entries.iter().map(|e| e.size).sum();
+        let stored: u64 = self.kernels.iter().map(|k| k.data.len() as u64).sum();
         Ok(WriteSummary {
-            kernels: self.kernels.len(),
-            bytes_in: self.kernels.iter().map(|k| k.data.len() as u64).sum(),
+            kernels: self.entries.len(),
+            bytes_in,
             bytes_out: end,
+            shared: self.entries.len() - self.kernels.len(),
+            bytes_saved: bytes_in - stored,
         })
     }
 
@@ -299,15 +360,15 @@ impl<'a> ArchiveWriter<'a> {
                 if let Some(done) = &self.done {
                     done(&k.data);
                 }
-                zstd_size += 4 + frame.len() as u64;
-                if zstd_size > MAX_ZSTD_SIZE {
-                    return Err(ArchiveError::ZstdBlobTooLarge {
-                        size: zstd_size,
-                        max: MAX_ZSTD_SIZE,
-                    });
-                }
-                // Fits: zstd_size <= 4 GiB.
-                out.write_all(&(frame.len() as u32).to_le_bytes())?;
+                let len = u32::try_from(frame.len()).map_err(|_| ArchiveError::FrameTooLarge {
+                    key: k.key.clone(),
+                    target: k.target.clone(),
+                    size: frame.len() as u64,
+                    max: MAX_FRAME_SIZE,
+                })?;
+                // 64-bit: the blob (and the archive) may exceed 4 GiB.
+                zstd_size += 4 + u64::from(len);
+                out.write_all(&len.to_le_bytes())?;
                 out.write_all(&frame)?;
             }
         }
@@ -375,12 +436,12 @@ impl<'a> ArchiveWriter<'a> {
                 let entries = indices
                     .iter()
                     .map(|&i| {
-                        let k = &self.kernels[i];
+                        let e = &self.entries[i];
                         EntryOut {
-                            target: &k.target,
-                            ordinal: i,
-                            original_size: k.data.len() as u64,
-                            metadata: k.metadata.as_ref(),
+                            target: &e.target,
+                            ordinal: e.ordinal,
+                            original_size: e.size,
+                            metadata: e.metadata.as_ref(),
                         }
                     })
                     .collect();
@@ -464,7 +525,9 @@ mod tests {
             WriteSummary {
                 kernels: 3,
                 bytes_in: 119 + 219 + 168,
-                bytes_out: 903
+                bytes_out: 903,
+                shared: 0,
+                bytes_saved: 0,
             }
         );
         // Only the archive is left in the directory.
@@ -617,6 +680,74 @@ mod tests {
             .map(|(k, _)| k.as_str().unwrap())
             .collect();
         assert_eq!(names, ["type", "ordinal", "original_size", "metadata"]);
+    }
+
+    /// The same code object (same target, same bytes) under several keys is
+    /// stored once, its entries sharing the ordinal; the same bytes for
+    /// another target are a kernel of their own. The result reads back
+    /// entry by entry, keeps the limits of SPEC §3 (ordinals below the frame
+    /// count, `original_size` exact), and does not depend on the threads.
+    #[test]
+    fn identical_code_objects_share_an_ordinal() {
+        let a = vec![1u8; 3000];
+        let b: Vec<u8> = (0..3000u32).map(|i| (i % 251) as u8).collect();
+        let build = |scheme| {
+            let mut w = ArchiveWriter::new("g", "gfx900", vec!["gfx900".into(), "gfx906".into()])
+                .scheme(scheme);
+            let added = [
+                w.add("lib/a.so#0", "gfx900", a.as_slice(), None).unwrap(),
+                w.add("lib/b.so#0", "gfx900", b.as_slice(), None).unwrap(),
+                w.add("bin/t1#0", "gfx900", a.clone(), None).unwrap(),
+                w.add("bin/t2#3", "gfx900", a.as_slice(), None).unwrap(),
+                w.add("lib/a.so#0", "gfx906", a.as_slice(), None).unwrap(),
+                w.add("bin/t1#1", "gfx900", b.as_slice(), None).unwrap(),
+            ];
+            assert_eq!(added, [0, 1, 0, 0, 2, 1]);
+            assert_eq!(w.len(), 6);
+            w
+        };
+        for scheme in [Scheme::None, Scheme::ZstdPerKernel] {
+            let dir = tempfile::tempdir().unwrap();
+            let p = dir.path().join("s.kpack");
+            let s = build(scheme).write(&p).unwrap();
+            assert_eq!((s.kernels, s.shared, s.bytes_saved), (6, 3, 9000));
+            assert_eq!(s.bytes_in, 18000);
+            let ar = Archive::open(&p).unwrap();
+            assert_eq!(ar.kernel_count(), 6);
+            for (key, target, want) in [
+                ("lib/a.so#0", "gfx900", &a),
+                ("lib/b.so#0", "gfx900", &b),
+                ("bin/t1#0", "gfx900", &a),
+                ("bin/t2#3", "gfx900", &a),
+                ("lib/a.so#0", "gfx906", &a),
+                ("bin/t1#1", "gfx900", &b),
+            ] {
+                let e = ar.entry(key, target).unwrap();
+                assert_eq!(e.original_size, want.len() as u64);
+                assert_eq!(&ar.kernel(key, target).unwrap(), want, "{key} {target}");
+            }
+            // Three kernels stored: the blob has three frames or blobs.
+            let bytes = std::fs::read(&p).unwrap();
+            let toc_offset = bytes::u64_at(&bytes, 8).unwrap() as usize;
+            let toc = msgpack::decode(&bytes[toc_offset..]).unwrap();
+            match scheme {
+                Scheme::None => assert_eq!(
+                    msgpack::get(&toc, "blobs")
+                        .unwrap()
+                        .as_array()
+                        .unwrap()
+                        .len(),
+                    3
+                ),
+                Scheme::ZstdPerKernel => assert_eq!(bytes::u32_at(&bytes, 64), Some(3)),
+            }
+            let one = rayon::ThreadPoolBuilder::new()
+                .num_threads(1)
+                .build()
+                .unwrap();
+            let again = one.install(|| build(scheme).to_vec().unwrap());
+            assert_eq!(again, bytes);
+        }
     }
 
     #[test]

@@ -63,10 +63,12 @@ impl Default for Validation {
 }
 
 impl ArchitectureGroup {
-    /// Does `target` (a target ID) belong to this group?
+    /// Does `target` (a target ID, or a database family key such as
+    /// AOTriton's `gfx12_0`, which only a group naming it takes) belong to
+    /// this group?
     pub fn contains(&self, target: &str) -> bool {
         let Ok(t) = TargetId::parse(target) else {
-            return false;
+            return self.architectures.iter().any(|a| a == target);
         };
         self.architectures.iter().any(|a| arch_matches(a, &t))
     }
@@ -193,6 +195,9 @@ fn check_group_name(field: &str, name: &str) -> std::result::Result<(), String> 
 }
 
 fn check_architecture(field: &str, a: &str) -> std::result::Result<(), String> {
+    if a == crate::target::SPIRV || super::databases::is_family_key(a) {
+        return Ok(());
+    }
     if !a.starts_with("gfx") {
         return Err(format!(
             "`{field}`: {a:?} does not start with \"gfx\" (an AMDGPU processor such as gfx1100)"

@@ -121,7 +121,8 @@ pub struct OutputName {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Suffix {
     Generic,
-    /// A target ID (`gfx1100`, `gfx90a:xnack-`).
+    /// A target ID (`gfx1100`, `gfx90a:xnack-`, `gfx1250-strict`,
+    /// `amdgcnspirv`) or a database family key (`gfx12_0`).
     Target(String),
     /// Anything else (a group name, when a packaging config says so).
     Other(String),
@@ -129,6 +130,17 @@ pub enum Suffix {
 
 impl OutputName {
     pub fn parse(name: &str) -> Option<OutputName> {
+        // A family key has a `_` of its own (`aotriton_lib_gfx12_0`).
+        if let Some((component, key)) = name
+            .rmatch_indices("_gfx")
+            .map(|(i, _)| (&name[..i], &name[i + 1..]))
+            .find(|(c, key)| !c.is_empty() && super::databases::is_family_key(key))
+        {
+            return Some(OutputName {
+                component: component.to_string(),
+                suffix: Suffix::Target(key.to_string()),
+            });
+        }
         let (component, suffix) = name.rsplit_once('_')?;
         if component.is_empty() || suffix.is_empty() {
             return None;
@@ -227,6 +239,21 @@ mod tests {
         assert_eq!(
             OutputName::parse("blas_lib_gfx110X").unwrap().suffix,
             Suffix::Other("gfx110X".into())
+        );
+        for (name, component, key) in [
+            ("blas_lib_gfx1250-strict", "blas_lib", "gfx1250-strict"),
+            ("blas_lib_amdgcnspirv", "blas_lib", "amdgcnspirv"),
+            ("aotriton_lib_gfx12_0", "aotriton_lib", "gfx12_0"),
+            ("aotriton_lib_gfx11", "aotriton_lib", "gfx11"),
+            ("a_gfx1_gfx12_0", "a_gfx1", "gfx12_0"),
+        ] {
+            let n = OutputName::parse(name).unwrap();
+            assert_eq!(n.component, component, "{name}");
+            assert_eq!(n.suffix, Suffix::Target(key.into()), "{name}");
+        }
+        assert_eq!(
+            OutputName::parse("_gfx12_0").unwrap().suffix,
+            Suffix::Other("0".into())
         );
     }
 }

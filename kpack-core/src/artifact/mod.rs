@@ -25,13 +25,13 @@
 pub mod config;
 pub mod databases;
 pub mod manifest;
-mod pack;
+pub(crate) mod pack;
 pub mod pack_tree;
 pub mod recombine;
 pub mod split;
 #[cfg(test)]
 mod test_util;
-mod tree;
+pub(crate) mod tree;
 pub mod verify;
 
 use std::path::PathBuf;
@@ -43,7 +43,7 @@ pub use databases::Database;
 pub use manifest::{artifact_prefix, OutputName, MANIFEST};
 pub use pack_tree::{pack_tree, PackTreeOptions, PackTreeSummary};
 pub use recombine::{recombine, RecombineOptions, RecombineSummary};
-pub use split::{split_artifact, split_batch, SplitOptions, SplitSummary};
+pub use split::{split_artifact, split_batch, GpuTargets, SplitOptions, SplitSummary};
 pub use verify::{verify_artifacts, VerifyOptions, VerifyReport};
 
 /// Receives what a long-running artifact operation has to say. All methods
@@ -78,6 +78,11 @@ pub struct ArchiveInfo {
     pub bytes_in: u64,
     /// Size of the archive file.
     pub bytes_out: u64,
+    /// Code objects stored once for several binaries: entries that share
+    /// the ordinal of an identical code object (same target, same bytes).
+    pub shared_code_objects: usize,
+    /// Uncompressed bytes those shared entries did not store again.
+    pub bytes_saved: u64,
 }
 
 /// What went wrong in an artifact operation. Input problems each have their
@@ -97,6 +102,8 @@ pub enum ArtifactError {
     },
     #[error("unknown database handler {name:?} (known: {})", Database::names().join(", "))]
     UnknownDatabase { name: String },
+    #[error("--gpu-targets: {what}")]
+    BadGpuTargets { what: String },
     #[error("{}: {what}", path.display())]
     Config { path: PathBuf, what: String },
     #[error("{}: already exists (pass --overwrite to replace it)", path.display())]

@@ -44,8 +44,8 @@ pub struct FileJob {
     pub search_path: String,
     /// Recorded in the archive entries' metadata (`source_prefix`).
     pub source_prefix: Option<String>,
-    /// A database handler claimed the file for this target: it goes to
-    /// this destination instead (unless it is a fat binary).
+    /// A database handler claimed the file for this target: it goes, as
+    /// it is, to this destination instead (whatever it holds).
     pub database: Option<(String, PathBuf)>,
 }
 
@@ -130,6 +130,18 @@ impl Packer<'_> {
     }
 
     fn process(&self, index: usize, job: &FileJob) -> Result<Done> {
+        // A database claim comes before the binary rules: MIOpen's
+        // per-target CK libraries are fat binaries that belong, as they
+        // are, in their target's artifact.
+        if let Some((target, dst)) = &job.database {
+            let n = copy_file(&job.src, dst, job.mode)?;
+            return Ok(Done {
+                outcome: Outcome::Database {
+                    target: target.clone(),
+                },
+                bytes_out: n,
+            });
+        }
         if could_be_binary(&read_head(&job.src)?) {
             let mapped = map_file(&job.src)?;
             let unchanged = |outcome| -> Result<Done> {
@@ -139,7 +151,6 @@ impl Packer<'_> {
             match classify(&mapped) {
                 // Device code with something wrong: offloading reports what.
                 Class::Fat | Class::Inconsistent(_) => return self.offload(index, job, mapped),
-                _ if job.database.is_some() => {}
                 Class::Offloaded => return unchanged(Outcome::AlreadyOffloaded),
                 Class::DebugOnly => return unchanged(Outcome::DebugOnly),
                 Class::Relocatable { device_code } => {
@@ -154,15 +165,6 @@ impl Packer<'_> {
                 Class::StaticArchive => return unchanged(Outcome::LinkInput { note: None }),
                 _ => {}
             }
-        }
-        if let Some((target, dst)) = &job.database {
-            let n = copy_file(&job.src, dst, job.mode)?;
-            return Ok(Done {
-                outcome: Outcome::Database {
-                    target: target.clone(),
-                },
-                bytes_out: n,
-            });
         }
         let n = copy_file(&job.src, &job.dst, job.mode)?;
         Ok(Done {
@@ -187,6 +189,10 @@ impl Packer<'_> {
         };
         let t = rewrite(&job.src, bytes, &metadata)?;
         write_file(&job.dst, &t.bytes, job.mode)?;
+        // The pages parsing and rewriting touched stay resident until the
+        // map goes (after phase 2): drop them now (phase 2 reads the code
+        // objects again), or a run over many large binaries keeps them all.
+        mapped.release(0..mapped.len());
         let (kept, dropped, spill) = self.locate(index, &cos, bytes)?;
         drop(cos);
         let code_objects = refs(kept, mapped, spill)?;
@@ -353,6 +359,8 @@ impl Packer<'_> {
             code_objects: s.kernels,
             bytes_in: s.bytes_in,
             bytes_out: s.bytes_out,
+            shared_code_objects: s.shared,
+            bytes_saved: s.bytes_saved,
         })
     }
 }

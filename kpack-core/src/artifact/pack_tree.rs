@@ -75,6 +75,11 @@ pub struct PackTreeSummary {
     pub bytes_in: u64,
     pub bytes_out: u64,
     pub archives: Vec<ArchiveInfo>,
+    /// Code objects stored once for several binaries, over all archives
+    /// (see [`super::ArchiveInfo::shared_code_objects`]).
+    pub shared_code_objects: usize,
+    /// Uncompressed bytes not stored again thanks to them.
+    pub bytes_saved: u64,
     pub notes: Vec<String>,
     pub seconds: f64,
 }
@@ -131,6 +136,8 @@ pub fn pack_tree(
     let binaries = record_outcomes(&done, &jobs, &mut s, observer);
     s.archives = write_archives(&packer, &binaries, tree, opts)?;
     s.bytes_out += s.archives.iter().map(|a| a.bytes_out).sum::<u64>();
+    s.shared_code_objects = s.archives.iter().map(|a| a.shared_code_objects).sum();
+    s.bytes_saved = s.archives.iter().map(|a| a.bytes_saved).sum();
     drop(binaries);
     drop(done);
     drop(scratch);

@@ -15,6 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -22,16 +23,17 @@ use std::time::Instant;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use super::databases::{classify, Claim, Database};
+use super::databases::{classify, is_artifact_key, Database};
 use super::manifest::{
     self, artifact_prefix, generic_name, read_manifest, OutputName, Suffix, MANIFEST,
 };
 use super::pack::{Done, FileJob, Offloaded, Outcome, Packer};
-use super::tree::{copy_dir_modes, copy_symlink, make_dirs, scan, tree_bytes, NodeKind};
+use super::tree::{copy_dir_modes, copy_symlink, make_dirs, scan, tree_bytes, Node, NodeKind};
 use super::{leftover_removed, ArchiveInfo, ArtifactError, Observer, Result};
 use crate::archive::{Scheme, DEFAULT_ZSTD_LEVEL};
 use crate::offload::{archive_file_name, GFXARCH};
 use crate::output::{ScratchDir, StagedDir};
+use crate::target::base_arch;
 
 /// How to split.
 #[derive(Debug, Clone)]
@@ -48,6 +50,52 @@ pub struct SplitOptions {
     pub keep_going: bool,
     /// Scratch space (default: the output directory).
     pub tmp_dir: Option<PathBuf>,
+    /// `--gpu-targets`: keep only code objects and database files of these
+    /// base targets (SPEC §7); `None`: keep everything.
+    pub gpu_targets: Option<GpuTargets>,
+}
+
+/// The set S of `--gpu-targets` (SPEC §7): the [`base_arch`] of each target
+/// given. Code objects and database files whose base target is not in S
+/// are dropped (the job for that target emits them); every fat binary is
+/// still offloaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuTargets {
+    set: BTreeSet<String>,
+}
+
+impl GpuTargets {
+    /// The set of the base targets of `targets`: each a target ID (the
+    /// `-xnack`/`-sramecc` spellings accepted) or a database family key.
+    /// An empty list is refused (no filtering is `None`).
+    pub fn new<S: AsRef<str>>(targets: &[S]) -> Result<GpuTargets> {
+        if targets.is_empty() {
+            return Err(ArtifactError::BadGpuTargets {
+                what: "no target given".into(),
+            });
+        }
+        let mut set = BTreeSet::new();
+        for t in targets {
+            let t = t.as_ref();
+            if !is_artifact_key(t) {
+                return Err(ArtifactError::BadGpuTargets {
+                    what: format!("{t:?} is not a target ID (such as gfx942 or gfx90a:xnack-)"),
+                });
+            }
+            set.insert(base_arch(t));
+        }
+        Ok(GpuTargets { set })
+    }
+
+    /// Is the base target of `target` (a target ID or database key) in S?
+    pub fn keeps(&self, target: &str) -> bool {
+        self.set.contains(&base_arch(target))
+    }
+
+    /// The base targets, sorted.
+    pub fn bases(&self) -> impl Iterator<Item = &str> + '_ {
+        self.set.iter().map(String::as_str)
+    }
 }
 
 impl SplitOptions {
@@ -60,6 +108,7 @@ impl SplitOptions {
             overwrite: false,
             keep_going: false,
             tmp_dir: None,
+            gpu_targets: None,
         }
     }
 }
@@ -68,6 +117,8 @@ impl SplitOptions {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct SplitSummary {
     pub output_dir: String,
+    /// `--gpu-targets`: the base targets kept, sorted.
+    pub gpu_targets: Option<Vec<String>>,
     pub artifacts: Vec<ArtifactSummary>,
     /// Batch mode: subdirectories that are not artifacts.
     pub skipped_directories: Vec<Skipped>,
@@ -95,6 +146,11 @@ pub struct Totals {
     pub archives: usize,
     pub bytes_in: u64,
     pub bytes_out: u64,
+    /// Code objects stored once for several binaries (see
+    /// [`super::ArchiveInfo::shared_code_objects`]).
+    pub shared_code_objects: usize,
+    /// Uncompressed bytes not stored again thanks to them.
+    pub bytes_saved: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -103,6 +159,8 @@ pub struct TargetTotals {
     pub code_objects: usize,
     pub archive_bytes: u64,
     pub database_files: usize,
+    pub shared_code_objects: usize,
+    pub bytes_saved: u64,
 }
 
 /// One input artifact.
@@ -133,6 +191,11 @@ pub struct ArtifactSummary {
     pub link_inputs: usize,
     pub code_objects: usize,
     pub database_files: usize,
+    /// `--gpu-targets`: code objects of other targets, left out.
+    pub dropped_code_objects: usize,
+    /// `--gpu-targets`: database files (and symlinks) of other targets,
+    /// left out of every output.
+    pub dropped_database_files: usize,
     pub bytes_in: u64,
     pub bytes_out: u64,
     pub archives: Vec<ArchiveInfo>,
@@ -161,11 +224,12 @@ pub fn split_artifact(
     let start = Instant::now();
     check_prefix_name(artifact_dir, artifact_prefix)?;
     let plan = plan(artifact_dir, artifact_prefix, opts)?;
-    check_output_dir(opts)?;
+    let created = check_output_dir(opts)?;
     observer.add_work(plan.bytes);
-    let a = run(&plan, opts, observer)?;
+    let a = run(&plan, opts, observer).inspect_err(|_| created.undo())?;
     let mut s = SplitSummary {
         output_dir: opts.output_dir.display().to_string(),
+        gpu_targets: gpu_target_list(opts),
         artifacts: vec![a],
         ..Default::default()
     };
@@ -187,11 +251,12 @@ pub fn split_batch(
     let start = Instant::now();
     let mut summary = SplitSummary {
         output_dir: opts.output_dir.display().to_string(),
+        gpu_targets: gpu_target_list(opts),
         ..Default::default()
     };
     let inputs = batch_inputs(parent, opts, &mut summary, observer)?;
     let plans = plan_batch(&inputs, opts, observer)?;
-    check_output_dir(opts)?;
+    let created = check_output_dir(opts)?;
     observer.add_work(plans.iter().flatten().map(|p| p.bytes).sum());
     let results = run_batch(plans, opts, observer);
     for (r, (path, prefix)) in results.into_iter().zip(&inputs) {
@@ -207,7 +272,10 @@ pub fn split_batch(
                     ..Default::default()
                 });
             }
-            Some(Err(e)) => return Err(e),
+            Some(Err(e)) => {
+                created.undo();
+                return Err(e);
+            }
             None => {}
         }
     }
@@ -315,6 +383,11 @@ fn run_batch(
         .collect()
 }
 
+fn gpu_target_list(opts: &SplitOptions) -> Option<Vec<String>> {
+    let g = opts.gpu_targets.as_ref()?;
+    Some(g.bases().map(str::to_string).collect())
+}
+
 fn finish(s: &mut SplitSummary, start: Instant) {
     let mut t = Totals::default();
     for a in &s.artifacts {
@@ -331,10 +404,14 @@ fn finish(s: &mut SplitSummary, start: Instant) {
         t.bytes_in += a.bytes_in;
         t.bytes_out += a.bytes_out;
         for ar in &a.archives {
+            t.shared_code_objects += ar.shared_code_objects;
+            t.bytes_saved += ar.bytes_saved;
             let e = s.targets.entry(ar.target.clone()).or_default();
             e.archives += 1;
             e.code_objects += ar.code_objects;
             e.archive_bytes += ar.bytes_out;
+            e.shared_code_objects += ar.shared_code_objects;
+            e.bytes_saved += ar.bytes_saved;
         }
         for (target, n) in &a.database_targets {
             s.targets.entry(target.clone()).or_default().database_files += n;
@@ -344,12 +421,32 @@ fn finish(s: &mut SplitSummary, start: Instant) {
     s.seconds = start.elapsed().as_secs_f64();
 }
 
-fn check_output_dir(opts: &SplitOptions) -> Result<()> {
-    make_dirs(&opts.output_dir)?;
-    if let Some(t) = &opts.tmp_dir {
-        make_dirs(t)?;
+/// Create the output (and scratch) directory; what was created, so that a
+/// refused split can leave nothing behind.
+fn check_output_dir(opts: &SplitOptions) -> Result<Created> {
+    let mut created = Created(Vec::new());
+    for dir in [Some(&opts.output_dir), opts.tmp_dir.as_ref()]
+        .into_iter()
+        .flatten()
+    {
+        if fs::symlink_metadata(dir).is_err() {
+            created.0.push(dir.clone());
+        }
+        make_dirs(dir)?;
     }
-    Ok(())
+    Ok(created)
+}
+
+/// Directories a split created (not their missing parents).
+struct Created(Vec<PathBuf>);
+
+impl Created {
+    /// Remove them again if they are empty.
+    fn undo(&self) {
+        for dir in self.0.iter().rev() {
+            let _ = fs::remove_dir(dir);
+        }
+    }
 }
 
 fn check_prefix_name(dir: &Path, prefix: &str) -> Result<()> {
@@ -527,16 +624,18 @@ fn run(plan: &Plan, opts: &SplitOptions, observer: &dyn Observer) -> Result<Arti
         ap: plan.prefix.clone(),
     };
 
-    let (jobs, mut target_prefixes) = walk_input(plan, opts, &layout, &mut a)?;
+    let (jobs, mut target_prefixes) = walk_input(plan, opts, &layout, &mut a, observer)?;
+    let keep = |t: &str| opts.gpu_targets.as_ref().is_none_or(|g| g.keeps(t));
     let packer = Packer {
         scheme: opts.scheme,
         level: opts.level,
         scratch: scratch.path(),
         observer,
-        keep_target: None,
+        keep_target: opts.gpu_targets.as_ref().map(|_| &keep as _),
     };
     let done = packer.run(&jobs)?;
     let binaries = record_outcomes(&done, &jobs, &mut target_prefixes, &mut a, observer);
+    check_targets_matched(plan, opts, &a)?;
     a.archives = write_archives(&packer, &binaries, &layout)?;
     for ar in &a.archives {
         a.bytes_out += ar.bytes_out;
@@ -564,6 +663,27 @@ fn run(plan: &Plan, opts: &SplitOptions, observer: &dyn Observer) -> Result<Arti
     Ok(a)
 }
 
+/// SPEC §7: with `--gpu-targets`, fat binaries of which not one code
+/// object matched are refused (TheRock would otherwise publish a generic
+/// artifact whose device code is nowhere).
+fn check_targets_matched(plan: &Plan, opts: &SplitOptions, a: &ArtifactSummary) -> Result<()> {
+    let Some(g) = &opts.gpu_targets else {
+        return Ok(());
+    };
+    if a.binaries == 0 || a.code_objects > 0 {
+        return Ok(());
+    }
+    let set: Vec<&str> = g.bases().collect();
+    Err(ArtifactError::input(
+        &plan.dir,
+        format!(
+            "Found {} fat binaries, but no device code objects matched --gpu-targets ({}). Refusing to emit an untransformed generic artifact.",
+            a.binaries,
+            set.join(", ")
+        ),
+    ))
+}
+
 /// A note, shown (`--verbose`) and kept in the summary.
 fn note(a: &mut ArtifactSummary, observer: &dyn Observer, msg: String) {
     observer.note(&msg);
@@ -578,6 +698,7 @@ fn walk_input(
     opts: &SplitOptions,
     layout: &Layout,
     a: &mut ArtifactSummary,
+    observer: &dyn Observer,
 ) -> Result<(Vec<FileJob>, TargetPrefixes)> {
     let mut target_prefixes = TargetPrefixes::new();
     let mut jobs = Vec::new();
@@ -588,10 +709,23 @@ fn walk_input(
         make_dirs(&generic.join(p))?;
         for n in &scan(&root)? {
             let rel = n.rel_str(&root)?;
-            let target = match classify(&opts.databases, &rel) {
-                Some((_, Claim::Target(t))) => Some(t),
-                _ => None,
+            let target = match &n.kind {
+                NodeKind::Dir => None,
+                _ => database_target(&opts.databases, &root, n, &rel)?,
             };
+            let dropped = target
+                .as_ref()
+                .is_some_and(|t| opts.gpu_targets.as_ref().is_some_and(|g| !g.keeps(t)));
+            if dropped {
+                // Another job's target: neither generic nor per-target.
+                a.dropped_database_files += 1;
+                if let NodeKind::File { size } = n.kind {
+                    a.files += 1;
+                    a.bytes_in += size;
+                    observer.advance(size);
+                }
+                continue;
+            }
             match &n.kind {
                 NodeKind::Dir => {
                     // Kept even when empty.
@@ -635,6 +769,30 @@ fn walk_input(
     Ok((jobs, target_prefixes))
 }
 
+/// The per-target artifact a database handler puts the file or symlink
+/// `n` in (the claim's base key), if any. A key that can name no artifact
+/// is refused.
+fn database_target(
+    enabled: &[Database],
+    root: &Path,
+    n: &Node,
+    rel: &str,
+) -> Result<Option<String>> {
+    let Some(claim) = classify(enabled, rel) else {
+        return Ok(None);
+    };
+    if !is_artifact_key(&claim.base) {
+        return Err(ArtifactError::input(
+            root.join(&n.rel),
+            format!(
+                "database handler {} gives this file the key {:?}, which names no artifact (neither a target ID nor a family key)",
+                claim.handler, claim.key
+            ),
+        ));
+    }
+    Ok(Some(claim.base))
+}
+
 /// Count what phase 1 did to each file (database files also mark their
 /// prefix in their target's artifact); returns the offloaded binaries.
 fn record_outcomes<'d>(
@@ -659,6 +817,7 @@ fn record_outcomes<'d>(
                 a.binaries += 1;
                 a.wrappers += b.wrappers;
                 a.code_objects += b.code_objects.len();
+                a.dropped_code_objects += b.dropped;
                 binaries.push(b.as_ref());
             }
             Outcome::DebugOnly => {
@@ -717,6 +876,7 @@ fn finish_outputs(
     prune_emptied(&generic, &plan.dir, &plan.prefixes)?;
     manifest::write_manifest(&generic, &plan.prefixes)?;
     copy_dir_modes(&generic, &plan.dir)?;
+    owner_writable(&generic)?;
     let mut outputs = vec![generic_name(&layout.ap)];
     for (t, ps) in target_prefixes {
         let dir = layout.target(t);
@@ -728,10 +888,23 @@ fn finish_outputs(
             .collect();
         manifest::write_manifest(&dir, &listed)?;
         copy_dir_modes(&dir, &plan.dir)?;
+        owner_writable(&dir)?;
         outputs.push(format!("{}_{t}", layout.ap));
     }
     outputs.sort();
     Ok(outputs)
+}
+
+/// Give a staged artifact directory write permission for its owner until
+/// it is renamed into the output directory (a read-only input artifact
+/// would otherwise make a staged copy that only root can move).
+fn owner_writable(dir: &Path) -> Result<()> {
+    let mode = fs::metadata(dir)
+        .map_err(|e| ArtifactError::io(dir, e))?
+        .permissions()
+        .mode();
+    fs::set_permissions(dir, fs::Permissions::from_mode(mode | 0o700))
+        .map_err(|e| ArtifactError::io(dir, e))
 }
 
 /// Step 6: outputs of an earlier run of this prefix out of the way
@@ -775,6 +948,19 @@ fn commit(
         .chain([&generic])
         .collect();
     stage.commit_entries(&order)?;
+    // Now the artifact directories may take the input's mode (renaming a
+    // directory into another needs write permission on it, even for its
+    // owner; see `finish_outputs`).
+    let mode = fs::metadata(&plan.dir)
+        .map_err(|e| ArtifactError::io(&plan.dir, e))?
+        .permissions()
+        .mode()
+        & 0o7777;
+    for name in &outputs {
+        let dir = out.join(name);
+        fs::set_permissions(&dir, fs::Permissions::from_mode(mode))
+            .map_err(|e| ArtifactError::io(&dir, e))?;
+    }
     a.outputs = outputs;
     Ok(())
 }
@@ -944,6 +1130,53 @@ mod tests {
             fs::read_to_string(out.join(format!("blas_lib_gfx942/{MANIFEST}"))).unwrap(),
             "stage\n"
         );
+    }
+
+    /// Database files go to the artifact of their base target: features
+    /// in file names (`-xnack+`) are dropped, `-strict` is kept, family
+    /// keys are artifact keys of their own.
+    #[test]
+    fn database_artifacts_are_keyed_by_base_target() {
+        let t = tempfile::tempdir().unwrap();
+        let input = t.path().join("in/blas_lib_x");
+        small_artifact(&input, &["gfx90a-xnack+", "gfx90a", "gfx1250-strict"]);
+        let stage = input.join("stage");
+        let images = stage.join("lib/aotriton.images/amd-gfx120x");
+        fs::create_dir_all(&images).unwrap();
+        fs::write(images.join("flash.aks2"), b"img").unwrap();
+        let out = t.path().join("out");
+        let mut o = options(&out);
+        o.databases = vec![Database::Rocblas, Database::Aotriton];
+        let s = split_artifact(&input, "blas_lib", &o, &Silent).unwrap();
+        assert_eq!(
+            s.artifacts[0].outputs,
+            [
+                "blas_lib_generic",
+                "blas_lib_gfx1250-strict",
+                "blas_lib_gfx12_0",
+                "blas_lib_gfx90a"
+            ]
+        );
+        let lib = "stage/lib/rocblas/library";
+        for (artifact, file) in [
+            ("blas_lib_gfx90a", "TensileLibrary_gfx90a-xnack+.dat"),
+            ("blas_lib_gfx90a", "TensileLibrary_gfx90a.dat"),
+            (
+                "blas_lib_gfx1250-strict",
+                "TensileLibrary_gfx1250-strict.dat",
+            ),
+        ] {
+            assert!(out.join(artifact).join(lib).join(file).is_file(), "{file}");
+        }
+        assert!(out
+            .join("blas_lib_gfx12_0/stage/lib/aotriton.images/amd-gfx120x/flash.aks2")
+            .is_file());
+        assert!(!out
+            .join("blas_lib_generic/stage/lib/aotriton.images")
+            .exists());
+        let r = crate::artifact::verify_artifacts(&out, &Default::default(), &Silent).unwrap();
+        assert!(r.ok(), "{:?}", r.problems);
+        assert_eq!(r.database_files, 4);
     }
 
     #[test]

@@ -111,32 +111,49 @@ pub fn make_dirs(dir: &Path) -> Result<()> {
         .map_err(|e| ArtifactError::io(dir, e))
 }
 
-/// Copy a regular file, keeping its permission bits.
+/// Remove whatever is at `dst` (not a directory), if anything: a copy
+/// over an existing file would write through it and then fail to set the
+/// mode of a file another user owns (EPERM), or fail to open a read-only
+/// one; a new file is ours.
+fn unlink(dst: &Path) -> Result<()> {
+    match fs::remove_file(dst) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(ArtifactError::io(dst, e)),
+        _ => Ok(()),
+    }
+}
+
+/// Copy a regular file, keeping its permission bits. An existing `dst` is
+/// unlinked first.
 pub fn copy_file(src: &Path, dst: &Path, mode: u32) -> Result<u64> {
     if let Some(p) = dst.parent() {
         make_dirs(p)?;
     }
+    unlink(dst)?;
     let n = fs::copy(src, dst).map_err(|e| ArtifactError::io(dst, e))?;
     fs::set_permissions(dst, fs::Permissions::from_mode(mode))
         .map_err(|e| ArtifactError::io(dst, e))?;
     Ok(n)
 }
 
-/// Write bytes to a new file with this mode.
+/// Write bytes to a new file with this mode (an existing `dst` is
+/// unlinked first).
 pub fn write_file(dst: &Path, bytes: &[u8], mode: u32) -> Result<()> {
     if let Some(p) = dst.parent() {
         make_dirs(p)?;
     }
+    unlink(dst)?;
     fs::write(dst, bytes).map_err(|e| ArtifactError::io(dst, e))?;
     fs::set_permissions(dst, fs::Permissions::from_mode(mode))
         .map_err(|e| ArtifactError::io(dst, e))
 }
 
-/// Create a symlink `dst` → `target` (the target as written, not resolved).
+/// Create a symlink `dst` → `target` (the target as written, not
+/// resolved); an existing `dst` is unlinked first.
 pub fn copy_symlink(target: &Path, dst: &Path) -> Result<()> {
     if let Some(p) = dst.parent() {
         make_dirs(p)?;
     }
+    unlink(dst)?;
     std::os::unix::fs::symlink(target, dst).map_err(|e| ArtifactError::io(dst, e))
 }
 
@@ -252,6 +269,89 @@ pub fn same_bytes(a: &Path, b: &Path) -> Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    /// Set in the child process of [`copy_over_another_users_file`]: the
+    /// directory to copy in.
+    const AS_OTHER_USER: &str = "KPACK_TEST_COPY_AS_OTHER_USER";
+    const OTHER_UID: u32 = 4242;
+
+    /// A destination that exists and belongs to a third user (writable by
+    /// all, as in a shared build tree) is replaced by a file of the user
+    /// copying: `fs::copy` alone writes through it and then fails to set
+    /// its mode (EPERM). Run as a real non-root user (setpriv) when the
+    /// tests run as root; otherwise over a read-only file of our own
+    /// (which `fs::copy` alone cannot open).
+    #[test]
+    fn copy_over_another_users_file() {
+        if let Some(dir) = std::env::var_os(AS_OTHER_USER) {
+            let dir = Path::new(&dir);
+            copy_file(&dir.join("src"), &dir.join("dst"), 0o640).unwrap();
+            write_file(&dir.join("dst2"), b"new", 0o600).unwrap();
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("tree");
+        fs::create_dir(&dir).unwrap();
+        fs::write(dir.join("src"), b"the new bytes").unwrap();
+        fs::write(dir.join("dst"), b"old").unwrap();
+        fs::write(dir.join("dst2"), b"old").unwrap();
+        let root = is_root(&dir);
+        if root {
+            use std::os::unix::fs::chown;
+            fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755)).unwrap();
+            chown(&dir, Some(OTHER_UID), Some(OTHER_UID)).unwrap();
+            for f in ["dst", "dst2"] {
+                chown(dir.join(f), Some(OTHER_UID + 1), Some(OTHER_UID + 1)).unwrap();
+                fs::set_permissions(dir.join(f), fs::Permissions::from_mode(0o666)).unwrap();
+            }
+            fs::set_permissions(dir.join("src"), fs::Permissions::from_mode(0o644)).unwrap();
+            let exe = std::env::current_exe().unwrap();
+            let out = std::process::Command::new("setpriv")
+                .args([
+                    "--reuid",
+                    &OTHER_UID.to_string(),
+                    "--regid",
+                    &OTHER_UID.to_string(),
+                ])
+                .arg("--clear-groups")
+                .arg(exe)
+                .args([
+                    "--exact",
+                    "artifact::tree::tests::copy_over_another_users_file",
+                ])
+                .env(AS_OTHER_USER, &dir)
+                .output()
+                .expect("setpriv (util-linux)");
+            assert!(
+                out.status.success(),
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            for f in ["dst", "dst2"] {
+                assert_eq!(fs::metadata(dir.join(f)).unwrap().uid(), OTHER_UID, "{f}");
+            }
+        } else {
+            for f in ["dst", "dst2"] {
+                fs::set_permissions(dir.join(f), fs::Permissions::from_mode(0o444)).unwrap();
+            }
+            copy_file(&dir.join("src"), &dir.join("dst"), 0o640).unwrap();
+            write_file(&dir.join("dst2"), b"new", 0o600).unwrap();
+        }
+        assert_eq!(fs::read(dir.join("dst")).unwrap(), b"the new bytes");
+        assert_eq!(fs::metadata(dir.join("dst")).unwrap().mode() & 0o777, 0o640);
+        assert_eq!(fs::read(dir.join("dst2")).unwrap(), b"new");
+        assert_eq!(
+            fs::metadata(dir.join("dst2")).unwrap().mode() & 0o777,
+            0o600
+        );
+    }
+
+    /// Are we root? (The owner of a file we just created.)
+    fn is_root(dir: &Path) -> bool {
+        fs::metadata(dir).unwrap().uid() == 0
+    }
 
     #[test]
     fn scan_is_sorted_and_keeps_symlinks() {

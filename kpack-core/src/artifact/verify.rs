@@ -27,7 +27,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::config::PackagingConfig;
-use super::databases::{Claim, Database};
+use super::databases::{self, Database};
 use super::manifest::{read_manifest, OutputName, Suffix, MANIFEST};
 use super::tree::{copy_symlink, make_dirs, rel_string, scan, Node, NodeKind};
 use super::{ArtifactError, Observer, Result};
@@ -44,6 +44,11 @@ use crate::target::TargetId;
 pub struct VerifyOptions {
     /// Verify recombined artifacts named after this config's groups.
     pub config: Option<PackagingConfig>,
+    /// The database handlers split was given (`--split-databases`): a
+    /// generic artifact must hold no file they claim. (Per-target
+    /// artifacts are checked with every handler: a database file there
+    /// must be of the artifact's own target.)
+    pub databases: Vec<Database>,
 }
 
 /// What verify found (`--json`).
@@ -286,7 +291,7 @@ fn check_each(
         };
         match &a.role {
             Role::Generic => {
-                let binaries = check_generic(a, &nodes, &mut found.problems);
+                let binaries = check_generic(a, &nodes, &opts.databases, &mut found.problems);
                 report.offloaded_binaries += binaries.len();
                 checked.generics.insert(a.component.clone(), (i, binaries));
             }
@@ -392,6 +397,9 @@ fn resolve_component(
     Ok(())
 }
 
+/// The first word of a SPIR-V module (0x07230203), as stored.
+const SPIRV_MAGIC: [u8; 4] = 0x0723_0203u32.to_le_bytes();
+
 /// Load code object `co` of binary `b` for `target` through the loader, in
 /// the install tree `root` (where `device` was installed): the problem, if
 /// it does not load or is not an ELF file.
@@ -410,10 +418,18 @@ fn load_wrapper(
             b.shown
         ));
     };
+    // SPIR-V for AMDGCN is a SPIR-V module; every other target's code
+    // object is an ELF file.
+    let spirv = TargetId::parse(target).is_ok_and(|t| t.is_spirv());
+    let (magic, what): (&[u8], _) = if spirv {
+        (&SPIRV_MAGIC, "a SPIR-V module")
+    } else {
+        (b"\x7fELF", "an ELF file")
+    };
     match loader.load_code_object(&b.metadata, &path, co32, &[target]) {
-        Ok(bytes) if bytes.starts_with(b"\x7fELF") => None,
+        Ok(bytes) if bytes.starts_with(magic) => None,
         Ok(_) => Some(format!(
-            "{}: code object {}#{co} for {target} (installed with {device}) is not an ELF file",
+            "{}: code object {}#{co} for {target} (installed with {device}) is not {what}",
             b.shown, b.kernel_name
         )),
         Err(e) => Some(format!(
@@ -477,6 +493,7 @@ fn layout(a: &Artifact, problems: &mut Vec<String>) -> Option<Vec<(String, Node)
 fn check_generic(
     a: &Artifact,
     nodes: &[(String, Node)],
+    databases: &[Database],
     problems: &mut Vec<String>,
 ) -> Vec<Binary> {
     let files: Vec<&(String, Node)> = nodes
@@ -485,7 +502,7 @@ fn check_generic(
         .collect();
     let results: Vec<(Option<Binary>, Vec<String>)> = files
         .par_iter()
-        .map(|(p, n)| check_generic_file(a, p, n))
+        .map(|(p, n)| check_generic_file(a, p, n, databases))
         .collect();
     let mut binaries = Vec::new();
     for (b, bad) in results {
@@ -495,12 +512,25 @@ fn check_generic(
     binaries
 }
 
-/// One file of a generic artifact: no archive, no device code left; an
-/// offloaded binary must pass the ELF verifier (and is returned).
-fn check_generic_file(a: &Artifact, p: &str, n: &Node) -> (Option<Binary>, Vec<String>) {
+/// One file of a generic artifact: no archive, no database file of the
+/// handlers split used, no device code left; an offloaded binary must pass
+/// the ELF verifier (and is returned).
+fn check_generic_file(
+    a: &Artifact,
+    p: &str,
+    n: &Node,
+    databases: &[Database],
+) -> (Option<Binary>, Vec<String>) {
     let path = a.dir.join(p).join(&n.rel);
     let shown = format!("{}/{p}/{}", a.name, n.rel.display());
     let mut bad = Vec::new();
+    if let Some(c) = rel_string(&n.rel).and_then(|rel| databases::classify(databases, &rel)) {
+        bad.push(format!(
+            "{shown}: a database file of {} ({} handler) in a generic artifact (it belongs in {}_{})",
+            c.base, c.handler, a.component, c.base
+        ));
+        return (None, bad);
+    }
     let mapped = match map_file(&path) {
         Ok(m) => m,
         Err(e) => return (None, vec![e.to_string()]),
@@ -618,22 +648,20 @@ fn check_device_entry(
         return f;
     }
     // A file a database handler claims is a database file, whatever it
-    // holds (MIOpen's per-target CK libraries are host libraries).
-    let claim = Database::ALL.iter().find_map(|d| match d.claim(&rel) {
-        Claim::No => None,
-        c => Some(c),
-    });
+    // holds (MIOpen's per-target CK libraries are host libraries): the
+    // claim is checked before the host-binary rule. Database files are
+    // keyed by their base target.
     let host_code = || is_file && map_file(&path).is_ok_and(|m| classify(&m).is_host_code());
-    match claim {
-        Some(Claim::Target(t)) if allowed(&t) => f.database = true,
-        Some(Claim::Target(t)) => f.bad.push(format!(
-            "{shown}: a database file of {t}, which does not belong in {}",
-            a.name
+    match databases::classify(&Database::ALL, &rel) {
+        Some(c) if allowed(&c.base) => f.database = true,
+        Some(c) => f.bad.push(format!(
+            "{shown}: a database file of {} ({} handler, key {}), which does not belong in {}",
+            c.base, c.handler, c.key, a.name
         )),
-        _ if host_code() => f.bad.push(format!(
+        None if host_code() => f.bad.push(format!(
             "{shown}: a host binary in a per-target artifact (only archives and database files belong there)"
         )),
-        _ => f.bad.push(format!(
+        None => f.bad.push(format!(
             "{shown}: neither a .kpack archive nor a database file of a target: does not belong in a per-target artifact"
         )),
     }

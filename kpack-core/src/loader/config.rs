@@ -56,8 +56,9 @@ pub fn flag_is_set(value: Option<&OsStr>) -> bool {
     }
 }
 
-/// Split a path list (`:`-separated; `;` on Windows), dropping empty
-/// components.
+/// Split a path list (`:`-separated; `;` on Windows, where `:` follows a
+/// drive letter: `std::env::split_paths` picks the platform's separator),
+/// dropping empty components.
 pub fn path_list(value: Option<&OsStr>) -> Vec<PathBuf> {
     match value {
         Some(v) => std::env::split_paths(v)

@@ -27,7 +27,10 @@ pub enum DiscoverError {
 
 /// The file mapped at `address` in this process, and the address's offset
 /// in it (Linux: from `/proc/self/maps`, which unlike `dladdr` also covers
-/// data addresses).
+/// data addresses). Elsewhere [`DiscoverError::Unsupported`]: on Windows
+/// the C API (kpack-cxx, which holds the runtime's FFI) asks
+/// `GetModuleHandleExW`/`GetModuleFileNameW` instead, behind
+/// `cfg(windows)`, since this crate has no `unsafe` code.
 pub fn discover_binary_path(address: usize) -> Result<MappedFile, DiscoverError> {
     if cfg!(target_os = "linux") {
         let maps = std::fs::read("/proc/self/maps")?;

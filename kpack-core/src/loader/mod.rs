@@ -40,6 +40,7 @@
 mod config;
 mod discover;
 mod search;
+mod trace;
 
 use std::fmt;
 use std::io::Write;
@@ -53,7 +54,9 @@ pub use discover::{discover_binary_path, find_mapping, DiscoverError, MappedFile
 
 use crate::archive::ArchiveError;
 use crate::hipk::{HipkError, HipkMetadata};
+pub use search::{archives_on_search_path, Hit};
 use search::{Search, State};
+pub use trace::{AgentTrace, Attempt, AttemptOutcome, CandidateStatus, CandidateTrace, Trace};
 
 /// Why a code object could not be loaded. Each variant is one error code of
 /// the C API.
@@ -96,6 +99,76 @@ pub enum LoadError {
     /// (`OUT_OF_MEMORY`).
     #[error("{key}: cannot allocate {size} bytes")]
     OutOfMemory { key: String, size: u64 },
+}
+
+/// The C API's `kpack_error_t` (SPEC §4), value for value: what a load
+/// returns, for tools that report it (`kpack why`) and the C API alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum ErrorCode {
+    Success = 0,
+    InvalidArgument = 1,
+    FileNotFound = 2,
+    InvalidFormat = 3,
+    UnsupportedVersion = 4,
+    KernelNotFound = 5,
+    DecompressionFailed = 6,
+    OutOfMemory = 7,
+    NotImplemented = 8,
+    IoError = 9,
+    MsgpackParseFailed = 10,
+    PathDiscoveryFailed = 11,
+    InvalidMetadata = 12,
+    ArchiveNotFound = 13,
+    ArchNotFound = 14,
+}
+
+impl ErrorCode {
+    /// The C name, e.g. `KPACK_ERROR_KERNEL_NOT_FOUND`.
+    pub fn name(self) -> &'static str {
+        use ErrorCode as E;
+        match self {
+            E::Success => "KPACK_SUCCESS",
+            E::InvalidArgument => "KPACK_ERROR_INVALID_ARGUMENT",
+            E::FileNotFound => "KPACK_ERROR_FILE_NOT_FOUND",
+            E::InvalidFormat => "KPACK_ERROR_INVALID_FORMAT",
+            E::UnsupportedVersion => "KPACK_ERROR_UNSUPPORTED_VERSION",
+            E::KernelNotFound => "KPACK_ERROR_KERNEL_NOT_FOUND",
+            E::DecompressionFailed => "KPACK_ERROR_DECOMPRESSION_FAILED",
+            E::OutOfMemory => "KPACK_ERROR_OUT_OF_MEMORY",
+            E::NotImplemented => "KPACK_ERROR_NOT_IMPLEMENTED",
+            E::IoError => "KPACK_ERROR_IO_ERROR",
+            E::MsgpackParseFailed => "KPACK_ERROR_MSGPACK_PARSE_FAILED",
+            E::PathDiscoveryFailed => "KPACK_ERROR_PATH_DISCOVERY_FAILED",
+            E::InvalidMetadata => "KPACK_ERROR_INVALID_METADATA",
+            E::ArchiveNotFound => "KPACK_ERROR_ARCHIVE_NOT_FOUND",
+            E::ArchNotFound => "KPACK_ERROR_ARCH_NOT_FOUND",
+        }
+    }
+
+    /// The code of a failure to read a code object from an open archive.
+    pub fn of_read(e: &ArchiveError) -> ErrorCode {
+        match e {
+            ArchiveError::KernelNotFound { .. } => ErrorCode::KernelNotFound,
+            ArchiveError::Io(_) => ErrorCode::IoError,
+            _ => ErrorCode::DecompressionFailed,
+        }
+    }
+}
+
+impl LoadError {
+    /// The `kpack_error_t` that `kpack_load_code_object` returns for this.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            LoadError::NoArchitectures => ErrorCode::InvalidArgument,
+            LoadError::Disabled => ErrorCode::NotImplemented,
+            LoadError::Metadata(_) => ErrorCode::InvalidMetadata,
+            LoadError::Read { source, .. } => ErrorCode::of_read(source),
+            LoadError::KernelNotFound { .. } => ErrorCode::KernelNotFound,
+            LoadError::ArchNotFound { .. } => ErrorCode::ArchNotFound,
+            LoadError::ArchiveNotFound { .. } => ErrorCode::ArchiveNotFound,
+            LoadError::OutOfMemory { .. } => ErrorCode::OutOfMemory,
+        }
+    }
 }
 
 /// Where a debug line goes.
@@ -176,7 +249,7 @@ impl Loader {
         let mut v: Vec<PathBuf> = state
             .by_canonical
             .iter()
-            .filter(|(_, slot)| matches!(slot.cell.get(), Some(Some(_))))
+            .filter(|(_, slot)| matches!(slot.cell.get(), Some(Ok(_))))
             .map(|(p, _)| p.clone())
             .collect();
         v.sort();
@@ -219,8 +292,78 @@ impl Loader {
         binary_path: &Path,
         co_index: u32,
         archs: &[&str],
-        mut alloc: impl FnMut(usize) -> Option<B>,
+        alloc: impl FnMut(usize) -> Option<B>,
     ) -> Result<B, LoadError> {
+        self.load_traced(metadata, binary_path, co_index, archs, alloc, None)
+            .map(|(buf, _)| buf)
+    }
+
+    /// What [`Loader::load_code_object`] would do, step by step: the same
+    /// search, reporting to a [`Trace`]. Returns the code object's size and
+    /// where it was found, or the error the load returns, and the trace.
+    pub fn explain(
+        &self,
+        metadata: &HipkMetadata,
+        binary_path: &Path,
+        co_index: u32,
+        archs: &[&str],
+    ) -> (Result<(u64, Hit), LoadError>, Trace) {
+        let mut trace = Trace::default();
+        let result = self.load_traced(
+            || Ok(metadata.clone()),
+            binary_path,
+            co_index,
+            archs,
+            |size| {
+                let mut v = Vec::new();
+                v.try_reserve_exact(size).ok()?;
+                v.resize(size, 0);
+                Some(v)
+            },
+            Some(&mut trace),
+        );
+        (result.map(|(buf, hit)| (buf.len() as u64, hit)), trace)
+    }
+
+    /// The code object `kernel_name#co_index` for exactly `target` (no
+    /// less specific target in its place), through the same search: the
+    /// first candidate that lists the target and has the key. `Ok(None)`
+    /// when none has it; `Err` for a read error of one that has it.
+    pub fn load_target(
+        &self,
+        metadata: &HipkMetadata,
+        binary_path: &Path,
+        co_index: u32,
+        target: &crate::target::TargetId,
+    ) -> Result<Option<(Vec<u8>, Hit)>, LoadError> {
+        if self.config.disabled {
+            return Err(LoadError::Disabled);
+        }
+        let key = format!("{}#{}", metadata.kernel_name, co_index);
+        let name = target.to_string();
+        let agents = vec![(name.as_str(), vec![target.clone()])];
+        let candidates = self.candidates(metadata, binary_path, &agents);
+        let mut search = Search::new(self, &key, candidates, None);
+        let found = search.find(target, &mut |size| Some(vec![0u8; size]))?;
+        match found {
+            Some(hit) => Ok(Some(hit)),
+            None => match search.verdict(&[name.as_str()]) {
+                e @ LoadError::Read { .. } => Err(e),
+                _ => Ok(None),
+            },
+        }
+    }
+
+    /// SPEC §4's steps, reporting to `trace` when given.
+    fn load_traced<B: AsMut<[u8]>>(
+        &self,
+        metadata: impl FnOnce() -> Result<HipkMetadata, HipkError>,
+        binary_path: &Path,
+        co_index: u32,
+        archs: &[&str],
+        mut alloc: impl FnMut(usize) -> Option<B>,
+        mut trace: Option<&mut Trace>,
+    ) -> Result<(B, Hit), LoadError> {
         // Step 1.
         if archs.is_empty() {
             return Err(LoadError::NoArchitectures);
@@ -238,13 +381,23 @@ impl Loader {
             binary_path.display()
         ));
         let agents = self.agents(archs);
+        if let Some(t) = trace.as_deref_mut() {
+            t.key = key.clone();
+            t.agents = agents
+                .iter()
+                .map(|(arch, targets)| AgentTrace {
+                    arch: arch.to_string(),
+                    targets: targets.iter().map(|t| t.to_string()).collect(),
+                })
+                .collect();
+        }
         // Step 4.
         let candidates = self.candidates(&metadata, binary_path, &agents);
         // Steps 5 and 6.
-        let mut search = Search::new(self, &key, candidates);
+        let mut search = Search::new(self, &key, candidates, trace);
         for target in agents.iter().flat_map(|(_, t)| t) {
-            if let Some(buf) = search.find(target, &mut alloc)? {
-                return Ok(buf);
+            if let Some(found) = search.find(target, &mut alloc)? {
+                return Ok(found);
             }
         }
         let err = search.verdict(archs);

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
+use super::trace::{Attempt, AttemptOutcome, CandidateStatus, CandidateTrace, Trace};
 use super::{LoadError, Loader};
 use crate::archive::{Archive, Entry};
 use crate::hipk::{HipkMetadata, GFXARCH};
@@ -40,11 +41,32 @@ impl Opened {
     }
 }
 
-/// One archive, opened at most once. `canonical` is `None` when the
-/// candidate path does not resolve (the cell then holds `None`).
+/// One archive, opened at most once. `canonical` is why the candidate path
+/// does not resolve, when it does not (the cell then holds that too); the
+/// cell holds the archive, or why it did not open.
 pub(super) struct Slot {
-    canonical: Option<PathBuf>,
-    pub(super) cell: OnceLock<Option<Arc<Opened>>>,
+    canonical: Result<PathBuf, String>,
+    pub(super) cell: OnceLock<Result<Arc<Opened>, Unusable>>,
+}
+
+/// Why a candidate archive cannot be used.
+#[derive(Debug, Clone)]
+pub(super) enum Unusable {
+    /// Its path does not resolve.
+    Missing(String),
+    /// It exists but does not open as an archive.
+    Failed(String),
+}
+
+/// Where a code object was found.
+#[derive(Debug, Clone)]
+pub struct Hit {
+    /// The archive's canonical path.
+    pub archive: PathBuf,
+    /// The target, as the archive's `gfx_arches` spells it.
+    pub target: String,
+    /// The full offload triple recorded in the entry's metadata, if any.
+    pub triple: Option<String>,
 }
 
 #[derive(Default)]
@@ -102,8 +124,40 @@ impl Loader {
         out
     }
 
-    /// The archive at `candidate`, opened once per canonical path.
-    fn archive(&self, candidate: &Path) -> Option<Arc<Opened>> {
+    /// The archives a search for this binary could find, with the targets
+    /// each lists: the `ROCM_KPACK_PATH` list, or the prefix list and the
+    /// embedded paths, where a `@GFXARCH@` in a file name stands for any
+    /// target (every file in that directory whose name fits). Each opened
+    /// once, through the cache; those that do not open are left out.
+    pub fn available_archives(
+        &self,
+        metadata: &HipkMetadata,
+        binary_path: &Path,
+    ) -> Vec<(PathBuf, Vec<String>)> {
+        let mut paths: Vec<PathBuf> = Vec::new();
+        if let Some(list) = &self.config.path_override {
+            paths.extend(list.iter().cloned());
+        } else {
+            paths.extend(self.config.path_prefix.iter().cloned());
+            let dir = binary_path.parent().unwrap_or(Path::new(""));
+            for p in &metadata.search_paths {
+                paths.extend(archives_on_search_path(dir, p));
+            }
+        }
+        let mut out: Vec<(PathBuf, Vec<String>)> = Vec::new();
+        for p in paths {
+            if let Ok(a) = self.archive(&p) {
+                if !out.iter().any(|(c, _)| *c == a.path) {
+                    out.push((a.path.clone(), a.archive.gfx_arches().to_vec()));
+                }
+            }
+        }
+        out
+    }
+
+    /// The archive at `candidate`, opened once per canonical path, or why
+    /// it cannot be used.
+    pub(super) fn archive(&self, candidate: &Path) -> Result<Arc<Opened>, Unusable> {
         let known = self.lock().by_candidate.get(candidate).cloned();
         let slot = match known {
             Some(slot) => slot,
@@ -111,7 +165,10 @@ impl Loader {
         };
         slot.cell
             .get_or_init(|| {
-                let path = slot.canonical.as_deref()?;
+                let path = slot
+                    .canonical
+                    .as_deref()
+                    .map_err(|e| Unusable::Missing(e.clone()))?;
                 match Archive::open(path) {
                     Ok(archive) => {
                         self.debug(format_args!(
@@ -125,7 +182,7 @@ impl Loader {
                             .iter()
                             .filter_map(|a| TargetId::parse(a).ok().map(|t| (t, a.clone())))
                             .collect();
-                        Some(Arc::new(Opened {
+                        Ok(Arc::new(Opened {
                             path: path.to_path_buf(),
                             archive,
                             targets,
@@ -133,7 +190,7 @@ impl Loader {
                     }
                     Err(e) => {
                         self.debug(format_args!("skipping archive: {e}"));
-                        None
+                        Err(Unusable::Failed(e.to_string()))
                     }
                 }
             })
@@ -143,31 +200,28 @@ impl Loader {
     /// Map `candidate` to the slot of its canonical path (shared with other
     /// names of the same file), remembering the answer.
     fn resolve(&self, candidate: &Path) -> Arc<Slot> {
-        let canonical = match std::fs::canonicalize(candidate) {
-            Ok(c) => Some(c),
-            Err(e) => {
-                self.debug(format_args!(
-                    "skipping archive {}: {e}",
-                    candidate.display()
-                ));
-                None
-            }
-        };
+        let canonical = std::fs::canonicalize(candidate).map_err(|e| {
+            self.debug(format_args!(
+                "skipping archive {}: {e}",
+                candidate.display()
+            ));
+            e.to_string()
+        });
         let mut state = self.lock();
         let slot = match canonical {
-            Some(c) => state
+            Ok(c) => state
                 .by_canonical
                 .entry(c.clone())
                 .or_insert_with(|| {
                     Arc::new(Slot {
-                        canonical: Some(c),
+                        canonical: Ok(c),
                         cell: OnceLock::new(),
                     })
                 })
                 .clone(),
-            None => Arc::new(Slot {
-                canonical: None,
-                cell: OnceLock::from(None),
+            Err(e) => Arc::new(Slot {
+                canonical: Err(e.clone()),
+                cell: OnceLock::from(Err(Unusable::Missing(e))),
             }),
         };
         state
@@ -192,10 +246,27 @@ pub(super) struct Search<'l> {
     read_error: Option<LoadError>,
     /// Whether some archive serves a requested target.
     target_matched: bool,
+    /// What the search did, step by step, when asked (`kpack why`).
+    trace: Option<&'l mut Trace>,
 }
 
 impl<'l> Search<'l> {
-    pub(super) fn new(loader: &'l Loader, key: &'l str, candidates: Vec<PathBuf>) -> Search<'l> {
+    pub(super) fn new(
+        loader: &'l Loader,
+        key: &'l str,
+        candidates: Vec<PathBuf>,
+        trace: Option<&'l mut Trace>,
+    ) -> Search<'l> {
+        let mut trace = trace;
+        if let Some(t) = trace.as_deref_mut() {
+            t.candidates = candidates
+                .iter()
+                .map(|path| CandidateTrace {
+                    path: path.clone(),
+                    status: CandidateStatus::NotReached,
+                })
+                .collect();
+        }
         Search {
             loader,
             key,
@@ -203,17 +274,29 @@ impl<'l> Search<'l> {
             candidates,
             read_error: None,
             target_matched: false,
+            trace,
+        }
+    }
+
+    /// Record one try of `target` on candidate `i`.
+    fn attempted(&mut self, target: &TargetId, i: usize, outcome: AttemptOutcome) {
+        if let Some(t) = self.trace.as_deref_mut() {
+            t.attempts.push(Attempt {
+                target: target.to_string(),
+                candidate: i,
+                outcome,
+            });
         }
     }
 
     /// The code object for `target` from the first candidate that serves
-    /// the target, has the key and reads, in a buffer from `alloc`.
-    /// `Err` only when the buffer cannot be had.
+    /// the target, has the key and reads, in a buffer from `alloc`, and
+    /// where it was found. `Err` only when the buffer cannot be had.
     pub(super) fn find<B: AsMut<[u8]>>(
         &mut self,
         target: &TargetId,
         alloc: &mut impl FnMut(usize) -> Option<B>,
-    ) -> Result<Option<B>, LoadError> {
+    ) -> Result<Option<(B, Hit)>, LoadError> {
         for i in 0..self.candidates.len() {
             let Some(archive) = self.candidate(i) else {
                 continue;
@@ -228,28 +311,39 @@ impl<'l> Search<'l> {
                     archive.path.display(),
                     self.key
                 ));
+                self.attempted(target, i, AttemptOutcome::KeyMissing);
                 continue;
             };
-            if let Some(buf) = self.read(&archive, entry, spelling, alloc)? {
-                return Ok(Some(buf));
+            match self.read(&archive, entry, spelling, alloc)? {
+                Ok(buf) => {
+                    let size = entry.original_size;
+                    self.attempted(target, i, AttemptOutcome::Loaded { size });
+                    let hit = Hit {
+                        archive: archive.path.clone(),
+                        target: spelling.to_owned(),
+                        triple: entry.metadata_str("target").map(str::to_owned),
+                    };
+                    return Ok(Some((buf, hit)));
+                }
+                Err(error) => self.attempted(target, i, AttemptOutcome::ReadFailed { error }),
             }
         }
         Ok(None)
     }
 
-    /// The code object of `entry`, or `None` (remembered) when it does not
-    /// read.
+    /// The code object of `entry`, or (remembered) why it does not read.
     fn read<B: AsMut<[u8]>>(
         &mut self,
         archive: &Opened,
         entry: &Entry,
         spelling: &str,
         alloc: &mut impl FnMut(usize) -> Option<B>,
-    ) -> Result<Option<B>, LoadError> {
+    ) -> Result<Result<B, String>, LoadError> {
         // Validate before allocating original_size bytes.
         if let Err(e) = archive.archive.check(entry) {
+            let why = e.to_string();
             self.failed(archive, spelling, e);
-            return Ok(None);
+            return Ok(Err(why));
         }
         let size = entry.original_size;
         let out_of_memory = || LoadError::OutOfMemory {
@@ -265,11 +359,12 @@ impl<'l> Search<'l> {
                     self.key,
                     archive.path.display()
                 ));
-                Ok(Some(buf))
+                Ok(Ok(buf))
             }
             Err(e) => {
+                let why = e.to_string();
                 self.failed(archive, spelling, e);
-                Ok(None)
+                Ok(Err(why))
             }
         }
     }
@@ -317,13 +412,63 @@ impl<'l> Search<'l> {
         if self.opened[i].is_none() {
             let archive = self.loader.archive(&self.candidates[i]);
             // The same archive under another name was already searched.
-            let seen = archive.as_ref().is_some_and(|a| {
+            let seen = archive.as_ref().ok().and_then(|a| {
                 self.opened[..i]
                     .iter()
-                    .any(|o| matches!(o, Some(Some(b)) if Arc::ptr_eq(a, b)))
+                    .position(|o| matches!(o, Some(Some(b)) if Arc::ptr_eq(a, b)))
             });
-            self.opened[i] = Some(if seen { None } else { archive });
+            if let Some(t) = self.trace.as_deref_mut() {
+                t.candidates[i].status = match (&archive, seen) {
+                    (_, Some(candidate)) => CandidateStatus::SameAs { candidate },
+                    (Ok(a), None) => CandidateStatus::Opened {
+                        canonical: a.path.clone(),
+                        targets: a.archive.gfx_arches().to_vec(),
+                    },
+                    (Err(Unusable::Missing(error)), None) => CandidateStatus::Missing {
+                        error: error.clone(),
+                    },
+                    (Err(Unusable::Failed(error)), None) => CandidateStatus::Unusable {
+                        error: error.clone(),
+                    },
+                };
+            }
+            self.opened[i] = Some(if seen.is_some() { None } else { archive.ok() });
         }
         self.opened[i].clone().flatten()
     }
+}
+
+/// The archive files a search path names, relative to `base` unless
+/// absolute; a `@GFXARCH@` in the file name matches any text (every file
+/// of that directory whose name fits, sorted).
+pub fn archives_on_search_path(base: &Path, pattern: &str) -> Vec<PathBuf> {
+    let full = if Path::new(pattern).is_absolute() {
+        PathBuf::from(pattern)
+    } else {
+        base.join(pattern)
+    };
+    let Some(name) = full.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+        return Vec::new();
+    };
+    let Some((pre, post)) = name.split_once(GFXARCH) else {
+        return if full.is_file() {
+            vec![full]
+        } else {
+            Vec::new()
+        };
+    };
+    let dir = crate::output::parent_dir(&full).to_path_buf();
+    let mut out: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter(|e| {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    n.len() > pre.len() + post.len() && n.starts_with(pre) && n.ends_with(post)
+                })
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
 }

@@ -6,8 +6,11 @@
 //! pack-tree and CMake's `kpack_offload_target()`: it reads the input
 //! through a memory map, writes archives first and the binary last (each to
 //! a temporary file renamed into place), and checks its own output with
-//! [`verify::verify_elf`] before renaming it.
+//! [`verify_binary`] before renaming it. ELF binaries go through
+//! [`transform`] and [`verify::verify_elf`], PE images through [`pe`]; the
+//! rest (archives, metadata, atomic output, re-runs) is the same for both.
 
+pub mod pe;
 pub mod transform;
 pub mod verify;
 
@@ -20,15 +23,16 @@ use std::path::{Component, Path, PathBuf};
 use serde::Serialize;
 
 use crate::archive::{ArchiveWriter, Scheme, DEFAULT_ZSTD_LEVEL};
-use crate::binary::{classify, Class, HostBinary};
+use crate::binary::{classify, Class, HostBinary, Role};
 use crate::bundle::parse_fatbin;
 use crate::error::{Error, Result, WithPath};
 use crate::hipk::HipkMetadata;
 use crate::input::map_file;
 use crate::output::{parent_dir, write_atomically_with_mode};
 
+pub use pe::PeTransformError;
 pub use transform::{TransformError, WrapperChange};
-pub use verify::{verify_elf, Verified, VerifyError};
+pub use verify::{verify_elf, verify_fat, Verified, VerifiedFat, VerifyError};
 
 /// The placeholder for a target ID in search paths.
 pub use crate::hipk::GFXARCH;
@@ -92,6 +96,11 @@ pub struct ArchiveWritten {
     pub kernels: usize,
     pub bytes_in: u64,
     pub bytes_out: u64,
+    /// Code objects stored once for several bundles (same target, same
+    /// bytes): entries sharing an ordinal.
+    pub shared_code_objects: usize,
+    /// Uncompressed bytes those entries did not store again.
+    pub bytes_saved: u64,
 }
 
 /// What [`offload`] did.
@@ -108,7 +117,7 @@ pub struct OffloadSummary {
     pub archives: Vec<ArchiveWritten>,
     pub input_size: u64,
     pub output_size: u64,
-    /// Wall time of the ELF rewrite and its verification.
+    /// Wall time of the binary's rewrite and its verification.
     pub transform_seconds: f64,
     /// Wall time of writing the archives (compression included).
     pub archive_seconds: f64,
@@ -262,7 +271,7 @@ fn pass_through(input: &Path, bytes: &[u8]) -> Result<Option<(Outcome, &'static 
             "debug-info file (NOBITS .hip_fatbin, no metadata): no device code, copied unchanged",
         ),
         Class::Inconsistent(why) => return Err(request(input, why)),
-        Class::HostOnly => return Err(transform_error(input, TransformError::NotFat)),
+        Class::HostOnly => return Err(not_fat(input, bytes)),
         Class::CodeObject => {
             return Err(request(
                 input,
@@ -272,10 +281,7 @@ fn pass_through(input: &Path, bytes: &[u8]) -> Result<Option<(Outcome, &'static 
         Class::Bundle | Class::Archive | Class::Other => {
             return Err(HostBinary::parse(bytes).err().map_or_else(
                 || request(input, "not a host binary"),
-                |e| Error::Elf {
-                    path: input.into(),
-                    source: e,
-                },
+                |e| Err::<(), _>(e).with_path(input).unwrap_err(),
             ))
         }
     }))
@@ -357,6 +363,8 @@ fn write_archives(
             kernels: s.kernels,
             bytes_in: s.bytes_in,
             bytes_out: s.bytes_out,
+            shared_code_objects: s.shared,
+            bytes_saved: s.bytes_saved,
         });
     }
     Ok(written)
@@ -369,7 +377,7 @@ pub fn code_objects<'a>(path: &Path, bytes: &'a [u8]) -> Result<Vec<CodeObject<'
     let section = bin
         .fatbin()
         .with_path(path)?
-        .ok_or_else(|| transform_error(path, TransformError::NotFat))?;
+        .ok_or_else(|| not_fat(path, bytes))?;
     let bundles = parse_fatbin(section.data).with_path(path)?;
     let mut out = Vec::new();
     for b in &bundles {
@@ -385,20 +393,49 @@ pub fn code_objects<'a>(path: &Path, bytes: &'a [u8]) -> Result<Vec<CodeObject<'
     Ok(out)
 }
 
-/// The host-only form of a fat binary with this metadata, checked by the
-/// verifier. Writes nothing.
+/// The host-only form of a fat binary (ELF or PE) with this metadata,
+/// checked by the verifier. Writes nothing.
 pub fn rewrite(
     path: &Path,
     bytes: &[u8],
     metadata: &HipkMetadata,
 ) -> Result<transform::Transformed> {
-    let t =
-        transform::transform(bytes, &metadata.encode()).map_err(|e| transform_error(path, e))?;
-    verify_elf(&t.bytes, Some(t.bundles)).map_err(|e| Error::Request {
+    let encoded = metadata.encode();
+    let t = if crate::pe::is_pe(bytes) {
+        pe::transform(bytes, &encoded).map_err(|e| request(path, e.to_string()))?
+    } else {
+        transform::transform(bytes, &encoded).map_err(|e| transform_error(path, e))?
+    };
+    verify_binary(&t.bytes, Some(t.bundles)).map_err(|e| Error::Request {
         path: path.into(),
         what: format!("internal error: the rewritten binary fails verification: {e}"),
     })?;
     Ok(t)
+}
+
+/// Check an offloaded host binary, ELF ([`verify_elf`]) or PE
+/// ([`pe::verify_pe`]). With `bundles`, also that every wrapper's code
+/// object index names one of that many bundles.
+pub fn verify_binary(b: &[u8], bundles: Option<usize>) -> Result<Verified, VerifyError> {
+    if crate::pe::is_pe(b) {
+        pe::verify_pe(b, bundles)
+    } else {
+        verify_elf(b, bundles)
+    }
+}
+
+/// "Not a fat binary", naming the container's bundle section.
+fn not_fat(path: &Path, bytes: &[u8]) -> Error {
+    match HostBinary::parse(bytes) {
+        Ok(bin) if bin.pe().is_some() => request(
+            path,
+            format!(
+                "no {} section: not a fat binary",
+                bin.section_name(Role::Fatbin)
+            ),
+        ),
+        _ => transform_error(path, TransformError::NotFat),
+    }
 }
 
 fn same_file(a: &Path, b: &Path) -> bool {
@@ -419,10 +456,21 @@ fn request(path: &Path, what: impl Into<String>) -> Error {
     }
 }
 
-/// Check an offloaded binary on disk (`kpack verify-elf`).
+/// Check a fat binary on disk, as prune and restore write them
+/// ([`verify_fat`]).
+pub fn verify_fat_file(path: &Path) -> Result<VerifiedFat> {
+    let mapped = map_file(path)?;
+    verify_fat(&mapped).map_err(|e| Error::Request {
+        path: path.into(),
+        what: e.to_string(),
+    })
+}
+
+/// Check an offloaded binary (ELF or PE) on disk (`kpack verify-binary`,
+/// `kpack verify-elf`).
 pub fn verify_file(path: &Path) -> Result<Verified> {
     let mapped = map_file(path)?;
-    verify_elf(&mapped, None).map_err(|e| Error::Request {
+    verify_binary(&mapped, None).map_err(|e| Error::Request {
         path: path.into(),
         what: e.to_string(),
     })

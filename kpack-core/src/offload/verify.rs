@@ -1,7 +1,9 @@
-//! The verifier of offloaded host binaries (`kpack verify-elf`): checks an
+//! The verifier of rewritten host binaries (`kpack verify-elf`): checks an
 //! ELF file natively against every requirement of SPEC §2.3 that can be
-//! seen in the file itself. The transform runs it on its own output before
-//! renaming it into place.
+//! seen in the file itself. [`verify_elf`] checks offloaded binaries,
+//! [`verify_fat`] fat ones (what prune and restore write); both share the
+//! segment and program header checks. The transform runs them on its own
+//! output before renaming it into place.
 //!
 //! Each check is one function that adds what it finds wrong to a list, so
 //! that a report names every problem at once.
@@ -11,16 +13,19 @@ use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _}
 use serde::Serialize;
 
 use crate::binary::HostBinary;
+use crate::bundle::parse_fatbin;
 use crate::elf::{
     ElfError, ElfView, PhdrExt, ProgramHeader, RelocKinds, Relocations, Section, FATBIN_SECTION,
     LE, METADATA_SECTION, PHDR_SIZE, WRAPPER_SECTION,
 };
-use crate::hipk::{HipkMetadata, HIPK_MAGIC, MAX_METADATA_SIZE, WRAPPER_SIZE};
+use crate::hipk::{HipkMetadata, HIPF_MAGIC, HIPK_MAGIC, MAX_METADATA_SIZE, WRAPPER_SIZE};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum VerifyError {
     #[error(transparent)]
     Elf(#[from] ElfError),
+    #[error(transparent)]
+    Pe(#[from] crate::pe::PeError),
     #[error("not a valid offloaded binary: {}", .0.join("; "))]
     Problems(Vec<String>),
 }
@@ -39,8 +44,8 @@ type Loads<'a> = Vec<(usize, &'a ProgramHeader)>;
 /// Check an offloaded host binary. With `bundles`, also that every
 /// wrapper's code object index names one of that many bundles.
 pub fn verify_elf(b: &[u8], bundles: Option<usize>) -> Result<Verified, VerifyError> {
-    let bin = HostBinary::parse(b)?;
-    let elf = bin.elf();
+    let elf = &ElfView::parse(b)?;
+    let bin = HostBinary::Elf(*elf);
     elf.check_sections()?;
     let relocs = Relocations::read(elf)?;
     let mut problems = Vec::new();
@@ -269,17 +274,28 @@ fn check_relocations(
     removed: &std::ops::Range<u64>,
     bad: &mut Vec<String>,
 ) {
+    check_relocations_into(elf, relocs, removed, FATBIN_SECTION, bad)
+}
+
+/// No relocation applies to, or points into, `range` (named `what`).
+fn check_relocations_into(
+    elf: &ElfView,
+    relocs: &Relocations,
+    removed: &std::ops::Range<u64>,
+    what: &str,
+    bad: &mut Vec<String>,
+) {
     let kinds = RelocKinds::for_machine(elf.machine());
     for x in &relocs.relas {
         if removed.contains(&x.r_offset) {
             bad.push(format!(
-                "relocation at {:#x} applies to bytes of {FATBIN_SECTION}",
+                "relocation at {:#x} applies to bytes of {what}",
                 x.r_offset
             ));
         }
         if kinds.is_some_and(|k| x.r_type == k.relative) && removed.contains(&(x.r_addend as u64)) {
             bad.push(format!(
-                "relocation at {:#x} points into {FATBIN_SECTION}",
+                "relocation at {:#x} points into {what}",
                 x.r_offset
             ));
         }
@@ -287,7 +303,7 @@ fn check_relocations(
     for &a in &relocs.relr {
         if removed.contains(&a) {
             bad.push(format!(
-                "packed relocation at {a:#x} applies to bytes of {FATBIN_SECTION}"
+                "packed relocation at {a:#x} applies to bytes of {what}"
             ));
             continue;
         }
@@ -295,9 +311,7 @@ fn check_relocations(
             .addr_to_offset(a, 8)
             .and_then(|o| crate::bytes::u64_at(elf.bytes(), o));
         if value.is_some_and(|v| removed.contains(&v)) {
-            bad.push(format!(
-                "packed relocation at {a:#x} points into {FATBIN_SECTION}"
-            ));
+            bad.push(format!("packed relocation at {a:#x} points into {what}"));
         }
     }
 }
@@ -310,7 +324,10 @@ fn check_wrappers(
     bundles: Option<usize>,
     bad: &mut Vec<String>,
 ) -> Vec<u64> {
-    match bin.elf().section(WRAPPER_SECTION) {
+    let HostBinary::Elf(elf) = bin else {
+        return Vec::new();
+    };
+    match elf.section(WRAPPER_SECTION) {
         Ok(None) => {
             bad.push(format!("no {WRAPPER_SECTION} section"));
             return Vec::new();
@@ -364,4 +381,163 @@ fn check_wrappers(
 
 fn wrapper_array(s: &Section) -> bool {
     s.size.is_multiple_of(WRAPPER_SIZE as u64) && !s.is_nobits()
+}
+
+/// What a valid fat binary (a pruned or restored one) holds.
+#[derive(Debug, Clone, Serialize)]
+pub struct VerifiedFat {
+    /// Bundles in `.hip_fatbin`.
+    pub bundles: usize,
+    /// Device targets of those bundles, sorted.
+    pub targets: Vec<String>,
+    /// Per wrapper: the index of the bundle its pointer names.
+    pub wrapper_bundles: Vec<usize>,
+}
+
+/// Check a fat binary: the segment and program header rules of
+/// [`verify_elf`]; `.hip_fatbin` PROGBITS inside a read-only `PT_LOAD` at
+/// its address, holding valid bundles; no `.rocm_kpack_ref` left with
+/// bytes; every wrapper HIPF version 1 whose pointer resolves to the start
+/// of one of those bundles; no relocation applying to, or pointing into,
+/// the zero-filled part of a read-only `PT_LOAD` (pages removed by prune).
+pub fn verify_fat(b: &[u8]) -> Result<VerifiedFat, VerifyError> {
+    let elf = &ElfView::parse(b)?;
+    let bin = HostBinary::Elf(*elf);
+    elf.check_sections()?;
+    let relocs = Relocations::read(elf)?;
+    let mut problems = Vec::new();
+    let loads: Loads = elf
+        .phdrs()
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.is_load())
+        .collect();
+    check_segments(elf, &loads, &mut problems);
+    check_program_header_table(elf, &loads, &mut problems);
+    if matches!(elf.section(METADATA_SECTION), Ok(Some(m)) if !m.is_nobits()) {
+        problems.push(format!("a {METADATA_SECTION} section is left"));
+    }
+    for (i, l) in &loads {
+        let (start, end) = (
+            l.p_vaddr(LE) + l.p_filesz(LE),
+            l.p_vaddr(LE) + l.p_memsz(LE),
+        );
+        if l.p_flags(LE) & elf::PF_W == 0 && start < end {
+            check_relocations_into(
+                elf,
+                &relocs,
+                &(start..end),
+                &format!("the zero-filled part of PT_LOAD {i}"),
+                &mut problems,
+            );
+        }
+    }
+    let found = check_bundles(elf, &loads, &mut problems);
+    let wrapper_bundles = match &found {
+        Some((addr, starts, _)) => check_fat_wrappers(&bin, *addr, starts, &mut problems),
+        None => Vec::new(),
+    };
+    match found {
+        Some((_, starts, targets)) if problems.is_empty() => Ok(VerifiedFat {
+            bundles: starts.len(),
+            targets,
+            wrapper_bundles,
+        }),
+        _ => Err(VerifyError::Problems(problems)),
+    }
+}
+
+/// `.hip_fatbin` with bytes, in a read-only `PT_LOAD` at its address,
+/// parsing as bundles: its address, the offset of each bundle's start in
+/// it (with the bundle's index), and the device targets, sorted.
+type Bundles = (u64, Vec<(usize, usize)>, Vec<String>);
+
+fn check_bundles(elf: &ElfView, loads: &Loads, bad: &mut Vec<String>) -> Option<Bundles> {
+    let s = match elf.section(FATBIN_SECTION) {
+        Ok(Some(s)) if !s.is_nobits() => s,
+        Ok(_) => {
+            bad.push(format!("no {FATBIN_SECTION} section with bytes"));
+            return None;
+        }
+        Err(e) => {
+            bad.push(e.to_string());
+            return None;
+        }
+    };
+    let seg = loads.iter().find(|(_, l)| {
+        l.file_contains(s.offset, s.size)
+            && s.addr.wrapping_sub(l.p_vaddr(LE)) == s.offset.wrapping_sub(l.p_offset(LE))
+    });
+    match seg {
+        None => bad.push(format!(
+            "{FATBIN_SECTION} is not inside a PT_LOAD at its address"
+        )),
+        Some((i, l)) if l.p_flags(LE) & elf::PF_W != 0 => {
+            bad.push(format!("{FATBIN_SECTION} is in writable PT_LOAD {i}"))
+        }
+        Some(_) => {}
+    }
+    let bundles = match parse_fatbin(s.data) {
+        Ok(b) => b,
+        Err(e) => {
+            bad.push(format!("{FATBIN_SECTION}: {e}"));
+            return None;
+        }
+    };
+    let starts: Vec<(usize, usize)> = bundles.iter().map(|b| (b.range.start, b.index)).collect();
+    let mut targets: Vec<String> = bundles
+        .iter()
+        .flat_map(|b| b.device_entries().map(|e| e.target().to_string()))
+        .collect();
+    targets.sort();
+    targets.dedup();
+    Some((s.addr, starts, targets))
+}
+
+/// Every wrapper is HIPF version 1 and its pointer resolves to the start of
+/// a bundle. Returns the bundle index of each.
+fn check_fat_wrappers(
+    bin: &HostBinary,
+    fatbin_addr: u64,
+    starts: &[(usize, usize)],
+    bad: &mut Vec<String>,
+) -> Vec<usize> {
+    let table = match bin.wrappers() {
+        Ok(t) if !t.is_empty() => t,
+        Ok(_) => {
+            bad.push(format!("no wrappers in {WRAPPER_SECTION}"));
+            return Vec::new();
+        }
+        Err(e) => {
+            bad.push(e.to_string());
+            return Vec::new();
+        }
+    };
+    let mut out = Vec::with_capacity(table.len());
+    for slot in &table.slots {
+        let (k, w) = (slot.index, slot.wrapper);
+        if w.magic != HIPF_MAGIC {
+            bad.push(format!("wrapper {k}: magic {:#010x} is not HIPF", w.magic));
+        }
+        if w.version != 1 {
+            bad.push(format!("wrapper {k}: version {} is not 1", w.version));
+        }
+        let value = match &slot.pointer {
+            Ok(p) => p.value,
+            Err(e) => {
+                bad.push(format!("wrapper {k}: {e}"));
+                continue;
+            }
+        };
+        let hit = value
+            .checked_sub(fatbin_addr)
+            .and_then(|rel| starts.iter().find(|&&(s, _)| s as u64 == rel));
+        match hit {
+            Some(&(_, index)) => out.push(index),
+            None => bad.push(format!(
+                "wrapper {k}: binary pointer {value:#x} is not the start of a bundle in {FATBIN_SECTION}"
+            )),
+        }
+    }
+    out
 }

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 /// The manifest's file name, in the fixtures directory.
 pub const FILE_NAME: &str = "fixtures.json";
 
-/// What the linker produced.
+/// What the linker produced (PE: a DLL is `Shared`, an EXE `Exec`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
@@ -46,11 +46,20 @@ pub enum Host {
     /// Little-endian POWER Linux: clang-19 compiles,
     /// `powerpc64le-linux-gnu-gcc` links, `qemu-ppc64le` runs.
     Ppc64leLinux,
+    /// x86-64 Windows (PE32+ DLLs and EXEs): clang-19 compiles for
+    /// `x86_64-pc-windows-msvc`, lld links against a stand-in
+    /// `amdhip64.dll`, Wine (`wine64`) runs.
+    X86_64Windows,
 }
 
 impl Host {
     /// Every host, native first.
-    pub const ALL: [Host; 3] = [Host::X86_64Linux, Host::Aarch64Linux, Host::Ppc64leLinux];
+    pub const ALL: [Host; 4] = [
+        Host::X86_64Linux,
+        Host::Aarch64Linux,
+        Host::Ppc64leLinux,
+        Host::X86_64Windows,
+    ];
 
     /// The GNU triple (clang's `--target`, the cross tools' prefix).
     pub fn triple(self) -> &'static str {
@@ -58,6 +67,7 @@ impl Host {
             Host::X86_64Linux => "x86_64-linux-gnu",
             Host::Aarch64Linux => "aarch64-linux-gnu",
             Host::Ppc64leLinux => "powerpc64le-linux-gnu",
+            Host::X86_64Windows => "x86_64-pc-windows-msvc",
         }
     }
 
@@ -67,6 +77,7 @@ impl Host {
             Host::X86_64Linux => "x86_64",
             Host::Aarch64Linux => "aarch64",
             Host::Ppc64leLinux => "ppc64le",
+            Host::X86_64Windows => "windows",
         }
     }
 
@@ -74,12 +85,19 @@ impl Host {
         self == Host::X86_64Linux
     }
 
-    /// `e_machine` of its ELF files.
+    /// PE/COFF binaries, run under Wine.
+    pub fn is_windows(self) -> bool {
+        self == Host::X86_64Windows
+    }
+
+    /// `e_machine` of its ELF files (Windows: the COFF machine,
+    /// `IMAGE_FILE_MACHINE_AMD64`).
     pub fn e_machine(self) -> u16 {
         match self {
             Host::X86_64Linux => 62,
             Host::Aarch64Linux => 183,
             Host::Ppc64leLinux => 21,
+            Host::X86_64Windows => 0x8664,
         }
     }
 
@@ -96,20 +114,30 @@ impl Host {
     /// The program (below the fixtures directory) that dlopen()s a library
     /// built for this host and calls `int SYMBOL(void)`: `dlcheck` here,
     /// `<dir>/crossload` elsewhere (with a stand-in for the HIP runtime's
-    /// registration that logs the wrappers to `$KPACK_SHIM_LOG`).
+    /// registration that logs the wrappers to `$KPACK_SHIM_LOG`); on
+    /// Windows `windows/winload.exe`, which prints the wrappers the
+    /// stand-in `amdhip64.dll` saw after the value.
     pub fn loader(self) -> String {
         if self.is_native() {
             "dlcheck".to_owned()
+        } else if self.is_windows() {
+            format!("{}/winload.exe", self.dir())
         } else {
             format!("{}/crossload", self.dir())
         }
     }
 
     /// A command running `program` built for this host: directly here,
-    /// through qemu-user with the cross sysroot elsewhere.
+    /// through qemu-user with the cross sysroot elsewhere, through Wine
+    /// for Windows (the caller sets `WINEPREFIX`; see [`wine_path`]).
     pub fn command(self, program: &Path) -> std::process::Command {
         if self.is_native() {
             return std::process::Command::new(program);
+        }
+        if self.is_windows() {
+            let mut c = std::process::Command::new(WINE);
+            c.arg(program).env("WINEDEBUG", "-all");
+            return c;
         }
         let qemu = match self {
             Host::Aarch64Linux => "qemu-aarch64",
@@ -121,6 +149,14 @@ impl Host {
             .arg(program);
         c
     }
+}
+
+/// Debian's Wine loader for 64-bit Windows programs (package `wine64`).
+pub const WINE: &str = "/usr/lib/wine/wine64";
+
+/// A Unix path as Windows programs under Wine name it (drive `Z:` is `/`).
+pub fn wine_path(path: &Path) -> String {
+    format!("Z:{}", path.display())
 }
 
 /// A host function `extern "C" int symbol(void)` of a library and the
@@ -188,6 +224,10 @@ pub struct Manifest {
     /// Fixtures for other hosts (AArch64, ppc64le), one directory per host
     /// ([`Host::dir`]); their host code runs under qemu-user.
     pub foreign: Vec<Entry>,
+    /// The fat binaries of the TheRock-shaped tree (`therock/`): strict,
+    /// generic and SPIR-V targets, per-target MIOpen CK libraries.
+    #[serde(default)]
+    pub therock: Vec<Entry>,
 }
 
 impl Manifest {
@@ -214,6 +254,7 @@ impl Manifest {
             .iter()
             .chain(&self.shard_binaries)
             .chain(&self.foreign)
+            .chain(&self.therock)
     }
 
     /// The entry named `name`, and its path below `dir`.
@@ -257,6 +298,7 @@ mod tests {
                 host: Host::Aarch64Linux,
                 ..entry("aarch64/libc.so")
             }],
+            therock: vec![entry("therock/libd.so")],
         };
         let json = m.to_json();
         assert_eq!(serde_json::from_str::<Manifest>(&json).unwrap(), m);

@@ -108,6 +108,87 @@ fn output(cmd: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&o.stdout).into_owned())
 }
 
+/// The device entries of one bundle (plain, or compressed with zstd: the
+/// first inner bundle) as its entry table gives them: (triple, bytes), in
+/// table order, host entries left out. LLVM 19's `clang-offload-bundler`
+/// cannot name processors it does not know (it lists and looks up
+/// `...--gfx1250-strict` as `...--gfx1250-strict-`): for those, this is
+/// the oracle's ground truth.
+pub fn entries(bundle: &[u8]) -> Result<Vec<(String, Vec<u8>)>> {
+    let plain;
+    let bundle = if bundle.starts_with(CCOB_MAGIC) {
+        plain = decompress_ccob(bundle)?;
+        &plain[..]
+    } else {
+        bundle
+    };
+    ensure!(bundle.starts_with(BUNDLE_MAGIC), "not an offload bundle");
+    let count = read_u64(bundle, 24)?;
+    let mut pos = 32;
+    let mut out = Vec::new();
+    for _ in 0..count {
+        let offset = usize::try_from(read_u64(bundle, pos)?)?;
+        let size = read_u64(bundle, pos + 8)?;
+        let triple_len = read_u64(bundle, pos + 16)?;
+        let start = pos + 24;
+        pos = add(start, triple_len)?;
+        let triple = bundle.get(start..pos).context("truncated entry table")?;
+        let triple = String::from_utf8(triple.to_vec()).context("triple is not UTF-8")?;
+        let data = bundle
+            .get(offset..add(offset, size)?)
+            .context("entry data runs past the bundle")?;
+        if !triple.starts_with("host-") {
+            out.push((triple, data.to_vec()));
+        }
+    }
+    Ok(out)
+}
+
+/// The device triples of one bundle, from its entry table ([`entries`]).
+pub fn entry_triples(bundle: &[u8]) -> Result<Vec<String>> {
+    Ok(entries(bundle)?.into_iter().map(|(t, _)| t).collect())
+}
+
+/// An uncompressed bundle of these (triple, bytes) entries, laid out as
+/// clang-offload-bundler lays it out (entry table, then the data), but
+/// with the triples exactly as given: the tests' way to make bundles for
+/// targets LLVM 19 cannot write (`gfx1250-strict`, `amdgcnspirv`).
+pub fn write_bundle(entries: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut header = BUNDLE_MAGIC.to_vec();
+    header.extend((entries.len() as u64).to_le_bytes());
+    let table_len: usize = entries.iter().map(|(t, _)| 24 + t.len()).sum();
+    let mut offset = header.len() + table_len;
+    let mut payload: Vec<u8> = Vec::new();
+    for (triple, data) in entries {
+        header.extend((offset as u64).to_le_bytes());
+        header.extend((data.len() as u64).to_le_bytes());
+        header.extend((triple.len() as u64).to_le_bytes());
+        header.extend(triple.as_bytes());
+        payload.extend(*data);
+        offset += data.len();
+    }
+    header.extend(payload);
+    header
+}
+
+/// The uncompressed bundle in a CCOB v2/v3 bundle compressed with zstd.
+fn decompress_ccob(bundle: &[u8]) -> Result<Vec<u8>> {
+    let version = u16::from_le_bytes(field(bundle, 4)?);
+    let method = u16::from_le_bytes(field(bundle, 6)?);
+    ensure!(
+        method == 1,
+        "CCOB compression method {method}: only zstd here"
+    );
+    let header = match version {
+        2 => 24,
+        3 => 32,
+        _ => bail!("CCOB version {version}"),
+    };
+    let total = compressed_len(bundle)?;
+    let payload = bundle.get(header..total).context("truncated CCOB")?;
+    zstd::stream::decode_all(payload).context("CCOB payload")
+}
+
 /// The offload triples of the device entries of one bundle file, as
 /// `clang-offload-bundler --list` gives them (host entries left out).
 pub fn bundler_triples(bundle: &Path) -> Result<Vec<String>> {
@@ -135,17 +216,8 @@ pub fn target_of(triple: &str) -> &str {
 pub fn bundler_unbundle(bundle: &Path, scratch: &Path) -> Result<Vec<(String, Vec<u8>)>> {
     let mut out = Vec::new();
     for triple in bundler_triples(bundle)? {
-        let target = target_of(&triple).to_owned();
-        let dest = scratch.join(format!("bundler-{}.co", target.replace(':', "_")));
-        output(
-            Command::new(llvm_bin().join("clang-offload-bundler"))
-                .args(["--unbundle", "--type=o"])
-                .arg(format!("--input={}", bundle.display()))
-                .arg(format!("--targets={triple}"))
-                .arg(format!("--output={}", dest.display())),
-        )?;
-        let bytes = std::fs::read(&dest).with_context(|| format!("reading {}", dest.display()))?;
-        out.push((target, bytes));
+        let bytes = bundler_unbundle_one(bundle, &triple, scratch)?;
+        out.push((target_of(&triple).to_owned(), bytes));
     }
     Ok(out)
 }
@@ -165,27 +237,92 @@ pub fn objcopy_section(binary: &Path, section: &str, scratch: &Path) -> Result<V
     std::fs::read(&out).with_context(|| format!("reading {}", out.display()))
 }
 
-/// Every code object of a fat binary as clang-offload-bundler extracts it
-/// from the bundles of its `.hip_fatbin`: (bundle index, target ID) ->
-/// bytes.
+/// The bytes of a section of a PE image (its `VirtualSize` bytes), cut out
+/// with `llvm-objcopy --dump-section`.
+pub fn dump_section(binary: &Path, section: &str, scratch: &Path) -> Result<Vec<u8>> {
+    let out = scratch.join(format!("dump{}.bin", section.replace('.', "_")));
+    let mut arg = std::ffi::OsString::from(format!("{section}="));
+    arg.push(&out);
+    output(
+        Command::new(llvm_bin().join("llvm-objcopy"))
+            .arg("--dump-section")
+            .arg(arg)
+            .arg(binary)
+            .arg(scratch.join("dump.out")),
+    )?;
+    std::fs::read(&out).with_context(|| format!("reading {}", out.display()))
+}
+
+/// Every code object of a fat binary, from the bundles of its
+/// `.hip_fatbin`: (bundle index, target ID) -> bytes. The bytes are what
+/// clang-offload-bundler extracts (checked against the entry table); for
+/// the entries it cannot look up (a processor LLVM 19 does not know, see
+/// [`entries`]), what the entry table says.
 pub fn code_objects(binary: &Path) -> Result<BTreeMap<(usize, String), Vec<u8>>> {
     let scratch = tempfile::tempdir()?;
-    let fatbin = objcopy_section(binary, ".hip_fatbin", scratch.path())?;
+    let head = std::fs::read(binary).with_context(|| format!("reading {}", binary.display()))?;
+    let fatbin = if head.starts_with(b"MZ") {
+        dump_section(binary, ".hip_fat", scratch.path())?
+    } else {
+        objcopy_section(binary, ".hip_fatbin", scratch.path())?
+    };
     let mut out = BTreeMap::new();
     for (i, bundle) in split_bundles(&fatbin)?.iter().enumerate() {
         let file = scratch.path().join(format!("bundle{i}.bin"));
         std::fs::write(&file, bundle)?;
         let sub = scratch.path().join(format!("b{i}"));
         std::fs::create_dir(&sub)?;
-        for (target, bytes) in bundler_unbundle(&file, &sub)? {
+        let listed = bundler_triples(&file)?;
+        let mut found = BTreeMap::new();
+        for (triple, bytes) in entries(bundle)? {
+            let target = target_of(&triple).to_owned();
+            let bytes = match bundler_unbundle_one(&file, &triple, &sub) {
+                Ok(from_bundler) => {
+                    ensure!(
+                        from_bundler == bytes,
+                        "{}: bundle {i}: the bundler's {target} differs from the entry table's",
+                        binary.display()
+                    );
+                    from_bundler
+                }
+                // LLVM 19 looks an unknown processor up by a name it made
+                // up (a trailing `-`): only the entry table has it.
+                Err(e) if format!("{e:#}").contains(&format!("bundles for {triple}-")) => bytes,
+                Err(e) => return Err(e),
+            };
             ensure!(
-                out.insert((i, target.clone()), bytes).is_none(),
+                found.insert(target.clone(), bytes).is_none(),
                 "{}: bundle {i} holds {target} twice",
                 binary.display()
             );
         }
+        ensure!(
+            found.len() == listed.len(),
+            "{}: bundle {i}: the bundler lists {} device entries, the entry table {}",
+            binary.display(),
+            listed.len(),
+            found.len()
+        );
+        out.extend(found.into_iter().map(|(t, b)| ((i, t), b)));
     }
     Ok(out)
+}
+
+/// The bytes of the entry `triple` as `clang-offload-bundler --unbundle`
+/// extracts them.
+fn bundler_unbundle_one(bundle: &Path, triple: &str, scratch: &Path) -> Result<Vec<u8>> {
+    let dest = scratch.join(format!(
+        "bundler-{}.co",
+        target_of(triple).replace(':', "_")
+    ));
+    output(
+        Command::new(llvm_bin().join("clang-offload-bundler"))
+            .args(["--unbundle", "--type=o"])
+            .arg(format!("--input={}", bundle.display()))
+            .arg(format!("--targets={triple}"))
+            .arg(format!("--output={}", dest.display())),
+    )?;
+    std::fs::read(&dest).with_context(|| format!("reading {}", dest.display()))
 }
 
 #[cfg(test)]
@@ -193,21 +330,7 @@ mod tests {
     use super::*;
 
     fn bundle(triples: &[(&str, &[u8])]) -> Vec<u8> {
-        let mut header = BUNDLE_MAGIC.to_vec();
-        header.extend((triples.len() as u64).to_le_bytes());
-        let table_len: usize = triples.iter().map(|(t, _)| 24 + t.len()).sum();
-        let mut offset = header.len() + table_len;
-        let mut payload: Vec<u8> = Vec::new();
-        for (triple, data) in triples {
-            header.extend((offset as u64).to_le_bytes());
-            header.extend((data.len() as u64).to_le_bytes());
-            header.extend((triple.len() as u64).to_le_bytes());
-            header.extend(triple.as_bytes());
-            payload.extend(*data);
-            offset += data.len();
-        }
-        header.extend(payload);
-        header
+        write_bundle(triples)
     }
 
     #[test]
@@ -233,6 +356,29 @@ mod tests {
         let a = bundle(&[("hipv4-amdgcn-amd-amdhsa--gfx942", b"code")]);
         assert!(split_bundles(&a[..a.len() - 1]).is_err());
         assert!(split_bundles(b"junk").is_err());
+    }
+
+    #[test]
+    fn entry_triples_of_plain_and_compressed_bundles() {
+        let a = bundle(&[
+            ("host-x86_64-unknown-linux--", b""),
+            ("hipv4-amdgcn-amd-amdhsa--gfx1250-strict", b"code"),
+            ("hip-spirv64-amd-amdhsa--amdgcnspirv", b"spirv"),
+        ]);
+        let want = [
+            "hipv4-amdgcn-amd-amdhsa--gfx1250-strict",
+            "hip-spirv64-amd-amdhsa--amdgcnspirv",
+        ];
+        assert_eq!(entry_triples(&a).unwrap(), want);
+        assert_eq!(entries(&a).unwrap()[1].1, b"spirv");
+        let z = zstd::bulk::compress(&a, 3).unwrap();
+        let mut ccob = b"CCOB\x02\x00\x01\x00".to_vec();
+        ccob.extend((24 + z.len() as u32).to_le_bytes());
+        ccob.extend((a.len() as u32).to_le_bytes());
+        ccob.extend([0; 8]);
+        ccob.extend(&z);
+        assert_eq!(entry_triples(&ccob).unwrap(), want);
+        assert!(entry_triples(&a[..40]).is_err());
     }
 
     #[test]

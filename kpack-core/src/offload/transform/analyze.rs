@@ -8,8 +8,8 @@ use super::{TransformError, WrapperChange};
 use crate::binary::HostBinary;
 use crate::bundle::parse_fatbin;
 use crate::elf::{
-    file_size, ElfError, ElfView, PhdrExt, ProgramHeader, RelocKinds, Relocations, FATBIN_SECTION,
-    LE,
+    file_size, ElfError, ElfView, PhdrExt, ProgramHeader, RelocKinds, Relocations, SectionHeader,
+    FATBIN_SECTION, LE, METADATA_SECTION,
 };
 use crate::hipk::{HIPF_MAGIC, HIPK_MAGIC};
 
@@ -55,16 +55,33 @@ pub struct Wrappers {
     /// File offset of each wrapper.
     pub offsets: Vec<u64>,
     pub changes: Vec<WrapperChange>,
-    /// Indices (in `relocs.relas`) of the relocations that set wrapper
-    /// pointers: they are rewritten to point at the metadata.
-    pub rela_edits: Vec<usize>,
+    /// Per wrapper: the index (in `relocs.relas`) of the relocation that
+    /// sets its pointer, rewritten to the pointer's new value.
+    pub relas: Vec<Option<usize>>,
     /// Addresses of the wrappers' pointer fields.
     pub pointer_addrs: Vec<u64>,
+    /// Per wrapper (fat binaries): the offset in `.hip_fatbin` of the
+    /// bundle its pointer names.
+    pub targets: Vec<u64>,
+}
+
+/// What restore fills in an offloaded binary: the metadata section, the
+/// free address range the bundles may take, and the segment after X1.
+#[derive(Debug, Clone, Copy)]
+pub struct Hole {
+    /// `.rocm_kpack_ref` (it is dropped).
+    pub meta: Fatbin,
+    /// The free range: from the metadata (or the end of the sections moved
+    /// after it) to the next section after the removed pages.
+    pub start: u64,
+    pub end: u64,
+    /// X2: the segment that follows X1 in memory and in the file.
+    pub x2: Option<usize>,
 }
 
 pub fn analyze(b: &[u8]) -> Result<Input<'_>, TransformError> {
-    let bin = HostBinary::parse(b)?;
-    let elf = *bin.elf();
+    let elf = ElfView::parse(b)?;
+    let bin = HostBinary::Elf(elf);
     elf.check_sections()?;
     validate_layout(&elf)?;
     let machine = elf.machine();
@@ -78,7 +95,9 @@ pub fn analyze(b: &[u8]) -> Result<Input<'_>, TransformError> {
     let unit = page_unit(&elf)?;
     let table = bin.wrappers()?;
     let wrappers = resolve_wrappers(&table, &fatbin, &bundle_starts)?;
-    let relocs = table.relocs;
+    // All of the file's relocations, not the table's: a binary without a
+    // wrapper table can still have relocations into the section.
+    let relocs = Relocations::read(&elf)?;
     check_relocations(&elf, &relocs, kinds, &fatbin, &wrappers.pointer_addrs)?;
     Ok(Input {
         elf,
@@ -236,8 +255,9 @@ fn resolve_wrappers(
             co_index,
             pointer: p.kind,
         });
-        out.rela_edits.extend(p.rela);
+        out.relas.push(p.rela);
         out.pointer_addrs.push(slot.addr + 8);
+        out.targets.push(p.value - f.addr);
     }
     Ok(out)
 }
@@ -282,4 +302,169 @@ fn check_relocations(
         }
     }
     Ok(())
+}
+
+/// Read an offloaded binary for restore: the checks of [`analyze`] on its
+/// headers, the HIPK wrappers (their code object indices), the read-only
+/// segment X1 whose zero-filled tail is the removed pages, and the free
+/// range the bundles may take ([`Hole`]).
+pub fn analyze_offloaded(b: &[u8]) -> Result<(Input<'_>, Hole), TransformError> {
+    let elf = ElfView::parse(b)?;
+    elf.check_sections()?;
+    validate_layout(&elf)?;
+    let machine = elf.machine();
+    let kinds =
+        RelocKinds::for_machine(machine).ok_or(TransformError::UnsupportedMachine(machine))?;
+    if elf.e_type() != elf::ET_EXEC && elf.e_type() != elf::ET_DYN {
+        return Err(TransformError::UnsupportedType(elf.e_type()));
+    }
+    let refuse = |why: &str| TransformError::NotRestorable(why.to_owned());
+    let (fatbin, meta) = offloaded_sections(&elf)?;
+    let (xi, x) = holding_segment(&elf, &meta)?;
+    let unit = page_unit(&elf)?;
+    let (x_end, x_file_end) = (
+        x.p_vaddr(LE) + x.p_memsz(LE),
+        x.p_vaddr(LE) + x.p_filesz(LE),
+    );
+    if !(x.p_memsz(LE) - x.p_filesz(LE)).is_multiple_of(unit) {
+        return Err(refuse("the zero-filled tail of the segment holding the metadata is not a whole number of pages"));
+    }
+    let x2 = (x_end > x_file_end)
+        .then(|| {
+            elf.phdrs().iter().position(|p| {
+                p.is_load()
+                    && p.p_vaddr(LE) == x_end
+                    && p.p_offset(LE) == x.p_offset(LE) + x.p_filesz(LE)
+                    && p.p_align(LE) == x.p_align(LE)
+            })
+        })
+        .flatten();
+    let (start, end) = free_range(&elf, &fatbin, &meta, x_end)?;
+    let table = HostBinary::Elf(elf).wrappers()?;
+    if !table.all_hipk() {
+        return Err(refuse("its wrappers are not all HIPK"));
+    }
+    let mut wrappers = Wrappers::default();
+    for slot in &table.slots {
+        let p = slot.pointer.clone()?;
+        let co_index = u32::try_from(slot.wrapper.reserved1)
+            .map_err(|_| refuse("a wrapper's code object index does not fit in 32 bits"))?;
+        wrappers.offsets.push(slot.offset);
+        wrappers.changes.push(WrapperChange {
+            index: slot.index,
+            co_index,
+            pointer: p.kind,
+        });
+        wrappers.relas.push(p.rela);
+        wrappers.pointer_addrs.push(slot.addr + 8);
+    }
+    let hole = Hole {
+        meta,
+        start,
+        end,
+        x2,
+    };
+    let input = Input {
+        elf,
+        kinds,
+        fatbin,
+        bundles: 0,
+        xi,
+        x,
+        unit,
+        relocs: table.relocs,
+        wrappers,
+    };
+    Ok((input, hole))
+}
+
+/// The NOBITS `.hip_fatbin` and the `.rocm_kpack_ref` of an offloaded
+/// binary; the metadata's header must be the last (as offload writes it),
+/// so that dropping it renumbers no section.
+fn offloaded_sections(elf: &ElfView) -> Result<(Fatbin, Fatbin), TransformError> {
+    let refuse = |why: String| TransformError::NotRestorable(why);
+    let describe = |index: usize| {
+        let sh = &elf.shdrs()[index];
+        Fatbin {
+            index,
+            addr: sh.sh_addr(LE),
+            offset: sh.sh_offset(LE),
+            size: sh.sh_size(LE),
+        }
+    };
+    let fi = elf
+        .section_index(FATBIN_SECTION)
+        .ok_or_else(|| refuse(format!("no {FATBIN_SECTION} section")))?;
+    if elf.shdrs()[fi].sh_type(LE) != elf::SHT_NOBITS {
+        return Err(refuse(format!(
+            "{FATBIN_SECTION} still holds device code: not an offloaded binary"
+        )));
+    }
+    let mi = elf
+        .section_index(METADATA_SECTION)
+        .ok_or_else(|| refuse(format!("no {METADATA_SECTION} section")))?;
+    let m = &elf.shdrs()[mi];
+    if m.sh_type(LE) == elf::SHT_NOBITS || m.sh_flags(LE) & u64::from(elf::SHF_ALLOC) == 0 {
+        return Err(refuse(format!(
+            "{METADATA_SECTION} is not an allocated section with bytes (a debug-info file?)"
+        )));
+    }
+    if mi + 1 != elf.shdrs().len() {
+        return Err(refuse(format!(
+            "{METADATA_SECTION} is not the last section header (restore handles binaries kpack offloaded)"
+        )));
+    }
+    Ok((describe(fi), describe(mi)))
+}
+
+/// The addresses the bundles may take: from the metadata, or from the end
+/// of the allocated sections placed after it (a block moved there by
+/// offload), to the next allocated section after the NOBITS range (or the
+/// end of the memory of X1 and what follows it).
+fn free_range(
+    elf: &ElfView,
+    fatbin: &Fatbin,
+    meta: &Fatbin,
+    x_end: u64,
+) -> Result<(u64, u64), TransformError> {
+    let others: Vec<&SectionHeader> = elf
+        .shdrs()
+        .iter()
+        .enumerate()
+        .skip(1)
+        .filter(|&(i, s)| {
+            i != fatbin.index
+                && i != meta.index
+                && s.sh_flags(LE) & u64::from(elf::SHF_ALLOC) != 0
+                && s.sh_size(LE) > 0
+        })
+        .map(|(_, s)| s)
+        .collect();
+    let nobits_end = fatbin.end().max(meta.end());
+    // Without a next section: the end of the segments holding the range.
+    let limit = elf
+        .phdrs()
+        .iter()
+        .filter(|p| p.is_load() && p.p_vaddr(LE) <= nobits_end)
+        .map(|p| p.p_vaddr(LE) + p.p_memsz(LE))
+        .max()
+        .unwrap_or(x_end)
+        .max(x_end);
+    let end = others
+        .iter()
+        .map(|s| s.sh_addr(LE))
+        .filter(|&a| a >= nobits_end)
+        .min()
+        .unwrap_or(limit);
+    let start = others
+        .iter()
+        .filter(|s| (meta.addr..nobits_end).contains(&s.sh_addr(LE)))
+        .map(|s| s.sh_addr(LE) + s.sh_size(LE))
+        .fold(meta.addr, u64::max);
+    if start > end {
+        return Err(TransformError::NotRestorable(
+            "the sections after the metadata overlap the next section".into(),
+        ));
+    }
+    Ok((start, end))
 }

@@ -1,21 +1,53 @@
 //! Step 2 of the transform: decide the output layout — which file range of
-//! `.hip_fatbin` leaves the file, whether the program header table grows and
-//! which block of sections moves out of its way, and the new program and
-//! section headers. Nothing is written here.
+//! `.hip_fatbin` leaves the file (or, for restore, which pages go back into
+//! it), whether the program header table grows and which block of sections
+//! moves out of its way, where the payload goes, what the wrappers become,
+//! and the new program and section headers. Nothing is written here.
+//!
+//! [`plan`] lays out offload and prune (the payload kept at the section's
+//! start: metadata or pruned bundles; whole pages after it leave the file);
+//! [`plan_restore`] the inverse cut of restore (the removed pages put back,
+//! the bundles in the range the device code had).
 
 use object::elf;
 use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _};
 
-use super::analyze::Input;
-use super::TransformError;
+use super::analyze::{Hole, Input};
+use super::{Request, TransformError};
 use crate::elf::{file_size, ElfView, PhdrExt, ProgramHeader, SectionHeader, LE, PHDR_SIZE};
+use crate::hipk::{HIPF_MAGIC, HIPK_MAGIC};
 
-/// The file range of the input that leaves the file.
+/// The file range of the input that leaves the file (`[start, end)`,
+/// `removed` bytes), or, for restore, the place where `inserted` zero bytes
+/// go back into it (`start == end`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cut {
     pub start: u64,
     pub end: u64,
     pub removed: u64,
+    pub inserted: u64,
+}
+
+/// What the section's range becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    /// Offload: `.hip_fatbin` NOBITS after the metadata; a
+    /// `.rocm_kpack_ref` header appended.
+    Offloaded,
+    /// Prune: `.hip_fatbin` PROGBITS over the pruned bundles.
+    Pruned,
+    /// Restore: `.hip_fatbin` PROGBITS over the bundles; the last section
+    /// header (`.rocm_kpack_ref`) dropped.
+    Restored,
+}
+
+/// One wrapper as written: magic, pointer (written in the file and as the
+/// addend of its relocation), and `reserved1` when it changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WrapperOut {
+    pub magic: u32,
+    pub pointer: u64,
+    pub reserved1: Option<u64>,
 }
 
 /// A block of sections moved out of the grown program header table's way,
@@ -38,12 +70,52 @@ impl BlockMove {
     }
 }
 
+/// A note section of the moved block placed back at the start of its
+/// segment, right after the grown program header table, instead of moving
+/// with the block: `objcopy --only-keep-debug` keeps the bytes of notes and
+/// empties every other allocated section, and a segment whose bytes come
+/// after emptied sections cannot be laid out (it warns "section can't be
+/// allocated in segment"), so notes must stay ahead of the others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotePlace {
+    pub index: usize,
+    pub addr: u64,
+    pub off: u64,
+    pub size: u64,
+    pub new_addr: u64,
+    pub new_off: u64,
+}
+
+impl NotePlace {
+    fn holds_addr(&self, addr: u64) -> bool {
+        (self.addr..self.addr + self.size).contains(&addr)
+    }
+
+    fn holds_off(&self, off: u64) -> bool {
+        (self.off..self.off + self.size).contains(&off)
+    }
+}
+
 /// The output layout.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    pub metadata_addr: u64,
-    pub metadata_off: u64,
-    pub meta_len: u64,
+    /// Where the payload (metadata or bundles) goes.
+    pub payload_addr: u64,
+    pub payload_off: u64,
+    pub payload_len: u64,
+    pub form: Form,
+    /// Per wrapper, in table order.
+    pub wrappers: Vec<WrapperOut>,
+    /// Output file ranges zeroed before the payload is written: no bundle
+    /// (or metadata) byte of the input stays where it no longer belongs.
+    pub zero: Vec<(u64, u64)>,
+    /// Prune: (old address, new address) of each bundle start; symbols at
+    /// an old start follow it.
+    pub symbol_map: Vec<(u64, u64)>,
+    /// Restore: the segment merged into X1 (and dropped from the table).
+    pub joined: Option<usize>,
+    /// Restore: the alignment of the restored section.
+    pub align: u64,
     pub cut: Cut,
     /// Whether X is split in two (pages removed from its middle).
     pub split: bool,
@@ -54,6 +126,9 @@ pub struct Plan {
     /// End of the input's program header table in the file.
     pub old_table_end: u64,
     pub block: Option<BlockMove>,
+    /// The block's notes, placed right after the grown table (empty when
+    /// they do not fit there: then they move with the block).
+    pub notes: Vec<NotePlace>,
     /// The new program header table.
     pub phdrs: Vec<ProgramHeader>,
 }
@@ -63,6 +138,9 @@ impl Plan {
     /// removed range).
     pub fn map_off(&self, o: u64) -> Option<u64> {
         let c = self.cut;
+        if c.inserted > 0 {
+            return Some(if o >= c.start { o + c.inserted } else { o });
+        }
         if o < c.start || c.removed == 0 {
             Some(o)
         } else if o >= c.end {
@@ -83,13 +161,38 @@ impl Plan {
             .is_some_and(|bl| (bl.start_off..bl.start_off + bl.len()).contains(&off))
     }
 
+    /// Where an address inside the moved block goes (a placed note's own
+    /// place, or the block's).
+    pub fn moved_addr(&self, addr: u64) -> u64 {
+        match self.notes.iter().find(|n| n.holds_addr(addr)) {
+            Some(n) => n.new_addr + (addr - n.addr),
+            None => addr.wrapping_add(self.block.map_or(0, |bl| bl.addr_delta)),
+        }
+    }
+
+    /// Where a file offset inside the moved block goes.
+    pub fn moved_off(&self, off: u64) -> u64 {
+        match self.notes.iter().find(|n| n.holds_off(off)) {
+            Some(n) => n.new_off + (off - n.off),
+            None => off.wrapping_add(self.block.map_or(0, |bl| bl.off_delta)),
+        }
+    }
+
+    /// How far the addresses of moved section `index` move.
+    pub fn section_addr_delta(&self, index: usize) -> u64 {
+        match self.notes.iter().find(|n| n.index == index) {
+            Some(n) => n.new_addr.wrapping_sub(n.addr),
+            None => self.block.map_or(0, |bl| bl.addr_delta),
+        }
+    }
+
     /// The end of the kept part of `.hip_fatbin` (symbols into it name the
     /// metadata afterwards).
     pub fn kept_end(&self) -> u64 {
         if self.split {
-            self.metadata_addr + self.keep
+            self.payload_addr + self.keep
         } else {
-            self.metadata_addr + self.meta_len
+            self.payload_addr + self.payload_len
         }
     }
 }
@@ -98,8 +201,10 @@ pub fn align_up(x: u64, a: u64) -> u64 {
     x.div_ceil(a) * a
 }
 
-/// Plan the output for `meta_len` bytes of metadata.
-pub fn plan(input: &Input, meta_len: u64) -> Result<Plan, TransformError> {
+/// Plan the output of offload or prune: `request`'s payload kept at the
+/// start of `.hip_fatbin`, whole pages after it removed.
+pub fn plan(input: &Input, request: &Request) -> Result<Plan, TransformError> {
+    let meta_len = request.payload().len() as u64;
     let (f, x, unit) = (input.fatbin, input.x, input.unit);
     let elf = &input.elf;
     // Removing pages from the middle of X splits it in two: one more
@@ -113,7 +218,7 @@ pub fn plan(input: &Input, meta_len: u64) -> Result<Plan, TransformError> {
     let old_table_end = phoff + (phnum * PHDR_SIZE) as u64;
     let new_table_end = phoff + ((phnum + grow) * PHDR_SIZE) as u64;
     let block = if grow > 0 {
-        block_to_move(elf, old_table_end, new_table_end)?
+        block_with_room_for_notes(elf, old_table_end, new_table_end)?
     } else {
         None
     };
@@ -139,6 +244,7 @@ pub fn plan(input: &Input, meta_len: u64) -> Result<Plan, TransformError> {
             start,
             end: cut_end_if_split,
             removed: cut_end_if_split - start,
+            inserted: 0,
         }
     } else {
         if meta_len > f.size {
@@ -152,23 +258,297 @@ pub fn plan(input: &Input, meta_len: u64) -> Result<Plan, TransformError> {
             start: end,
             end,
             removed: 0,
+            inserted: 0,
         }
     };
+    let (form, wrappers, symbol_map) = wrappers_for(input, request)?;
     let mut plan = Plan {
-        metadata_addr: f.addr,
-        metadata_off: f.offset,
-        meta_len,
+        payload_addr: f.addr,
+        payload_off: f.offset,
+        payload_len: meta_len,
+        form,
+        wrappers,
+        zero: Vec::new(),
+        symbol_map,
+        joined: None,
+        align: 0,
         cut,
         split,
         keep,
         cut_addr_end,
         old_table_end,
         block: if split { block } else { None },
+        notes: Vec::new(),
         phdrs: Vec::new(),
     };
+    if let Some(bl) = plan.block {
+        plan.notes = place_notes(elf, &bl, new_table_end);
+    }
     check_block_relocations(input, &plan)?;
     plan.phdrs = segments(input, &plan, grow)?;
+    plan.zero = cleared(input, &plan);
     Ok(plan)
+}
+
+/// What the wrappers become, and where symbols at bundle starts go: HIPK
+/// at the metadata (offload), or HIPF at their pruned bundles.
+type WrapperPlan = (Form, Vec<WrapperOut>, Vec<(u64, u64)>);
+
+fn wrappers_for(input: &Input, request: &Request) -> Result<WrapperPlan, TransformError> {
+    let f = input.fatbin;
+    let w = &input.wrappers;
+    match request {
+        Request::Offload { .. } => {
+            let out = w.changes.iter().map(|c| WrapperOut {
+                magic: HIPK_MAGIC,
+                pointer: f.addr,
+                reserved1: Some(u64::from(c.co_index)),
+            });
+            Ok((Form::Offloaded, out.collect(), Vec::new()))
+        }
+        Request::Prune { starts, .. } => {
+            let moved = |old: u64| starts.iter().find(|&&(o, _)| o == old).map(|&(_, n)| n);
+            let mut out = Vec::with_capacity(w.targets.len());
+            for (c, &target) in w.changes.iter().zip(&w.targets) {
+                let new = moved(target).ok_or(TransformError::PointerNotAtBundle {
+                    index: c.index,
+                    pointer: f.addr + target,
+                    start: f.addr,
+                    end: f.end(),
+                })?;
+                out.push(WrapperOut {
+                    magic: HIPF_MAGIC,
+                    pointer: f.addr + new,
+                    reserved1: None,
+                });
+            }
+            let map = starts.iter().map(|&(o, n)| (f.addr + o, f.addr + n));
+            Ok((Form::Pruned, out, map.collect()))
+        }
+        Request::Restore { .. } => Err(TransformError::NotRestorable(
+            "restore plans with plan_restore".into(),
+        )),
+    }
+}
+
+/// The output ranges to zero: what is left in the file of the section's
+/// bytes (the kept pages, before the payload goes there, and the partial
+/// last page after the removed ones).
+fn cleared(input: &Input, plan: &Plan) -> Vec<(u64, u64)> {
+    let (f, cut) = (input.fatbin, plan.cut);
+    let mut zero = vec![(f.offset, cut.start)];
+    if cut.removed > 0 {
+        let f_file_end = plan
+            .map_off(f.offset + f.size)
+            .expect("end of section maps");
+        zero.push((cut.end - cut.removed, f_file_end));
+    }
+    zero
+}
+
+/// Plan the output of restore: the zero-filled tail of X1 (the pages
+/// offload removed) goes back into the file, X1 and the segment after it
+/// become one again, and the bundles of `request` take the free range of
+/// `hole`, each wrapper pointing at its code object's bundle.
+pub fn plan_restore(input: &Input, hole: &Hole, request: &Request) -> Result<Plan, TransformError> {
+    let Request::Restore {
+        bundles,
+        starts,
+        align,
+    } = request
+    else {
+        return Err(TransformError::NotRestorable(
+            "not a restore request".into(),
+        ));
+    };
+    let x = input.x;
+    let align = (*align).clamp(1, input.unit);
+    let payload_addr = align_up(hole.start, align);
+    let need = bundles.len() as u64;
+    if payload_addr.checked_add(need).is_none_or(|e| e > hole.end) {
+        return Err(TransformError::RangeTooSmall {
+            need,
+            have: hole.end.saturating_sub(payload_addr),
+            start: payload_addr,
+            end: hole.end,
+        });
+    }
+    // Put back only the pages the bundles need: all of them when the
+    // bundles reach past X1 (X1 and X2 then become one segment again),
+    // else whole pages up to the bundles' end (X1 keeps the rest of its
+    // zero-filled tail, X2 stays a segment of its own).
+    let at = x.p_offset(LE) + x.p_filesz(LE);
+    let hole_len = x.p_memsz(LE) - x.p_filesz(LE);
+    let (file_end, mem_end) = (
+        x.p_vaddr(LE) + x.p_filesz(LE),
+        x.p_vaddr(LE) + x.p_memsz(LE),
+    );
+    let bundles_end = payload_addr + need;
+    let inserted = if bundles_end > mem_end {
+        hole_len
+    } else {
+        align_up(bundles_end.saturating_sub(file_end), input.unit).min(hole_len)
+    };
+    let joined = if inserted == hole_len { hole.x2 } else { None };
+    let payload_off = x.p_offset(LE) + (payload_addr - x.p_vaddr(LE));
+    let mut wrappers = Vec::with_capacity(input.wrappers.changes.len());
+    for c in &input.wrappers.changes {
+        let off = starts
+            .iter()
+            .find(|&&(co, _)| co == c.co_index)
+            .map(|&(_, o)| o)
+            .ok_or_else(|| {
+                TransformError::NotRestorable(format!(
+                    "no bundle for wrapper {}'s code object index {}",
+                    c.index, c.co_index
+                ))
+            })?;
+        wrappers.push(WrapperOut {
+            magic: HIPF_MAGIC,
+            pointer: payload_addr + off,
+            reserved1: Some(0),
+        });
+    }
+    let phoff = input.elf.header().e_phoff(LE);
+    let phnum = input.elf.phdrs().len() as u64;
+    let mut plan = Plan {
+        payload_addr,
+        payload_off,
+        payload_len: need,
+        form: Form::Restored,
+        wrappers,
+        zero: vec![(hole.meta.offset, hole.meta.offset + hole.meta.size)],
+        symbol_map: Vec::new(),
+        joined,
+        align,
+        cut: Cut {
+            start: at,
+            end: at,
+            removed: 0,
+            inserted,
+        },
+        split: false,
+        keep: 0,
+        cut_addr_end: mem_end,
+        old_table_end: phoff + phnum * PHDR_SIZE as u64,
+        block: None,
+        notes: Vec::new(),
+        phdrs: Vec::new(),
+    };
+    plan.phdrs = joined_segments(input, &plan)?;
+    // The program header slot freed by joining X1 and X2.
+    let new_end = phoff + (plan.phdrs.len() * PHDR_SIZE) as u64;
+    plan.zero.push((new_end, plan.old_table_end));
+    Ok(plan)
+}
+
+/// The program headers of restore: X1 file-backed over the inserted pages
+/// and, when they are all of its zero-filled tail, joined with X2 (one
+/// segment again, with both parts' permissions), `PT_PHDR` resized, later
+/// file offsets moved up by the inserted pages.
+fn joined_segments(input: &Input, plan: &Plan) -> Result<Vec<ProgramHeader>, TransformError> {
+    let phdrs = input.elf.phdrs();
+    let n = phdrs.len() - usize::from(plan.joined.is_some());
+    let mut out = Vec::with_capacity(n);
+    for (i, p) in phdrs.iter().enumerate() {
+        if Some(i) == plan.joined {
+            continue;
+        }
+        let mut q = *p;
+        if i == input.xi {
+            let mut end_mem = p.p_vaddr(LE) + p.p_memsz(LE);
+            if let Some(x2) = plan.joined.map(|j| phdrs[j]) {
+                end_mem = x2.p_vaddr(LE) + x2.p_memsz(LE);
+                let end_file = x2.p_vaddr(LE) + x2.p_filesz(LE);
+                q.p_filesz.set(LE, end_file - p.p_vaddr(LE));
+                q.p_flags.set(LE, p.p_flags(LE) | x2.p_flags(LE));
+            } else {
+                q.p_filesz.set(LE, p.p_filesz(LE) + plan.cut.inserted);
+            }
+            q.p_memsz.set(LE, end_mem - p.p_vaddr(LE));
+        } else if p.p_type(LE) == elf::PT_PHDR {
+            let table = (n * PHDR_SIZE) as u64;
+            q.p_filesz.set(LE, table);
+            q.p_memsz.set(LE, table);
+        } else if p.p_offset(LE) >= plan.cut.start {
+            q.p_offset.set(LE, p.p_offset(LE) + plan.cut.inserted);
+        }
+        out.push(q);
+    }
+    Ok(out)
+}
+
+/// The block to move, taken larger than the table's growth needs when
+/// that makes room to keep its notes right after the table (see
+/// [`NotePlace`]); if no larger block can move, the notes move with it.
+fn block_with_room_for_notes(
+    elf: &ElfView,
+    old_end: u64,
+    new_end: u64,
+) -> Result<Option<BlockMove>, TransformError> {
+    let Some(block) = block_to_move(elf, old_end, new_end)? else {
+        return Ok(None);
+    };
+    let mut end = new_end;
+    let mut candidate = block;
+    for _ in 0..16 {
+        let notes = place_notes(elf, &candidate, new_end);
+        if !notes.is_empty() || notes_in(elf, &candidate).is_empty() {
+            return Ok(Some(candidate));
+        }
+        // Vacate more: up to the end of the block, plus the notes' bytes.
+        let need: u64 = notes_in(elf, &candidate)
+            .iter()
+            .map(|&i| elf.shdrs()[i].sh_size(LE) + elf.shdrs()[i].sh_addralign(LE).max(1))
+            .sum();
+        end = end.max(candidate.start_off + candidate.len()) + need;
+        match block_to_move(elf, old_end, end) {
+            Ok(Some(bigger)) if bigger.len() > candidate.len() => candidate = bigger,
+            _ => break,
+        }
+    }
+    Ok(Some(block))
+}
+
+/// The note sections (with file bytes) inside the block, in file order.
+fn notes_in(elf: &ElfView, bl: &BlockMove) -> Vec<usize> {
+    let mut notes: Vec<usize> = (1..elf.shdrs().len())
+        .filter(|&i| {
+            let s = &elf.shdrs()[i];
+            s.sh_type(LE) == elf::SHT_NOTE
+                && file_size(s) > 0
+                && (bl.start_off..bl.start_off + bl.len()).contains(&s.sh_offset(LE))
+        })
+        .collect();
+    notes.sort_by_key(|&i| elf.shdrs()[i].sh_offset(LE));
+    notes
+}
+
+/// The note sections of the block, in address order, packed from
+/// `table_end` (each at its alignment, with the block's address-to-offset
+/// difference); none if they do not all fit inside the block's old range.
+fn place_notes(elf: &ElfView, bl: &BlockMove, table_end: u64) -> Vec<NotePlace> {
+    let notes = notes_in(elf, bl);
+    let bias = bl.start_addr.wrapping_sub(bl.start_off);
+    let mut pos = table_end;
+    let mut placed = Vec::with_capacity(notes.len());
+    for i in notes {
+        let s = &elf.shdrs()[i];
+        pos = align_up(pos, s.sh_addralign(LE).max(1));
+        placed.push(NotePlace {
+            index: i,
+            addr: s.sh_addr(LE),
+            off: s.sh_offset(LE),
+            size: s.sh_size(LE),
+            new_addr: pos.wrapping_add(bias),
+            new_off: pos,
+        });
+        pos += s.sh_size(LE);
+    }
+    if pos > bl.start_off + bl.len() {
+        return Vec::new();
+    }
+    placed
 }
 
 /// `bl` moved to address `new_addr` in the kept pages of the section at
@@ -350,10 +730,10 @@ fn segments(input: &Input, plan: &Plan, grow: usize) -> Result<Vec<ProgramHeader
             q.p_memsz.set(LE, table);
         } else if !p.is_load() && filesz > 0 && plan.in_block_off(off) {
             // PT_INTERP, PT_NOTE: follow the moved sections.
-            let bl = plan.block.expect("in the block");
-            q.p_offset.set(LE, off.wrapping_add(bl.off_delta));
-            q.p_vaddr.set(LE, p.p_vaddr(LE).wrapping_add(bl.addr_delta));
-            q.p_paddr.set(LE, p.p_paddr(LE).wrapping_add(bl.addr_delta));
+            let delta = plan.moved_addr(p.p_vaddr(LE)).wrapping_sub(p.p_vaddr(LE));
+            q.p_offset.set(LE, plan.moved_off(off));
+            q.p_vaddr.set(LE, p.p_vaddr(LE).wrapping_add(delta));
+            q.p_paddr.set(LE, p.p_paddr(LE).wrapping_add(delta));
         } else if removed > 0 && filesz > 0 {
             if off >= plan.cut.end {
                 q.p_offset.set(LE, off - removed);
@@ -425,18 +805,19 @@ pub fn sections(
         let fsz = file_size(s);
         let (off, removed) = (s.sh_offset(LE), plan.cut.removed);
         if i == input.fatbin.index {
-            out.push(nobits_fatbin(input, plan, t));
+            out.push(match plan.form {
+                Form::Offloaded => nobits_fatbin(input, plan, t),
+                Form::Pruned | Form::Restored => progbits_fatbin(plan, t),
+            });
             continue;
         }
         let alloc = s.sh_flags(LE) & u64::from(elf::SHF_ALLOC) != 0;
-        if let Some(bl) = plan.block.filter(|_| i > 0 && alloc && fsz > 0) {
-            if plan.in_block(s.sh_addr(LE)) {
-                t.sh_addr.set(LE, s.sh_addr(LE).wrapping_add(bl.addr_delta));
-                t.sh_offset.set(LE, off.wrapping_add(bl.off_delta));
-                moved.push(i);
-                out.push(t);
-                continue;
-            }
+        if i > 0 && alloc && fsz > 0 && plan.in_block(s.sh_addr(LE)) {
+            t.sh_addr.set(LE, plan.moved_addr(s.sh_addr(LE)));
+            t.sh_offset.set(LE, plan.moved_off(off));
+            moved.push(i);
+            out.push(t);
+            continue;
         }
         if i > 0 && removed > 0 {
             if off >= plan.cut.end {
@@ -447,9 +828,28 @@ pub fn sections(
                 });
             }
         }
+        if i > 0 && plan.cut.inserted > 0 && off >= plan.cut.start {
+            t.sh_offset.set(LE, off + plan.cut.inserted);
+        }
         out.push(t);
     }
+    if plan.form == Form::Restored {
+        // The metadata's header, the last (checked by analyze).
+        out.pop();
+    }
     Ok((out, moved))
+}
+
+/// `.hip_fatbin` as PROGBITS over the bundles of prune or restore.
+fn progbits_fatbin(plan: &Plan, mut t: SectionHeader) -> SectionHeader {
+    t.sh_type.set(LE, elf::SHT_PROGBITS);
+    t.sh_addr.set(LE, plan.payload_addr);
+    t.sh_offset.set(LE, plan.payload_off);
+    t.sh_size.set(LE, plan.payload_len);
+    if plan.form == Form::Restored {
+        t.sh_addralign.set(LE, plan.align);
+    }
+    t
 }
 
 /// `.hip_fatbin` as NOBITS: from the end of the kept pages to the end of
@@ -464,7 +864,7 @@ fn nobits_fatbin(input: &Input, plan: &Plan, mut t: SectionHeader) -> SectionHea
         t.sh_offset.set(LE, plan.cut.end - plan.cut.removed);
         t.sh_size.set(LE, plan.cut_addr_end - addr);
     } else {
-        let start = align_up(plan.meta_len, 16).min(f.size);
+        let start = align_up(plan.payload_len, 16).min(f.size);
         t.sh_addr.set(LE, f.addr + start);
         t.sh_offset.set(LE, f.offset + start);
         t.sh_size.set(LE, f.size - start);

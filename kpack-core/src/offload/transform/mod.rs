@@ -33,6 +33,8 @@ mod analyze;
 mod layout;
 mod write;
 
+pub use layout::align_up;
+
 #[cfg(test)]
 mod tests;
 
@@ -85,6 +87,15 @@ pub enum TransformError {
     NoRoom { size: u64, need: u64 },
     #[error("cannot make room for one more program header: {why}")]
     CannotGrowPhdrs { why: String },
+    #[error("the bundles need {need} bytes, but the range {FATBIN_SECTION} had holds {have} (from {start:#x} to the next section at {end:#x})")]
+    RangeTooSmall {
+        need: u64,
+        have: u64,
+        start: u64,
+        end: u64,
+    },
+    #[error("cannot restore: {0}")]
+    NotRestorable(String),
 }
 
 /// What the transform did to one wrapper.
@@ -97,31 +108,91 @@ pub struct WrapperChange {
     pub pointer: PointerKind,
 }
 
-/// The result of [`transform`].
+/// What the transform does with the section's range: the payload kept at
+/// its start, the form the section takes and where the wrappers point.
+#[derive(Debug, Clone)]
+pub enum Request<'a> {
+    /// Offload: the encoded HIPK metadata is kept; `.hip_fatbin` becomes
+    /// NOBITS after it, `.rocm_kpack_ref` is added, and every wrapper
+    /// becomes HIPK, pointing at the metadata, `reserved1` = its bundle.
+    Offload { metadata: &'a [u8] },
+    /// Prune: `bundles` (the pruned bundles, laid out) are kept;
+    /// `.hip_fatbin` stays PROGBITS over them, the wrappers stay HIPF and
+    /// point at their bundles' new places. `starts` maps each old bundle's
+    /// offset in the section to its new offset in `bundles`.
+    Prune {
+        bundles: &'a [u8],
+        starts: Vec<(u64, u64)>,
+    },
+    /// Restore (of an offloaded binary): `bundles` go back into the range
+    /// the device code had, the removed pages go back into the file,
+    /// `.hip_fatbin` is PROGBITS again and `.rocm_kpack_ref` is dropped;
+    /// each wrapper becomes HIPF, pointing at the offset `starts` gives for
+    /// its code object index. The bundles start at a multiple of `align`
+    /// (4 KiB for uncompressed bundles, whose code objects clang aligns so).
+    Restore {
+        bundles: &'a [u8],
+        starts: Vec<(u32, u64)>,
+        align: u64,
+    },
+}
+
+impl Request<'_> {
+    /// The bytes kept at the start of the range.
+    pub fn payload(&self) -> &[u8] {
+        match self {
+            Request::Offload { metadata } => metadata,
+            Request::Prune { bundles, .. } | Request::Restore { bundles, .. } => bundles,
+        }
+    }
+}
+
+/// The result of [`transform`] and [`rewrite`].
 #[derive(Debug, Clone)]
 pub struct Transformed {
     pub bytes: Vec<u8>,
     pub wrappers: Vec<WrapperChange>,
+    /// Address of the payload: the metadata (offload) or the first bundle.
     pub metadata_addr: u64,
-    /// Number of bundles in the original `.hip_fatbin`.
+    /// Number of bundles in the input's `.hip_fatbin` (0 for an offloaded
+    /// input).
     pub bundles: usize,
     /// Bytes removed from the file (whole pages).
     pub removed: u64,
+    /// Bytes put back into the file (restore: whole pages).
+    pub inserted: u64,
     /// Whether the program header table moved.
     pub moved_phdrs: bool,
 }
 
 /// Transform a fat binary. `metadata` is the encoded HIPK metadata.
 pub fn transform(b: &[u8], metadata: &[u8]) -> Result<Transformed, TransformError> {
-    let input = analyze::analyze(b)?;
-    let plan = layout::plan(&input, metadata.len() as u64)?;
-    let bytes = write::output(&input, &plan, metadata)?;
+    rewrite(b, &Request::Offload { metadata })
+}
+
+/// Rewrite a fat binary (offload, prune) or an offloaded one (restore) as
+/// `request` says: analyze, plan, write.
+pub fn rewrite(b: &[u8], request: &Request) -> Result<Transformed, TransformError> {
+    let (input, plan) = match request {
+        Request::Restore { .. } => {
+            let (input, hole) = analyze::analyze_offloaded(b)?;
+            let plan = layout::plan_restore(&input, &hole, request)?;
+            (input, plan)
+        }
+        _ => {
+            let input = analyze::analyze(b)?;
+            let plan = layout::plan(&input, request)?;
+            (input, plan)
+        }
+    };
+    let bytes = write::output(&input, &plan, request.payload())?;
     Ok(Transformed {
         bytes,
         wrappers: input.wrappers.changes.clone(),
-        metadata_addr: plan.metadata_addr,
+        metadata_addr: plan.payload_addr,
         bundles: input.bundles,
         removed: plan.cut.removed,
+        inserted: plan.cut.inserted,
         moved_phdrs: false,
     })
 }

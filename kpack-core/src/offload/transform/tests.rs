@@ -37,6 +37,9 @@ struct Spec {
     /// `p_align` of every segment (the read-write segment's address is its
     /// file offset plus this).
     align: u64,
+    /// A GNU build-id note right after the program header table (with a
+    /// PT_NOTE), as GNU ld and lld lay them out.
+    note: bool,
 }
 
 impl Default for Spec {
@@ -49,6 +52,7 @@ impl Default for Spec {
             writable: false,
             stray_reloc: false,
             align: PAGE,
+            note: false,
         }
     }
 }
@@ -129,6 +133,10 @@ const SHSTRTAB: usize = 7;
 /// `.dynsym`/`.dynstr`/`.rela.dyn` right after the table, `.hip_fatbin` at
 /// the next page, then `.hipFatBinSegment` and `.dynamic` in the RW
 /// segment, `.shstrtab` and the section headers.
+///
+/// Long on purpose: one file layout written top to bottom, whose offsets
+/// tie every part to the others; split up, they would have to be passed
+/// around or recomputed.
 fn build(spec: &Spec) -> Vec<u8> {
     let mut bundles = Vec::new();
     let mut starts = Vec::new();
@@ -146,7 +154,10 @@ fn build(spec: &Spec) -> Vec<u8> {
         bundles.resize(bundles.len().div_ceil(PAGE as usize) * PAGE as usize, 0);
     }
     let phoff = EHDR_SIZE as u64;
-    let dynsym_off = phoff + 4 * PHDR_SIZE as u64;
+    let phnum = 4 + u64::from(spec.note);
+    let note_off = phoff + phnum * PHDR_SIZE as u64;
+    let note_len = if spec.note { NOTE.len() as u64 } else { 0 };
+    let dynsym_off = (note_off + note_len).div_ceil(8) * 8;
     let dynstr_off = dynsym_off + 2 * 24;
     let dynstr = b"\0__hip_fatbin\0";
     let nrel = spec.wrappers.len() + usize::from(spec.stray_reloc);
@@ -159,13 +170,16 @@ fn build(spec: &Spec) -> Vec<u8> {
     let dyn_off = data_off + 8;
     let dyn_len = 6 * 16;
     let str_off = dyn_off + dyn_len;
-    let names =
-        b"\0.dynsym\0.dynstr\0.rela.dyn\0.hip_fatbin\0.hipFatBinSegment\0.dynamic\0.shstrtab\0";
+    let names = b"\0.dynsym\0.dynstr\0.rela.dyn\0.hip_fatbin\0.hipFatBinSegment\0.dynamic\0.shstrtab\0.note.gnu.build-id\0";
     let sh_off = (str_off + names.len() as u64).div_ceil(8) * 8;
     let rw = |off: u64| off + spec.align;
 
     let mut out = Vec::new();
     // Sections.
+    if spec.note {
+        out.resize(note_off as usize, 0);
+        out.extend_from_slice(NOTE);
+    }
     put(&mut out, dynsym_off, &Sym::default_null());
     let sym = Sym {
         st_name: u32_(1),
@@ -295,14 +309,19 @@ fn build(spec: &Spec) -> Vec<u8> {
             0,
         ),
     ];
+    let mut sections = sections.to_vec();
+    if spec.note {
+        let n = shdr(76, elf::SHT_NOTE, a, note_off, note_off, note_len, 0, 4, 0);
+        sections.push(n);
+    }
     for (i, s) in sections.iter().enumerate() {
         put(&mut out, sh_off + (i * SHDR_SIZE) as u64, s);
     }
     let x_flags = elf::PF_R | if spec.writable { elf::PF_W } else { 0 };
     let rw_len = str_off - rw_off;
-    let table = 4 * PHDR_SIZE as u64;
+    let table = phnum * PHDR_SIZE as u64;
     let a = spec.align;
-    let phdrs = [
+    let mut phdrs = vec![
         phdr(elf::PT_PHDR, elf::PF_R, phoff, phoff, (table, table), 8),
         phdr(elf::PT_LOAD, x_flags, 0, 0, (fat_end, fat_end), a),
         phdr(
@@ -322,14 +341,16 @@ fn build(spec: &Spec) -> Vec<u8> {
             8,
         ),
     ];
+    if spec.note {
+        let n = (note_len, note_len);
+        phdrs.push(phdr(elf::PT_NOTE, elf::PF_R, note_off, note_off, n, 4));
+    }
     for (i, p) in phdrs.iter().enumerate() {
         put(&mut out, phoff + (i * PHDR_SIZE) as u64, p);
     }
-    put(
-        &mut out,
-        0,
-        &file_header(phoff, sh_off, sections.len() as u16),
-    );
+    let mut fh = file_header(phoff, sh_off, sections.len() as u16);
+    fh.e_phnum = u16_(phnum as u16);
+    put(&mut out, 0, &fh);
     out
 }
 
@@ -387,7 +408,14 @@ fn file_header(phoff: u64, shoff: u64, shnum: u16) -> FileHeader {
     }
 }
 
+/// A GNU build-id note: namesz 4, descsz 20, NT_GNU_BUILD_ID, "GNU\0".
+const NOTE: &[u8] = b"\x04\0\0\0\x14\0\0\0\x03\0\0\0GNU\0ABCDEFGHIJKLMNOPQRST";
+
 const META: &[u8] = b"\x82\xb2kpack_search_paths\x91\xa5x.kpk\xabkernel_name\xa3lib";
+
+fn offload_request() -> Request<'static> {
+    Request::Offload { metadata: META }
+}
 
 #[test]
 fn synthetic_binary_is_a_fat_binary() {
@@ -401,7 +429,7 @@ fn synthetic_binary_is_a_fat_binary() {
     assert_eq!(input.bundles, 1);
     assert_eq!(input.wrappers.changes[0].co_index, 0);
     assert_eq!(input.wrappers.changes[0].pointer, PointerKind::RelaRelative);
-    assert_eq!(input.wrappers.rela_edits, vec![0]);
+    assert_eq!(input.wrappers.relas, vec![Some(0)]);
 }
 
 #[test]
@@ -444,6 +472,19 @@ fn analyze_refuses_what_cannot_be_rewritten() {
         }),
         TransformError::RelocationIntoRemoved { what: "points", .. }
     ));
+    // Without a wrapper table, a relocation into the section still counts.
+    let mut b = build(&Spec {
+        wrappers: vec![],
+        stray_reloc: true,
+        ..Spec::default()
+    });
+    let name = b".hipFatBinSegment\0";
+    let at = b.windows(name.len()).position(|w| w == name).unwrap();
+    b[at + 1] = b'X';
+    assert!(matches!(
+        analyze(&b).err().unwrap(),
+        TransformError::RelocationIntoRemoved { what: "points", .. }
+    ));
     // A wrapper that is already HIPK beside PROGBITS device code.
     let mut b = build(&Spec::default());
     let at = ElfView::parse(&b)
@@ -460,7 +501,7 @@ fn analyze_refuses_what_cannot_be_rewritten() {
 fn plan_cuts_whole_pages_and_moves_the_block_after_the_table() {
     let b = build(&Spec::default());
     let input = analyze(&b).unwrap();
-    let p = plan(&input, META.len() as u64).unwrap();
+    let p = plan(&input, &offload_request()).unwrap();
     // .hip_fatbin: 0x1000..0x4000 + tail. The first page is kept (metadata
     // and the moved block), pages 0x2000..0x4000 leave the file.
     assert!(p.split);
@@ -494,7 +535,7 @@ fn plan_without_a_tail_needs_no_new_segment() {
         ..Spec::default()
     });
     let input = analyze(&b).unwrap();
-    let p = plan(&input, META.len() as u64).unwrap();
+    let p = plan(&input, &offload_request()).unwrap();
     assert!(p.split);
     assert!(p.block.is_none());
     assert_eq!(p.phdrs.len(), 4);
@@ -508,14 +549,19 @@ fn plan_for_a_small_section_cuts_nothing() {
         ..Spec::default()
     });
     let input = analyze(&b).unwrap();
-    let p = plan(&input, META.len() as u64).unwrap();
+    let p = plan(&input, &offload_request()).unwrap();
     assert!(!p.split);
     assert_eq!(p.cut.removed, 0);
     assert!(p.block.is_none());
     assert_eq!(p.phdrs.len(), 4);
     // Metadata larger than the section: no room.
     assert!(matches!(
-        plan(&input, 1 << 20),
+        plan(
+            &input,
+            &Request::Offload {
+                metadata: &vec![0; 1 << 20]
+            }
+        ),
         Err(TransformError::NoRoom { .. })
     ));
 }
@@ -639,7 +685,7 @@ fn large_page_unit_with_a_section_off_the_boundary() {
     let b = build(&spec);
     let input = analyze(&b).unwrap();
     assert_eq!((input.unit, input.fatbin.addr), (UNIT, PAGE));
-    let p = plan(&input, META.len() as u64).unwrap();
+    let p = plan(&input, &offload_request()).unwrap();
     assert!(p.split);
     // Kept: up to the first unit boundary; removed: whole units up to the
     // last boundary inside the section.
@@ -657,4 +703,173 @@ fn large_page_unit_with_a_section_off_the_boundary() {
     for ph in out.phdrs().iter().filter(|p| p.is_load()) {
         assert_eq!(ph.p_offset(LE) % UNIT, ph.p_vaddr(LE) % UNIT);
     }
+}
+
+/// A note right after the table stays at the start of its segment (moved
+/// only as far as the grown table needs) while the rest of the block moves
+/// to the kept page: `objcopy --only-keep-debug` keeps notes' bytes and
+/// cannot lay out a segment where they come after sections it empties.
+#[test]
+fn notes_stay_ahead_of_the_moved_block() {
+    let b = build(&Spec {
+        note: true,
+        ..Spec::default()
+    });
+    let input = analyze(&b).unwrap();
+    let p = plan(&input, &offload_request()).unwrap();
+    let new_table_end = EHDR_SIZE as u64 + 6 * PHDR_SIZE as u64;
+    assert!(p.split);
+    assert_eq!(p.phdrs.len(), 6);
+    assert_eq!(p.notes.len(), 1);
+    assert_eq!(p.notes[0].new_off, new_table_end);
+    let (_, t) = transformed(&Spec {
+        note: true,
+        ..Spec::default()
+    });
+    let out = ElfView::parse(&t.bytes).unwrap();
+    let note = out.section(".note.gnu.build-id").unwrap().unwrap();
+    assert_eq!(
+        (note.offset, note.addr, note.data),
+        (new_table_end, new_table_end, NOTE)
+    );
+    let pt_note = out
+        .phdrs()
+        .iter()
+        .find(|p| p.p_type(LE) == elf::PT_NOTE)
+        .unwrap();
+    assert_eq!(
+        (pt_note.p_offset(LE), pt_note.p_vaddr(LE)),
+        (new_table_end, new_table_end)
+    );
+    // Every other allocated section of the first segment comes after it.
+    let dynsym = out.section(".dynsym").unwrap().unwrap();
+    assert!(dynsym.addr > PAGE);
+    for s in out.sections().unwrap().iter().skip(1) {
+        if s.flags & u64::from(elf::SHF_ALLOC) != 0 && s.addr < PAGE && s.name != note.name {
+            panic!("{} at {:#x} stays before the kept page", s.name, s.addr);
+        }
+    }
+}
+
+/// The bundles of a fat binary's `.hip_fatbin`, as they are: what a prune
+/// that keeps everything writes back.
+fn section_bundles(b: &[u8]) -> Vec<u8> {
+    let sec = ElfView::parse(b)
+        .unwrap()
+        .section(".hip_fatbin")
+        .unwrap()
+        .unwrap();
+    let end = crate::bundle::parse_fatbin(sec.data)
+        .unwrap()
+        .last()
+        .unwrap()
+        .range
+        .end;
+    sec.data[..end].to_vec()
+}
+
+#[test]
+fn prune_keeps_the_bundles_and_removes_the_pages_after_them() {
+    let spec = Spec {
+        bundles: vec![PAGE as usize, 2 * PAGE as usize],
+        wrappers: vec![Some(0), Some(1)],
+        ..Spec::default()
+    };
+    let b = build(&spec);
+    let all = section_bundles(&b);
+    // Only the first bundle is kept; the second wrapper points at it too.
+    let first = crate::bundle::parse_fatbin(&all).unwrap()[0].range.clone();
+    let second = crate::bundle::parse_fatbin(&all).unwrap()[1].range.start as u64;
+    let kept = all[first.clone()].to_vec();
+    let req = Request::Prune {
+        bundles: &kept,
+        starts: vec![(0, 0), (second, 0)],
+    };
+    let t = rewrite(&b, &req).unwrap();
+    let v = crate::offload::verify::verify_fat(&t.bytes).unwrap();
+    assert_eq!((v.bundles, v.wrapper_bundles.clone()), (1, vec![0, 0]));
+    assert_eq!(classify(&t.bytes), Class::Fat);
+    assert!(t.removed > 0 && t.removed.is_multiple_of(PAGE));
+    let out = ElfView::parse(&t.bytes).unwrap();
+    let sec = out.section(".hip_fatbin").unwrap().unwrap();
+    assert_eq!(sec.addr, PAGE);
+    assert_eq!(sec.data, &kept[..]);
+    // A payload larger than the section has no room.
+    let big = vec![0u8; 1 << 20];
+    let req = Request::Prune {
+        bundles: &big,
+        starts: vec![(0, 0), (second, 0)],
+    };
+    assert!(matches!(
+        rewrite(&b, &req),
+        Err(TransformError::NoRoom { .. })
+    ));
+}
+
+#[test]
+fn restore_puts_the_pages_back() {
+    let spec = Spec {
+        bundles: vec![PAGE as usize, 2 * PAGE as usize],
+        wrappers: vec![Some(0), Some(1)],
+        ..Spec::default()
+    };
+    let b = build(&spec);
+    let all = section_bundles(&b);
+    let starts: Vec<(u32, u64)> = crate::bundle::parse_fatbin(&all)
+        .unwrap()
+        .iter()
+        .map(|x| (x.index as u32, x.range.start as u64))
+        .collect();
+    let (_, t) = transformed(&spec);
+    // More than the range holds (up to the next section): a clear error.
+    let mut too_big = all.clone();
+    too_big.resize(all.len() + 2 * PAGE as usize, 0);
+    let req = Request::Restore {
+        bundles: &too_big,
+        starts: starts.clone(),
+        align: PAGE,
+    };
+    assert!(matches!(
+        rewrite(&t.bytes, &req),
+        Err(TransformError::RangeTooSmall { .. })
+    ));
+    // The whole section back: every page, X1 and X2 one segment again
+    // (the input's program headers).
+    let req = Request::Restore {
+        bundles: &all,
+        starts: starts.clone(),
+        align: PAGE,
+    };
+    let r = rewrite(&t.bytes, &req).unwrap();
+    assert_eq!(r.inserted, t.removed);
+    // The pages back, one section header (the metadata's) less.
+    assert_eq!(r.bytes.len() as u64, t.bytes.len() as u64 + r.inserted - 64);
+    let v = crate::offload::verify::verify_fat(&r.bytes).unwrap();
+    assert_eq!(v.wrapper_bundles, vec![0, 1]);
+    let out = ElfView::parse(&r.bytes).unwrap();
+    assert!(out.section(".rocm_kpack_ref").unwrap().is_none());
+    assert_eq!(out.phdrs().len(), ElfView::parse(&b).unwrap().phdrs().len());
+    // One small bundle for both: only the pages it needs come back, and
+    // the segments stay as offload left them.
+    let first = crate::bundle::parse_fatbin(&all).unwrap()[0].range.clone();
+    let one = all[first].to_vec();
+    let req = Request::Restore {
+        bundles: &one,
+        starts: vec![(0, 0), (1, 0)],
+        align: PAGE,
+    };
+    let r = rewrite(&t.bytes, &req).unwrap();
+    assert!(r.inserted < t.removed && r.inserted.is_multiple_of(PAGE));
+    let v = crate::offload::verify::verify_fat(&r.bytes).unwrap();
+    assert_eq!(v.wrapper_bundles, vec![0, 0]);
+    let out = ElfView::parse(&r.bytes).unwrap();
+    assert_eq!(
+        out.phdrs().len(),
+        ElfView::parse(&t.bytes).unwrap().phdrs().len()
+    );
+    // A fat binary is not restorable.
+    assert!(matches!(
+        rewrite(&b, &req),
+        Err(TransformError::NotRestorable(_))
+    ));
 }

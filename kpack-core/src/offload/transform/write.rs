@@ -6,14 +6,14 @@ use object::elf;
 use object::read::elf::{FileHeader as _, SectionHeader as _};
 
 use super::analyze::Input;
-use super::layout::{self, align_up, Plan};
+use super::layout::{self, align_up, Form, Plan};
 use super::TransformError;
 use crate::bytes::{put_u16, put_u32, put_u64, u16_at, u64_at};
 use crate::elf::{
     file_size, ElfError, SectionHeader, DYN_SIZE, LE, METADATA_SECTION, PHDR_SIZE, RELA_SIZE,
     SHDR_SIZE, SYM_SIZE, WRAPPER_SECTION,
 };
-use crate::hipk::{HIPK_MAGIC, WRAPPER_SIZE};
+use crate::hipk::WRAPPER_SIZE;
 
 /// `DT_RELR` (packed relative relocations; not in `object` 0.36).
 const DT_RELR: u32 = 36;
@@ -40,12 +40,13 @@ const DT_ADDRESS_TAGS: [u32; 18] = [
     elf::DT_VERNEED,
 ];
 
-/// The whole output file.
-pub fn output(input: &Input, plan: &Plan, metadata: &[u8]) -> Result<Vec<u8>, TransformError> {
+/// The whole output file; `payload` is the request's payload (metadata or
+/// bundles).
+pub fn output(input: &Input, plan: &Plan, payload: &[u8]) -> Result<Vec<u8>, TransformError> {
     let mut out = body(input, plan)?;
     write_wrappers(&mut out, input, plan)?;
-    move_block(&mut out, plan);
-    write_phdrs(&mut out, input, plan, metadata)?;
+    move_block(&mut out, input, plan);
+    write_phdrs(&mut out, input, plan, payload)?;
     fix_dynamic(&mut out, input, plan)?;
     let (mut shdrs, moved) = layout::sections(input, plan)?;
     append_section_table(&mut out, input, plan, &mut shdrs)?;
@@ -72,9 +73,10 @@ fn region<'o>(
     }
 }
 
-/// Everything but the removed pages (and the old section header table when
-/// it ends the file: a new one is appended), with what is left of the
-/// section's bytes zeroed: no bundle byte stays.
+/// Everything but the removed pages (or with the restored pages put back,
+/// zero-filled), without the old section header table when it ends the file
+/// (a new one is appended), and with the plan's ranges zeroed: no bundle or
+/// metadata byte stays where it no longer belongs.
 fn body(input: &Input, plan: &Plan) -> Result<Vec<u8>, TransformError> {
     let (elf, b, cut) = (&input.elf, input.elf.bytes(), plan.cut);
     let (shoff, len) = (elf.header().e_shoff(LE), b.len() as u64);
@@ -100,39 +102,42 @@ fn body(input: &Input, plan: &Plan) -> Result<Vec<u8>, TransformError> {
         )
         .into());
     }
-    let mut out = Vec::with_capacity((body_end - cut.removed) as usize + 4096);
+    let len = body_end - cut.removed + cut.inserted;
+    let mut out = Vec::with_capacity(len as usize + 4096);
     out.extend_from_slice(&b[..cut.start as usize]);
+    out.resize(out.len() + cut.inserted as usize, 0);
     out.extend_from_slice(&b[cut.end as usize..body_end as usize]);
-    let f = input.fatbin;
-    let f_file_end = plan
-        .map_off(f.offset + f.size)
-        .expect("end of section maps");
-    out[f.offset as usize..cut.start as usize].fill(0);
-    if cut.removed > 0 {
-        out[(cut.end - cut.removed) as usize..f_file_end as usize].fill(0);
+    for &(start, end) in &plan.zero {
+        if end > start {
+            region(&mut out, start, (end - start) as usize, "cleared range")?.fill(0);
+        }
     }
     Ok(out)
 }
 
-/// Wrappers become HIPK, pointing at the metadata, with their `co_index`;
-/// the relocations that set their pointers become RELATIVE to the metadata.
+/// Each wrapper gets its new magic, pointer (HIPK: the metadata; HIPF: its
+/// bundle) and `reserved1`; the relocation that sets its pointer becomes
+/// RELATIVE to the new value.
 fn write_wrappers(out: &mut [u8], input: &Input, plan: &Plan) -> Result<(), TransformError> {
     let w = &input.wrappers;
-    for (&off, c) in w.offsets.iter().zip(&w.changes) {
+    for ((&off, new), rela) in w.offsets.iter().zip(&plan.wrappers).zip(&w.relas) {
         let at = plan.map_off(off).ok_or(TransformError::SectionInRemoved {
             name: WRAPPER_SECTION.into(),
         })?;
         region(out, at, WRAPPER_SIZE, "wrapper")?;
         let at = at as usize;
-        put_u32(out, at, HIPK_MAGIC);
-        put_u64(out, at + 8, plan.metadata_addr);
-        put_u64(out, at + 16, u64::from(c.co_index));
-    }
-    for &ri in &w.rela_edits {
+        put_u32(out, at, new.magic);
+        put_u64(out, at + 8, new.pointer);
+        if let Some(r1) = new.reserved1 {
+            put_u64(out, at + 16, r1);
+        }
+        let Some(ri) = *rela else {
+            continue;
+        };
         let mut r = input.relocs.relas[ri];
         r.r_type = input.kinds.relative;
         r.r_sym = 0;
-        r.r_addend = plan.metadata_addr as i64;
+        r.r_addend = new.pointer as i64;
         let at = plan
             .map_off(r.entry_offset)
             .ok_or(TransformError::SectionInRemoved {
@@ -145,37 +150,46 @@ fn write_wrappers(out: &mut [u8], input: &Input, plan: &Plan) -> Result<(), Tran
 }
 
 /// Move the block into the kept pages and clear its old place (the grown
-/// program header table is written over it).
-fn move_block(out: &mut [u8], plan: &Plan) {
+/// program header table is written over it); its notes go back right after
+/// the table.
+fn move_block(out: &mut [u8], input: &Input, plan: &Plan) {
     if let Some(bl) = plan.block {
         let from = bl.start_off as usize..(bl.start_off + bl.len()) as usize;
         let to = from.start.wrapping_add(bl.off_delta as usize);
         out.copy_within(from.clone(), to);
         out[plan.old_table_end as usize..from.end].fill(0);
+        for n in &plan.notes {
+            let (src, dst) = (n.off as usize, n.new_off as usize);
+            let len = n.size as usize;
+            out[dst..dst + len].copy_from_slice(&input.elf.bytes()[src..src + len]);
+            // Nothing of it stays in the block's copy.
+            let copy = src.wrapping_add(bl.off_delta as usize);
+            out[copy..copy + len].fill(0);
+        }
     }
 }
 
-/// The new program header table in place, and the metadata.
+/// The new program header table in place, and the payload.
 fn write_phdrs(
     out: &mut [u8],
     input: &Input,
     plan: &Plan,
-    metadata: &[u8],
+    payload: &[u8],
 ) -> Result<(), TransformError> {
     let phoff = input.elf.header().e_phoff(LE);
     for (k, p) in plan.phdrs.iter().enumerate() {
         let at = phoff + (k * PHDR_SIZE) as u64;
         region(out, at, PHDR_SIZE, "program header")?.copy_from_slice(object::pod::bytes_of(p));
     }
-    region(out, plan.metadata_off, metadata.len(), "metadata")?.copy_from_slice(metadata);
+    region(out, plan.payload_off, payload.len(), "payload")?.copy_from_slice(payload);
     Ok(())
 }
 
 /// Dynamic entries that point into the moved block follow it.
 fn fix_dynamic(out: &mut [u8], input: &Input, plan: &Plan) -> Result<(), TransformError> {
-    let Some(bl) = plan.block else {
+    if plan.block.is_none() {
         return Ok(());
-    };
+    }
     let elf = &input.elf;
     for (i, s) in elf.shdrs().iter().enumerate() {
         if s.sh_type(LE) != elf::SHT_DYNAMIC {
@@ -193,16 +207,35 @@ fn fix_dynamic(out: &mut [u8], input: &Input, plan: &Plan) -> Result<(), Transfo
             let val = u64_at(entry, 8).expect("16 bytes");
             let address_tag = u32::try_from(tag).is_ok_and(|t| DT_ADDRESS_TAGS.contains(&t));
             if address_tag && plan.in_block(val) {
-                put_u64(entry, 8, val.wrapping_add(bl.addr_delta));
+                put_u64(entry, 8, plan.moved_addr(val));
             }
         }
     }
     Ok(())
 }
 
-/// A new `.shstrtab` (with the metadata section's name) and the section
-/// header table, with the metadata's header last, at the end of the file.
+/// The section header table at the end of the file; for offload with the
+/// metadata's header last and, before the table, a new `.shstrtab` that
+/// has its name.
 fn append_section_table(
+    out: &mut Vec<u8>,
+    input: &Input,
+    plan: &Plan,
+    shdrs: &mut Vec<SectionHeader>,
+) -> Result<(), TransformError> {
+    if plan.form == Form::Offloaded {
+        append_metadata_header(out, input, plan, shdrs)?;
+    }
+    out.resize(align_up(out.len() as u64, 8) as usize, 0);
+    for s in shdrs.iter() {
+        out.extend_from_slice(object::pod::bytes_of(s));
+    }
+    Ok(())
+}
+
+/// A new `.shstrtab` with the metadata section's name, and the metadata's
+/// header appended to `shdrs`.
+fn append_metadata_header(
     out: &mut Vec<u8>,
     input: &Input,
     plan: &Plan,
@@ -230,10 +263,6 @@ fn append_section_table(
     shdrs[stri].sh_offset.set(LE, new_str_off);
     shdrs[stri].sh_size.set(LE, new_str_size);
     shdrs.push(metadata_header(name_off, plan));
-    out.resize(align_up(out.len() as u64, 8) as usize, 0);
-    for s in shdrs.iter() {
-        out.extend_from_slice(object::pod::bytes_of(s));
-    }
     Ok(())
 }
 
@@ -243,9 +272,9 @@ fn metadata_header(name_off: u32, plan: &Plan) -> SectionHeader {
         sh_name: U32::new(LE, name_off),
         sh_type: U32::new(LE, elf::SHT_PROGBITS),
         sh_flags: U64::new(LE, u64::from(elf::SHF_ALLOC)),
-        sh_addr: U64::new(LE, plan.metadata_addr),
-        sh_offset: U64::new(LE, plan.metadata_off),
-        sh_size: U64::new(LE, plan.meta_len),
+        sh_addr: U64::new(LE, plan.payload_addr),
+        sh_offset: U64::new(LE, plan.payload_off),
+        sh_size: U64::new(LE, plan.payload_len),
         sh_link: U32::new(LE, 0),
         sh_info: U32::new(LE, 0),
         sh_addralign: U64::new(LE, 16),
@@ -253,9 +282,8 @@ fn metadata_header(name_off: u32, plan: &Plan) -> SectionHeader {
     }
 }
 
-/// Symbols in moved sections follow them; those that named the section's
-/// start (`__hip_fatbin`) or its kept part now name the metadata, what the
-/// wrappers point at.
+/// Symbols in moved sections follow them; those in the section's range
+/// follow its payload (see [`symbol_target`]).
 fn fix_symbols(
     out: &mut [u8],
     input: &Input,
@@ -264,10 +292,6 @@ fn fix_symbols(
     moved: &[usize],
 ) -> Result<(), TransformError> {
     let elf = &input.elf;
-    let too_many = || ElfError::Malformed("too many sections".into());
-    let meta_index = u16::try_from(shdrs.len() - 1).map_err(|_| too_many())?;
-    let f = input.fatbin;
-    let addr_delta = plan.block.map_or(0, |bl| bl.addr_delta);
     for (i, s) in elf.shdrs().iter().enumerate() {
         let t = s.sh_type(LE);
         if t != elf::SHT_SYMTAB && t != elf::SHT_DYNSYM {
@@ -287,15 +311,56 @@ fn fix_symbols(
             let shndx = usize::from(u16_at(out, at + 6).expect("inside the table"));
             let value = u64_at(out, at + 8).expect("inside the table");
             let at = at as usize;
-            if shndx == f.index && (f.addr..plan.kept_end()).contains(&value) {
-                put_u16(out, at + 6, meta_index);
-                put_u64(out, at + 8, plan.metadata_addr);
+            if let Some((index, new)) = symbol_target(input, plan, shdrs, shndx, value)? {
+                put_u16(out, at + 6, index);
+                put_u64(out, at + 8, new);
             } else if moved.contains(&shndx) {
-                put_u64(out, at + 8, value.wrapping_add(addr_delta));
+                put_u64(
+                    out,
+                    at + 8,
+                    value.wrapping_add(plan.section_addr_delta(shndx)),
+                );
             }
         }
     }
     Ok(())
+}
+
+/// The new section index and value of a symbol of section `shndx` at
+/// `value`, when the transform moves it: offload points those that named
+/// the section's kept part (`__hip_fatbin...`) at the metadata, what the
+/// wrappers point at; prune moves those at a bundle's start with the
+/// bundle (any other into the section's new range); restore points those
+/// of the dropped metadata section at the bundles.
+fn symbol_target(
+    input: &Input,
+    plan: &Plan,
+    shdrs: &[SectionHeader],
+    shndx: usize,
+    value: u64,
+) -> Result<Option<(u16, u64)>, TransformError> {
+    let f = input.fatbin;
+    let index =
+        |i: usize| u16::try_from(i).map_err(|_| ElfError::Malformed("too many sections".into()));
+    let (start, end) = (plan.payload_addr, plan.payload_addr + plan.payload_len);
+    Ok(match plan.form {
+        Form::Offloaded if shndx == f.index && (f.addr..plan.kept_end()).contains(&value) => {
+            Some((index(shdrs.len() - 1)?, plan.payload_addr))
+        }
+        Form::Pruned if shndx == f.index && (f.addr..=f.end()).contains(&value) => {
+            let new = match plan.symbol_map.iter().find(|&&(old, _)| old == value) {
+                Some(&(_, new)) => new,
+                None if value == f.end() => end,
+                None => start,
+            };
+            Some((index(f.index)?, new))
+        }
+        Form::Restored if shndx == shdrs.len() => Some((index(f.index)?, start)),
+        Form::Restored if shndx == f.index && !(start..=end).contains(&value) => {
+            Some((index(f.index)?, start))
+        }
+        _ => None,
+    })
 }
 
 /// Section header table offset and counts in the file header.

@@ -1,0 +1,638 @@
+//! Unit tests of each step of the PE transform on small PE32+ DLLs built
+//! here, byte by byte, so that every layout case is set up exactly (the
+//! end-to-end tests run the same code on DLLs and EXEs clang builds, under
+//! Wine).
+
+use object::pe::{ImageFileHeader, ImageOptionalHeader64, ImageSectionHeader};
+use object::{LittleEndian as LE, U16, U32};
+
+use super::analyze::analyze;
+use super::plan::plan;
+use super::*;
+use crate::binary::{classify, Class, HostBinary};
+use crate::bundle::{write_bundle, BUNDLE_MAGIC};
+use crate::bytes::{put_u16, put_u32, put_u64, u32_at, u64_at};
+use crate::hipk::{HipkMetadata, HIPF_MAGIC, HIPK_MAGIC};
+use crate::pe::{checksum, PeView, CHECKSUM_OFFSET, IMAGE_REL_BASED_DIR64};
+
+const BASE: u64 = 0x1_8000_0000;
+const FA: u64 = 0x200;
+const SA: u64 = 0x1000;
+/// Offsets of the synthetic image's headers.
+const NT: u64 = 0x40;
+const FILE_HEADER: u64 = NT + 4;
+const OPT: u64 = FILE_HEADER + 20;
+const TABLE: u64 = OPT + 240;
+const HEADERS: u64 = 0x400;
+
+/// What the synthetic DLL looks like.
+#[derive(Clone)]
+struct Spec {
+    /// Size of each bundle's device entry (one bundle per entry).
+    bundles: Vec<usize>,
+    /// For each wrapper, the bundle its pointer names (`None`: 16 bytes
+    /// past the first bundle's start).
+    wrappers: Vec<Option<usize>>,
+    /// A DIR64-relocated word in `.rdata` pointing into `.hip_fat`.
+    stray_pointer: bool,
+    /// A base relocation applied to a word of `.hip_fat`.
+    reloc_in_fatbin: bool,
+    /// A debug directory entry naming data in a section after `.hip_fat`.
+    debug: bool,
+    /// Data after the last section: overlay, COFF symbols, certificate.
+    overlay: Vec<u8>,
+    symbols: bool,
+    certificate: bool,
+    checksum: bool,
+    /// `SizeOfHeaders` ends right after the section table.
+    tight_headers: bool,
+}
+
+impl Default for Spec {
+    fn default() -> Self {
+        Spec {
+            bundles: vec![3 * 4096],
+            wrappers: vec![Some(0)],
+            stray_pointer: false,
+            reloc_in_fatbin: false,
+            debug: false,
+            overlay: Vec::new(),
+            symbols: false,
+            certificate: false,
+            checksum: false,
+            tight_headers: false,
+        }
+    }
+}
+
+fn align(x: u64, a: u64) -> u64 {
+    x.div_ceil(a) * a
+}
+
+fn zeroed<T: object::Pod>() -> T {
+    let z = vec![0u8; std::mem::size_of::<T>()];
+    *object::pod::from_bytes::<T>(&z).unwrap().0
+}
+
+/// A section: name, RVA, raw offset, virtual size, raw size, flags.
+struct Sec {
+    name: &'static str,
+    rva: u64,
+    raw: u64,
+    vsize: u64,
+    raw_size: u64,
+    flags: u32,
+}
+
+const DATA: u32 = 0x4000_0040;
+
+fn header(s: &Sec) -> ImageSectionHeader {
+    let mut h: ImageSectionHeader = zeroed();
+    h.name[..s.name.len()].copy_from_slice(s.name.as_bytes());
+    h.virtual_size = U32::new(LE, s.vsize as u32);
+    h.virtual_address = U32::new(LE, s.rva as u32);
+    h.size_of_raw_data = U32::new(LE, s.raw_size as u32);
+    h.pointer_to_raw_data = U32::new(LE, s.raw as u32);
+    h.characteristics = U32::new(LE, s.flags);
+    h
+}
+
+fn put<T: object::Pod>(out: &mut Vec<u8>, at: u64, v: &T) {
+    let b = object::pod::bytes_of(v);
+    let at = at as usize;
+    if out.len() < at + b.len() {
+        out.resize(at + b.len(), 0);
+    }
+    out[at..at + b.len()].copy_from_slice(b);
+}
+
+/// The bundles of `spec` back to back, and where each starts.
+fn bundles(spec: &Spec) -> (Vec<u8>, Vec<u64>) {
+    let mut out = Vec::new();
+    let mut starts = Vec::new();
+    for (i, &size) in spec.bundles.iter().enumerate() {
+        starts.push(out.len() as u64);
+        let code = vec![0xc0 + i as u8; size];
+        let triple = format!("hipv4-amdgcn-amd-amdhsa--gfx{}", 1100 + i);
+        out.extend(write_bundle(
+            &[("host-x86_64-pc-windows-msvc", &[]), (&triple, &code)],
+            16,
+        ));
+    }
+    (out, starts)
+}
+
+/// One base relocation block: the page and DIR64 entries at these RVAs.
+fn reloc_block(page: u64, rvas: &[u64]) -> Vec<u8> {
+    let mut entries: Vec<u16> = rvas
+        .iter()
+        .map(|r| (IMAGE_REL_BASED_DIR64 << 12) | (r - page) as u16)
+        .collect();
+    if entries.len() % 2 == 1 {
+        entries.push(0);
+    }
+    let mut b = Vec::new();
+    b.extend((page as u32).to_le_bytes());
+    b.extend((8 + 2 * entries.len() as u32).to_le_bytes());
+    for e in entries {
+        b.extend(e.to_le_bytes());
+    }
+    b
+}
+
+/// Build the DLL: headers; `.rdata` (RVA 0x1000: a stray pointer, a debug
+/// directory entry), `.hipFatB` (0x2000), `.hip_fat` (0x3000), `.reloc`,
+/// `.cv` (debug data); then the trailing data.
+fn build(spec: &Spec) -> Vec<u8> {
+    let (fat, starts) = bundles(spec);
+    let nw = spec.wrappers.len() as u64;
+    let mut secs = vec![
+        Sec {
+            name: ".rdata",
+            rva: 0x1000,
+            raw: HEADERS,
+            vsize: 0x100,
+            raw_size: FA,
+            flags: DATA,
+        },
+        Sec {
+            name: ".hipFatB",
+            rva: 0x2000,
+            raw: HEADERS + FA,
+            vsize: 24 * nw,
+            raw_size: align(24 * nw, FA),
+            flags: DATA,
+        },
+    ];
+    let fat_raw = HEADERS + FA + align(24 * nw, FA);
+    secs.push(Sec {
+        name: ".hip_fat",
+        rva: 0x3000,
+        raw: fat_raw,
+        vsize: fat.len() as u64,
+        raw_size: align(fat.len() as u64, FA),
+        flags: DATA,
+    });
+    let mut relocs = reloc_block(
+        0x2000,
+        &(0..nw).map(|k| 0x2000 + 24 * k + 8).collect::<Vec<_>>(),
+    );
+    if spec.stray_pointer {
+        relocs.extend(reloc_block(0x1000, &[0x1000]));
+    }
+    if spec.reloc_in_fatbin {
+        relocs.extend(reloc_block(0x3000, &[0x3010]));
+    }
+    let reloc_rva = align(0x3000 + fat.len() as u64, SA);
+    let reloc_raw = fat_raw + align(fat.len() as u64, FA);
+    secs.push(Sec {
+        name: ".reloc",
+        rva: reloc_rva,
+        raw: reloc_raw,
+        vsize: relocs.len() as u64,
+        raw_size: FA,
+        flags: 0x4200_0040,
+    });
+    let cv = (reloc_rva + SA, reloc_raw + FA);
+    if spec.debug {
+        secs.push(Sec {
+            name: ".cv",
+            rva: cv.0,
+            raw: cv.1,
+            vsize: 0x40,
+            raw_size: FA,
+            flags: DATA,
+        });
+    }
+    let last = secs.last().unwrap();
+    let (image_end, raw_end) = (align(last.rva + last.vsize, SA), last.raw + last.raw_size);
+
+    let mut out = vec![0u8; raw_end as usize];
+    out[..2].copy_from_slice(b"MZ");
+    put_u32(&mut out, 0x3c, NT as u32);
+    out[NT as usize..NT as usize + 4].copy_from_slice(b"PE\0\0");
+    // .rdata: the stray pointer and the debug directory entry.
+    if spec.stray_pointer {
+        put_u64(&mut out, HEADERS as usize, BASE + 0x3000 + 64);
+    }
+    if spec.debug {
+        let e = HEADERS as usize + 0x40;
+        put_u32(&mut out, e + 12, 2); // IMAGE_DEBUG_TYPE_CODEVIEW
+        put_u32(&mut out, e + 16, 0x40);
+        put_u32(&mut out, e + 20, cv.0 as u32);
+        put_u32(&mut out, e + 24, cv.1 as u32);
+        out[cv.1 as usize..cv.1 as usize + 4].copy_from_slice(b"RSDS");
+    }
+    for (k, w) in spec.wrappers.iter().enumerate() {
+        let at = (HEADERS + FA) as usize + 24 * k;
+        let target = match w {
+            Some(b) => 0x3000 + starts[*b],
+            None => 0x3000 + 16,
+        };
+        put_u32(&mut out, at, HIPF_MAGIC);
+        put_u32(&mut out, at + 4, 1);
+        put_u64(&mut out, at + 8, BASE + target);
+    }
+    out[fat_raw as usize..fat_raw as usize + fat.len()].copy_from_slice(&fat);
+    out[reloc_raw as usize..reloc_raw as usize + relocs.len()].copy_from_slice(&relocs);
+
+    // Trailing data.
+    out.extend_from_slice(&spec.overlay);
+    let symbols = spec.symbols.then(|| {
+        let at = out.len() as u64;
+        out.extend([b's'; 18]);
+        out.extend(4u32.to_le_bytes());
+        at
+    });
+    let cert = spec.certificate.then(|| {
+        out.resize(align(out.len() as u64, 8) as usize, 0);
+        let at = out.len() as u64;
+        out.extend(16u32.to_le_bytes());
+        out.extend(0x200u16.to_le_bytes());
+        out.extend(2u16.to_le_bytes());
+        out.extend(*b"SIGNATUR");
+        at
+    });
+
+    let mut fh: ImageFileHeader = zeroed();
+    fh.machine = U16::new(LE, object::pe::IMAGE_FILE_MACHINE_AMD64);
+    fh.number_of_sections = U16::new(LE, secs.len() as u16);
+    fh.size_of_optional_header = U16::new(LE, 240);
+    fh.characteristics = U16::new(LE, 0x2022);
+    if let Some(at) = symbols {
+        fh.pointer_to_symbol_table = U32::new(LE, at as u32);
+        fh.number_of_symbols = U32::new(LE, 1);
+    }
+    put(&mut out, FILE_HEADER, &fh);
+    let mut oh: ImageOptionalHeader64 = zeroed();
+    oh.magic = U16::new(LE, object::pe::IMAGE_NT_OPTIONAL_HDR64_MAGIC);
+    oh.size_of_initialized_data = U32::new(LE, secs.iter().map(|s| s.raw_size).sum::<u64>() as u32);
+    oh.image_base = object::U64::new(LE, BASE);
+    oh.section_alignment = U32::new(LE, SA as u32);
+    oh.file_alignment = U32::new(LE, FA as u32);
+    oh.size_of_image = U32::new(LE, image_end as u32);
+    let headers = if spec.tight_headers {
+        TABLE + 40 * secs.len() as u64
+    } else {
+        HEADERS
+    };
+    oh.size_of_headers = U32::new(LE, headers as u32);
+    oh.subsystem = U16::new(LE, 2);
+    oh.number_of_rva_and_sizes = U32::new(LE, 16);
+    put(&mut out, OPT, &oh);
+    let dir = |out: &mut Vec<u8>, i: u64, a: u64, s: u64| {
+        put_u32(out, (OPT + 112 + 8 * i) as usize, a as u32);
+        put_u32(out, (OPT + 112 + 8 * i + 4) as usize, s as u32);
+    };
+    dir(&mut out, 5, reloc_rva, relocs.len() as u64);
+    if spec.debug {
+        dir(&mut out, 6, 0x1040, 28);
+    }
+    if let Some(at) = cert {
+        dir(&mut out, 4, at, 16);
+    }
+    for (i, s) in secs.iter().enumerate() {
+        put(&mut out, TABLE + 40 * i as u64, &header(s));
+    }
+    if spec.checksum {
+        let sum = checksum(&out, OPT + CHECKSUM_OFFSET);
+        put_u32(&mut out, (OPT + CHECKSUM_OFFSET) as usize, sum);
+    }
+    out
+}
+
+fn meta() -> Vec<u8> {
+    HipkMetadata {
+        kernel_name: "bin/foo.dll".into(),
+        search_paths: vec!["../.kpack/foo_@GFXARCH@.kpack".into()],
+    }
+    .encode()
+}
+
+fn run(spec: &Spec) -> (Vec<u8>, Transformed) {
+    let b = build(spec);
+    let t = transform(&b, &meta()).unwrap_or_else(|e| panic!("{e}"));
+    verify_pe(&t.bytes, Some(t.bundles)).unwrap_or_else(|e| panic!("{e}"));
+    (b, t)
+}
+
+fn section<'a>(pe: &PeView<'a>, name: &str) -> crate::pe::PeSection<'a> {
+    pe.section(name)
+        .unwrap()
+        .unwrap_or_else(|| panic!("{name}"))
+}
+
+#[test]
+fn synthetic_dll_reads_as_fat() {
+    let b = build(&Spec::default());
+    assert_eq!(classify(&b), Class::Fat);
+    let bin = HostBinary::parse(&b).unwrap();
+    let w = bin.wrappers().unwrap();
+    assert_eq!(w.len(), 1);
+    assert_eq!(w.slots[0].pointer.as_ref().unwrap().value, 0x3000);
+    assert_eq!(
+        w.slots[0].pointer.as_ref().unwrap().kind,
+        crate::elf::PointerKind::BaseRelocDir64
+    );
+}
+
+#[test]
+fn analyze_takes_co_index_from_the_pointer() {
+    let spec = Spec {
+        bundles: vec![5000, 100, 7000],
+        wrappers: vec![Some(2), Some(0), Some(1)],
+        ..Spec::default()
+    };
+    let b = build(&spec);
+    let input = analyze(&b).unwrap();
+    assert_eq!(input.bundles, 3);
+    let co: Vec<u32> = input.changes.iter().map(|c| c.co_index).collect();
+    assert_eq!(co, [2, 0, 1]);
+}
+
+#[test]
+fn plan_removes_whole_pages_and_appends_the_metadata() {
+    let b = build(&Spec::default());
+    let input = analyze(&b).unwrap();
+    let f = input.fatbin().clone();
+    let p = plan(&input, 70).unwrap();
+    assert_eq!(p.removed, f.raw_size / 4096 * 4096);
+    assert!(p.removed >= 3 * 4096);
+    assert_eq!(p.fatbin_raw + p.removed, f.raw_size);
+    assert_eq!(p.cut_start, f.raw_offset + p.fatbin_raw);
+    assert_eq!(p.meta_off, input.tail_start - p.removed);
+    assert_eq!((p.meta_raw, p.meta_len), (FA, 70));
+    let reloc = &input.sections[3];
+    assert_eq!(p.meta_rva, align(reloc.rva + reloc.virtual_size, SA));
+    assert_eq!(u64::from(p.size_of_image), p.meta_rva + SA);
+    // Offsets before the cut stay, inside it vanish, after it shift.
+    assert_eq!(p.map_off(f.raw_offset), Some(f.raw_offset));
+    assert_eq!(p.map_off(p.cut_start), None);
+    assert_eq!(
+        p.map_off(reloc.raw_offset),
+        Some(reloc.raw_offset - p.removed)
+    );
+    assert_eq!(p.map_off(input.tail_start), Some(p.tail_out));
+}
+
+#[test]
+fn transform_rewrites_headers_wrappers_and_keeps_addresses() {
+    let spec = Spec {
+        bundles: vec![6000, 9000],
+        wrappers: vec![Some(1), Some(0)],
+        ..Spec::default()
+    };
+    let (b, t) = run(&spec);
+    let (old, new) = (PeView::parse(&b).unwrap(), PeView::parse(&t.bytes).unwrap());
+    assert_eq!(new.section_headers().len(), old.section_headers().len() + 1);
+    assert_eq!(t.bytes.len() as u64, b.len() as u64 - t.removed + FA);
+    let (of, nf) = (section(&old, ".hip_fat"), section(&new, ".hip_fat"));
+    assert_eq!((nf.rva, nf.virtual_size), (of.rva, of.virtual_size));
+    assert_eq!(nf.raw_size, of.raw_size - t.removed);
+    assert!(t.removed > 0 && t.removed % 4096 == 0);
+    for name in [".rdata", ".reloc"] {
+        let (o, n) = (section(&old, name), section(&new, name));
+        assert_eq!(
+            (o.rva, o.virtual_size, o.data),
+            (n.rva, n.virtual_size, n.data)
+        );
+    }
+    let m = section(&new, ".kpackrf");
+    assert_eq!(m.characteristics, 0x4000_0040);
+    assert_eq!(
+        HipkMetadata::decode(m.data).unwrap().kernel_name,
+        "bin/foo.dll"
+    );
+    assert_eq!(t.metadata_addr, m.rva);
+    let size_of_image = new.optional_header().size_of_image.get(LE);
+    assert_eq!(u64::from(size_of_image), m.rva + SA);
+    let init = |v: &PeView| v.optional_header().size_of_initialized_data.get(LE) as u64;
+    assert_eq!(init(&new), init(&old) - t.removed + FA);
+    // Wrappers: HIPK, absolute pointer at the preferred base, co_index.
+    let w = section(&new, ".hipFatB");
+    for (k, co) in [(0u64, 1u64), (1, 0)] {
+        let at = 24 * k;
+        assert_eq!(u32_at(w.data, at), Some(HIPK_MAGIC));
+        assert_eq!(u64_at(w.data, at + 8), Some(BASE + m.rva));
+        assert_eq!(u64_at(w.data, at + 16), Some(co));
+    }
+    // No bundle byte is left.
+    let magic = BUNDLE_MAGIC;
+    assert!(!t.bytes.windows(magic.len()).any(|x| x == magic));
+    assert!(!t.bytes.windows(64).any(|x| x.iter().all(|&c| c == 0xc1)));
+    assert_eq!(classify(&t.bytes), Class::Offloaded);
+}
+
+#[test]
+fn fatbin_smaller_than_a_page_is_zeroed_not_cut() {
+    let (b, t) = run(&Spec {
+        bundles: vec![300],
+        ..Spec::default()
+    });
+    assert_eq!(t.removed, 0);
+    assert_eq!(t.bytes.len(), b.len() + FA as usize);
+    let new = PeView::parse(&t.bytes).unwrap();
+    let f = section(&new, ".hip_fat");
+    assert!(f.raw_size > 0);
+    assert!(f.data.iter().all(|&c| c == 0));
+}
+
+#[test]
+fn trailing_data_and_file_offset_fields_move_with_the_sections() {
+    let overlay: Vec<u8> = (0..777u32).map(|i| (i * 7) as u8).collect();
+    let spec = Spec {
+        debug: true,
+        overlay: overlay.clone(),
+        symbols: true,
+        certificate: true,
+        checksum: true,
+        ..Spec::default()
+    };
+    let (b, t) = run(&spec);
+    let (old, new) = (PeView::parse(&b).unwrap(), PeView::parse(&t.bytes).unwrap());
+    let (m, cv) = (section(&new, ".kpackrf"), section(&new, ".cv"));
+    let tail = (m.raw_offset + m.raw_size) as usize;
+    assert_eq!(&t.bytes[tail..tail + overlay.len()], &overlay[..]);
+    // The debug entry names the moved CodeView data.
+    let entry = new.rva_to_offset(0x1040, 28).unwrap();
+    assert_eq!(u32_at(&t.bytes, entry + 24), Some(cv.raw_offset as u32));
+    assert_eq!(&cv.data[..4], b"RSDS");
+    assert_eq!(section(&old, ".cv").raw_offset - t.removed, cv.raw_offset);
+    // COFF symbols and the certificate table: same bytes at the new offsets.
+    let sym = |v: &PeView| v.file_header().pointer_to_symbol_table.get(LE) as usize;
+    assert_eq!(
+        &t.bytes[sym(&new)..sym(&new) + 22],
+        &b[sym(&old)..sym(&old) + 22]
+    );
+    let (oc, _) = old.directory(4);
+    let (nc, size) = new.directory(4);
+    assert_eq!(size, 16);
+    assert_eq!(nc % 8, 0);
+    assert_eq!(&t.bytes[nc as usize..][..16], &b[oc as usize..][..16]);
+    // A non-zero checksum is recomputed.
+    let stored = new.optional_header().check_sum.get(LE);
+    assert_ne!(stored, old.optional_header().check_sum.get(LE));
+    assert_eq!(stored, new.checksum_of(&t.bytes));
+}
+
+#[test]
+fn an_offloaded_image_is_not_transformed_again() {
+    let (_, t) = run(&Spec::default());
+    assert_eq!(
+        transform(&t.bytes, &meta()).unwrap_err(),
+        PeTransformError::HasMetadata
+    );
+}
+
+fn refused(spec: &Spec) -> PeTransformError {
+    transform(&build(spec), &meta()).unwrap_err()
+}
+
+#[test]
+fn refuses_pointers_and_relocations_into_the_removed_bytes() {
+    let e = refused(&Spec {
+        wrappers: vec![None],
+        ..Spec::default()
+    });
+    assert!(
+        matches!(
+            e,
+            PeTransformError::PointerNotAtBundle {
+                index: 0,
+                pointer: 0x3010,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = refused(&Spec {
+        stray_pointer: true,
+        ..Spec::default()
+    });
+    assert!(
+        matches!(
+            e,
+            PeTransformError::RelocationIntoRemoved {
+                rva: 0x1000,
+                what: "points",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = refused(&Spec {
+        reloc_in_fatbin: true,
+        ..Spec::default()
+    });
+    assert!(
+        e.to_string()
+            .contains("base relocation at RVA 0x3010 applies to bytes"),
+        "{e}"
+    );
+}
+
+#[test]
+fn refuses_a_wrapper_pointer_outside_the_section() {
+    let mut b = build(&Spec::default());
+    let at = (HEADERS + FA + 8) as usize;
+    put_u64(&mut b, at, BASE + 0x1000);
+    let e = transform(&b, &meta()).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("RVA 0x1000 does not point at the start of a bundle"),
+        "{e}"
+    );
+    // A pointer no base relocation rebases, in an image that has some: the
+    // wrappers' block now names another page.
+    let mut b = build(&Spec {
+        stray_pointer: true,
+        ..Spec::default()
+    });
+    let pe = PeView::parse(&b).unwrap();
+    let off = pe.rva_to_offset(pe.directory(5).0, 8).unwrap() as usize;
+    put_u32(&mut b, off, 0x4000);
+    let e = transform(&b, &meta()).unwrap_err();
+    assert!(e.to_string().contains("none rebases its pointer"), "{e}");
+}
+
+#[test]
+fn refuses_mixed_wrappers_and_a_full_header() {
+    let mut b = build(&Spec {
+        bundles: vec![100, 100],
+        wrappers: vec![Some(0), Some(1)],
+        ..Spec::default()
+    });
+    put_u32(&mut b, (HEADERS + FA + 24) as usize, HIPK_MAGIC);
+    assert_eq!(
+        transform(&b, &meta()).unwrap_err(),
+        PeTransformError::MixedWrappers
+    );
+    put_u32(&mut b, (HEADERS + FA + 24) as usize, HIPF_MAGIC);
+    put_u32(&mut b, (HEADERS + FA + 4) as usize, 7);
+    assert_eq!(
+        transform(&b, &meta()).unwrap_err(),
+        PeTransformError::UnknownVersion {
+            index: 0,
+            version: 7
+        }
+    );
+    let e = refused(&Spec {
+        tight_headers: true,
+        ..Spec::default()
+    });
+    assert!(matches!(e, PeTransformError::NoRoomForHeader { .. }), "{e}");
+}
+
+#[test]
+fn refuses_pe32_other_machines_and_truncated_headers() {
+    let b = build(&Spec::default());
+    let mut pe32 = b.clone();
+    put_u16(
+        &mut pe32,
+        OPT as usize,
+        object::pe::IMAGE_NT_OPTIONAL_HDR32_MAGIC,
+    );
+    let e = transform(&pe32, &meta()).unwrap_err();
+    assert!(e.to_string().contains("PE32 (32-bit)"), "{e}");
+    let mut arm = b.clone();
+    put_u16(
+        &mut arm,
+        FILE_HEADER as usize,
+        object::pe::IMAGE_FILE_MACHINE_ARM64,
+    );
+    let e = transform(&arm, &meta()).unwrap_err();
+    assert!(e.to_string().contains("AArch64"), "{e}");
+    for cut in [0x20, 0x50, 0x100, 0x1a0] {
+        let e = transform(&b[..cut], &meta()).unwrap_err();
+        assert!(e.to_string().contains("malformed PE"), "{cut:#x}: {e}");
+    }
+    let mut many = b.clone();
+    put_u16(&mut many, FILE_HEADER as usize + 2, 0xfff0);
+    let e = transform(&many, &meta()).unwrap_err();
+    assert!(e.to_string().contains("section table"), "{e}");
+    assert_eq!(classify(&pe32), Class::Other);
+}
+
+#[test]
+fn verifier_names_what_is_wrong() {
+    let (_, t) = run(&Spec {
+        checksum: true,
+        ..Spec::default()
+    });
+    let new = PeView::parse(&t.bytes).unwrap();
+    let f = section(&new, ".hip_fat");
+    let w = section(&new, ".hipFatB");
+    let mut bad = t.bytes.clone();
+    bad[f.raw_offset as usize] = 1;
+    put_u64(&mut bad, w.raw_offset as usize + 8, BASE + 0x1000);
+    put_u64(&mut bad, w.raw_offset as usize + 16, 9);
+    let e = verify_pe(&bad, Some(1)).unwrap_err().to_string();
+    for want in [
+        "bytes of .hip_fat remain",
+        "resolves to RVA 0x1000",
+        "code object index 9",
+        "CheckSum",
+    ] {
+        assert!(e.contains(want), "{want}: {e}");
+    }
+}

@@ -1,0 +1,315 @@
+//! The text files of the output wheels: the host `METADATA` with its extras
+//! (upstream-2026.md §1.5), the device wheels' `METADATA`, `WHEEL` and
+//! `top_level.txt` (§1.4), and the variant wheel's `METADATA` and
+//! `variant.json` (§1.7).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::bootstrap::{self, Bundle, Level, BOOTSTRAP_REQUIREMENT};
+use super::identity::Identity;
+use crate::hipk::GFXARCH;
+
+/// The device wheels of one split: their bundles, sorted by key.
+pub struct Devices<'a> {
+    pub prefix: &'a str,
+    pub bundles: &'a [Bundle],
+}
+
+impl Devices<'_> {
+    fn has(&self, key: &str) -> bool {
+        self.bundles.iter().any(|b| b.key == key)
+    }
+
+    /// Target-level keys, in string order (`gfx11` < `gfx1100` < `gfx942`).
+    pub fn target_keys(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = self
+            .bundles
+            .iter()
+            .filter(|b| b.level == Level::Target)
+            .map(|b| b.key.as_str())
+            .collect();
+        v.sort();
+        v
+    }
+
+    pub fn dist_name(&self, key: &str) -> String {
+        bootstrap::device_dist_name(self.prefix, key)
+    }
+}
+
+/// The host `METADATA`: `original` with the rocm-bootstrap requirement and
+/// the extras inserted after its header block.
+pub fn host_metadata(original: &str, id: &Identity, devices: &Devices) -> String {
+    let v = &id.version;
+    let mut lines = vec![format!("Requires-Dist: {BOOTSTRAP_REQUIREMENT}")];
+    for t in devices.target_keys() {
+        lines.push(format!("Provides-Extra: device-{t}"));
+        for key in bootstrap::chain(t).iter().filter(|k| devices.has(k)) {
+            lines.push(format!(
+                "Requires-Dist: {} == {v}; extra == \"device-{t}\"",
+                devices.dist_name(key)
+            ));
+        }
+    }
+    lines.push("Provides-Extra: device-all".to_string());
+    let mut all: Vec<String> = devices
+        .bundles
+        .iter()
+        .map(|b| devices.dist_name(&b.key))
+        .collect();
+    all.sort();
+    for d in all {
+        lines.push(format!(
+            "Requires-Dist: {d} == {v}; extra == \"device-all\""
+        ));
+    }
+    let block = lines.join("\n") + "\n";
+    match original.find("\n\n") {
+        Some(end) => format!("{}{block}{}", &original[..=end], &original[end + 1..]),
+        None if original.is_empty() || original.ends_with('\n') => format!("{original}{block}"),
+        None => format!("{original}\n{block}"),
+    }
+}
+
+/// The variant wheel's `METADATA`: every line of the classic host
+/// `METADATA`, and after each per-target extra requirement the same
+/// requirement under a `variant_properties` marker.
+pub fn variant_metadata(classic: &str) -> String {
+    let mut out = Vec::new();
+    for line in classic.lines() {
+        out.push(line.to_string());
+        if !line.starts_with("Requires-Dist:")
+            || !line.contains("extra ==")
+            || line.contains("extra == \"device-all\"")
+        {
+            continue;
+        }
+        if let Some((req, extra)) = split_extra(line) {
+            let target = extra.strip_prefix("device-").unwrap_or(extra);
+            out.push(format!(
+                "{req}; \"amd :: gfx_arch :: {target}\" in variant_properties"
+            ));
+        }
+    }
+    out.join("\n") + "\n"
+}
+
+/// `line` as upstream's `(Requires-Dist: .+ == .+); extra == "([\w-]+)"`
+/// (anchored at the start only, greedy) reads it: the requirement and the
+/// extra's name.
+fn split_extra(line: &str) -> Option<(&str, &str)> {
+    const SEP: &str = "; extra == \"";
+    let mut end = line.len();
+    while let Some(at) = line[..end].rfind(SEP) {
+        let req = &line[..at];
+        let rest = &line[at + SEP.len()..];
+        let name_len = rest
+            .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == '-'))
+            .unwrap_or(rest.len());
+        let req_ok = req.strip_prefix("Requires-Dist: ").is_some_and(|r| {
+            r.char_indices()
+                .any(|(i, _)| i > 0 && r[i..].starts_with(" == ") && r.len() > i + 4)
+        });
+        if req_ok && name_len > 0 && rest[name_len..].starts_with('"') {
+            return Some((req, &rest[..name_len]));
+        }
+        end = at;
+    }
+    None
+}
+
+/// A device wheel's `METADATA`.
+pub fn device_metadata(
+    id: &Identity,
+    bundle: &Bundle,
+    devices: &Devices,
+    requires: &[String],
+) -> String {
+    let v = &id.version;
+    let mut lines = vec![
+        "Metadata-Version: 2.4".to_string(),
+        format!("Name: {}", devices.dist_name(&bundle.key)),
+        format!("Version: {v}"),
+        format!(
+            "Summary: AMD device kernels ({}) for {}",
+            bundle.display_name, id.name
+        ),
+        format!("Requires-Dist: {} == {v}", id.name),
+    ];
+    for r in requires {
+        // Per-target packages (rocm-sdk-device-<target>) exist only for
+        // targets: family and sub-family wheels never depend on them.
+        if r.contains(GFXARCH) && bundle.level != Level::Target {
+            continue;
+        }
+        lines.push(format!(
+            "Requires-Dist: {}",
+            r.replace(GFXARCH, &bundle.key)
+        ));
+    }
+    lines.join("\n") + "\n"
+}
+
+/// A device wheel's `WHEEL`.
+pub fn device_wheel_file(id: &Identity) -> String {
+    format!(
+        "Wheel-Version: 1.0\nGenerator: rocm-kpack-split-python-wheels\nRoot-Is-Purelib: false\nTag: {}\n",
+        id.tag()
+    )
+}
+
+#[derive(Serialize)]
+struct VariantJson<'a> {
+    providers: BTreeMap<&'a str, Provider<'a>>,
+    #[serde(rename = "default-priorities")]
+    default_priorities: Priorities<'a>,
+    variants: BTreeMap<&'a str, BTreeMap<&'a str, BTreeMap<&'a str, Vec<&'a str>>>>,
+}
+
+#[derive(Serialize)]
+struct Provider<'a> {
+    #[serde(rename = "install-time")]
+    install_time: bool,
+    #[serde(rename = "plugin-api")]
+    plugin_api: &'a str,
+    requires: Vec<&'a str>,
+}
+
+#[derive(Serialize)]
+struct Priorities<'a> {
+    namespace: Vec<&'a str>,
+    property: BTreeMap<&'a str, BTreeMap<&'a str, Vec<&'a str>>>,
+}
+
+/// The variant wheel's `variant.json` (as Python's `json.dumps(...,
+/// indent=2)` writes it, with a final newline).
+pub fn variant_json(devices: &Devices) -> String {
+    let targets = devices.target_keys();
+    let doc = VariantJson {
+        providers: BTreeMap::from([(
+            "amd",
+            Provider {
+                install_time: true,
+                plugin_api: "amd_variant_provider.plugin:AMDVariantPlugin",
+                requires: vec!["amd-variant-provider >= 1.0"],
+            },
+        )]),
+        default_priorities: Priorities {
+            namespace: vec!["amd"],
+            property: BTreeMap::from([("amd", BTreeMap::from([("gfx_arch", targets.clone())]))]),
+        },
+        variants: targets
+            .iter()
+            .map(|t| {
+                (
+                    *t,
+                    BTreeMap::from([("amd", BTreeMap::from([("gfx_arch", vec![*t])]))]),
+                )
+            })
+            .collect(),
+    };
+    serde_json::to_string_pretty(&doc).expect("variant.json serializes") + "\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id() -> Identity {
+        Identity {
+            name: "torch".into(),
+            version: "2.10.0+rocm7.1".into(),
+            python_tag: "cp313".into(),
+            abi_tag: "cp313".into(),
+            platform_tag: "linux_x86_64".into(),
+            dist_info: "torch-2.10.0+rocm7.1.dist-info".into(),
+        }
+    }
+
+    fn bundles(keys: &[&str]) -> Vec<Bundle> {
+        keys.iter().map(|k| bootstrap::lookup(k)).collect()
+    }
+
+    #[test]
+    fn host_extras_follow_the_chains() {
+        let b = bundles(&["gfx1100", "gfx110x", "gfx11", "gfx942"]);
+        let d = Devices {
+            prefix: "amd-torch-device",
+            bundles: &b,
+        };
+        let m = host_metadata(
+            "Metadata-Version: 2.1\nName: torch\n\nBody text\n",
+            &id(),
+            &d,
+        );
+        let v = "2.10.0+rocm7.1";
+        let want = format!(
+            "Metadata-Version: 2.1\nName: torch\n\
+             Requires-Dist: rocm-bootstrap >= 0.3.0\n\
+             Provides-Extra: device-gfx1100\n\
+             Requires-Dist: amd-torch-device-gfx1100 == {v}; extra == \"device-gfx1100\"\n\
+             Requires-Dist: amd-torch-device-gfx110x == {v}; extra == \"device-gfx1100\"\n\
+             Requires-Dist: amd-torch-device-gfx11 == {v}; extra == \"device-gfx1100\"\n\
+             Provides-Extra: device-gfx942\n\
+             Requires-Dist: amd-torch-device-gfx942 == {v}; extra == \"device-gfx942\"\n\
+             Provides-Extra: device-all\n\
+             Requires-Dist: amd-torch-device-gfx11 == {v}; extra == \"device-all\"\n\
+             Requires-Dist: amd-torch-device-gfx1100 == {v}; extra == \"device-all\"\n\
+             Requires-Dist: amd-torch-device-gfx110x == {v}; extra == \"device-all\"\n\
+             Requires-Dist: amd-torch-device-gfx942 == {v}; extra == \"device-all\"\n\
+             \nBody text\n"
+        );
+        assert_eq!(m, want);
+        assert!(host_metadata("Name: t\nVersion: 1", &id(), &d)
+            .starts_with("Name: t\nVersion: 1\nRequires-Dist: rocm-bootstrap"));
+
+        let var = variant_metadata(&m);
+        assert!(var.contains(&format!(
+            "Requires-Dist: amd-torch-device-gfx110x == {v}; extra == \"device-gfx1100\"\n\
+             Requires-Dist: amd-torch-device-gfx110x == {v}; \"amd :: gfx_arch :: gfx1100\" in variant_properties\n"
+        )));
+        assert_eq!(var.matches("variant_properties").count(), 4);
+    }
+
+    #[test]
+    fn extra_lines_as_upstream_reads_them() {
+        assert_eq!(
+            split_extra("Requires-Dist: a == 1; extra == \"device-x_1\" trailing"),
+            Some(("Requires-Dist: a == 1", "device-x_1"))
+        );
+        assert_eq!(split_extra("Requires-Dist: a >= 1; extra == \"x\""), None);
+        assert_eq!(split_extra("Requires-Dist: a == 1; extra == \"\""), None);
+    }
+
+    #[test]
+    fn device_files() {
+        let b = bundles(&["gfx12_0", "gfx1201"]);
+        let d = Devices {
+            prefix: "amd-torch-device",
+            bundles: &b,
+        };
+        let req = vec![
+            "rocm-sdk-device-@GFXARCH@ == 7.1".to_string(),
+            "other".to_string(),
+        ];
+        let m = device_metadata(&id(), &b[0], &d, &req);
+        assert_eq!(
+            m,
+            "Metadata-Version: 2.4\nName: amd-torch-device-gfx12-0\nVersion: 2.10.0+rocm7.1\n\
+             Summary: AMD device kernels (RDNA4) for torch\nRequires-Dist: torch == 2.10.0+rocm7.1\n\
+             Requires-Dist: other\n"
+        );
+        let m = device_metadata(&id(), &b[1], &d, &req);
+        assert!(m.contains("Summary: AMD device kernels (gfx1201) for torch\n"));
+        assert!(m.contains("Requires-Dist: rocm-sdk-device-gfx1201 == 7.1\nRequires-Dist: other\n"));
+        assert!(device_wheel_file(&id())
+            .ends_with("Root-Is-Purelib: false\nTag: cp313-cp313-linux_x86_64\n"));
+        let j = variant_json(&d);
+        assert_eq!(
+            j,
+            "{\n  \"providers\": {\n    \"amd\": {\n      \"install-time\": true,\n      \"plugin-api\": \"amd_variant_provider.plugin:AMDVariantPlugin\",\n      \"requires\": [\n        \"amd-variant-provider >= 1.0\"\n      ]\n    }\n  },\n  \"default-priorities\": {\n    \"namespace\": [\n      \"amd\"\n    ],\n    \"property\": {\n      \"amd\": {\n        \"gfx_arch\": [\n          \"gfx1201\"\n        ]\n      }\n    }\n  },\n  \"variants\": {\n    \"gfx1201\": {\n      \"amd\": {\n        \"gfx_arch\": [\n          \"gfx1201\"\n        ]\n      }\n    }\n  }\n}\n"
+        );
+    }
+}

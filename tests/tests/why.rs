@@ -1,0 +1,222 @@
+//! `kpack why` says what the runtime loads: on the xnack fall-through case
+//! (an xnack- archive without the kernel, PyTorch's `hipErrorInvalidImage`
+//! on gfx90a) and on missing archives, its answer is what the C runtime's
+//! `kpack_load_code_object` returns for the same binary and ISAs.
+
+use std::ffi::{CString, OsStr};
+use std::path::Path;
+use std::process::Command;
+use std::ptr;
+
+use kpack_core::archive::{Archive, ArchiveWriter};
+use kpack_core::hipk::MAX_METADATA_SIZE;
+use kpack_e2e::*;
+use rocm_kpack::*;
+use serde_json::Value;
+
+/// `kpack_load_code_object` for wrapper 0 of `binary` (co_index 0) with
+/// `archs`: the code object, or the error. The environment of this test
+/// process is the C runtime's.
+fn c_runtime_load(binary: &Path, archs: &[&str]) -> Result<Vec<u8>, KpackError> {
+    let bytes = std::fs::read(binary).unwrap();
+    let elf = kpack_core::elf::ElfView::parse(&bytes).unwrap();
+    let meta = elf.section(".rocm_kpack_ref").unwrap().unwrap();
+    let mut window = meta.data.to_vec();
+    window.resize(MAX_METADATA_SIZE, 0);
+    let path = CString::new(std::fs::canonicalize(binary).unwrap().to_str().unwrap()).unwrap();
+    let names: Vec<CString> = archs.iter().map(|a| CString::new(*a).unwrap()).collect();
+    let ptrs: Vec<*const std::ffi::c_char> = names.iter().map(|c| c.as_ptr()).collect();
+    let mut cache = ptr::null_mut();
+    let (mut p, mut size) = (ptr::null_mut(), 0usize);
+    // SAFETY: valid out-pointers, a 64 KiB metadata window, C strings that
+    // outlive the calls; the cache is destroyed once.
+    unsafe {
+        assert_eq!(kpack_cache_create(&mut cache), KpackError::Success);
+        let e = kpack_load_code_object(
+            cache,
+            window.as_ptr().cast(),
+            path.as_ptr(),
+            0,
+            ptrs.as_ptr(),
+            ptrs.len(),
+            &mut p,
+            &mut size,
+        );
+        let out = if e == KpackError::Success {
+            let v = std::slice::from_raw_parts(p.cast::<u8>(), size).to_vec();
+            kpack_free_code_object(p);
+            Ok(v)
+        } else {
+            Err(e)
+        };
+        kpack_cache_destroy(cache);
+        out
+    }
+}
+
+fn why(binary: &Path, archs: &[&str]) -> (bool, Value) {
+    let mut c = Command::new(kpack_bin());
+    c.arg("why").arg(binary).arg("--json");
+    for a in archs {
+        c.arg("--arch").arg(a);
+    }
+    let out = c.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"));
+    (out.status.success(), v)
+}
+
+#[test]
+fn xnack_fall_through_and_missing_archives_match_the_runtime() {
+    let f = fixture("libwide.so");
+    let dir = tempfile::tempdir().unwrap();
+    let lib = dir.path().join("lib/libwide.so");
+    std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
+    let archives = dir.path().join(".kpack");
+    kpack_ok(&[
+        &"offload",
+        &f.path,
+        &"-o",
+        &lib,
+        &"--archive-dir",
+        &archives,
+    ]);
+    // The PyTorch layout: the xnack- archive without this binary's kernel,
+    // a plain gfx90a archive with it.
+    let minus = archives.join("libwide_gfx90a:xnack-.kpack");
+    let code = Archive::open(&minus)
+        .unwrap()
+        .kernel("libwide.so#0", "gfx90a:xnack-")
+        .unwrap();
+    let mut w = ArchiveWriter::new("libwide", "gfx90a:xnack-", vec!["gfx90a:xnack-".into()]);
+    w.add("other.so#0", "gfx90a:xnack-", code.as_slice(), None)
+        .unwrap();
+    w.write(&minus).unwrap();
+    let mut w = ArchiveWriter::new("libwide", "gfx90a", vec!["gfx90a".into()]);
+    w.add("libwide.so#0", "gfx90a", code.as_slice(), None)
+        .unwrap();
+    w.write(archives.join("libwide_gfx90a.kpack")).unwrap();
+
+    let archs = ["amdgcn-amd-amdhsa--gfx90a:xnack-"];
+    let (ok, v) = why(&lib, &archs);
+    assert!(ok, "{v}");
+    let w0 = &v["wrappers"][0];
+    assert_eq!(w0["key"], "libwide.so#0");
+    assert_eq!(w0["result"], "loaded");
+    assert_eq!(w0["target"], "gfx90a");
+    assert_eq!(w0["size"], code.len());
+    let cands = w0["candidates"].as_array().unwrap();
+    assert!(cands[0]["path"]
+        .as_str()
+        .unwrap()
+        .ends_with("libwide_gfx90a:xnack-.kpack"));
+    assert_eq!(cands[0]["status"], "opened");
+    assert!(cands[1]["path"]
+        .as_str()
+        .unwrap()
+        .ends_with("libwide_gfx90a.kpack"));
+    let tries: Vec<(String, u64, String)> = w0["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["target"].as_str().unwrap().to_string(),
+                a["candidate"].as_u64().unwrap(),
+                a["outcome"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        tries,
+        [
+            ("gfx90a:xnack-".to_string(), 0, "key_missing".to_string()),
+            ("gfx90a".to_string(), 1, "loaded".to_string()),
+        ]
+    );
+    assert_eq!(c_runtime_load(&lib, &archs).unwrap(), code);
+    // Text form names the fall-through too.
+    let text = String::from_utf8(
+        Command::new(kpack_bin())
+            .args([
+                OsStr::new("why"),
+                lib.as_os_str(),
+                OsStr::new("--arch"),
+                OsStr::new(archs[0]),
+            ])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert!(text.contains("listed, but no entry for the key"), "{text}");
+    assert!(text.contains("=> loads gfx90a from"), "{text}");
+
+    // No archive for this GPU: ARCHIVE_NOT_FOUND, as the runtime says, and
+    // a non-zero exit.
+    for archs in [&["gfx1151"][..], &["gfx9999", "gfx1151"]] {
+        let (ok, v) = why(&lib, archs);
+        assert!(!ok);
+        let w0 = &v["wrappers"][0];
+        assert_eq!(w0["result"], "failed");
+        assert_eq!(w0["error"], "KPACK_ERROR_ARCHIVE_NOT_FOUND");
+        assert!(w0["candidates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["status"] == "missing"));
+        let e = c_runtime_load(&lib, archs).unwrap_err();
+        assert_eq!(e as u64, w0["code"].as_u64().unwrap());
+    }
+    // The archive is there but lacks the key: KERNEL_NOT_FOUND both ways.
+    std::fs::remove_file(archives.join("libwide_gfx90a.kpack")).unwrap();
+    let (ok, v) = why(&lib, &archs);
+    assert!(!ok);
+    assert_eq!(v["wrappers"][0]["error"], "KPACK_ERROR_KERNEL_NOT_FOUND");
+    assert_eq!(
+        c_runtime_load(&lib, &archs).unwrap_err(),
+        KpackError::KernelNotFound
+    );
+    // Bad input: a fat binary, no --arch.
+    let err = kpack_fails(&[&"why", &f.path, &"--arch", &"gfx1100"]);
+    assert!(err.contains("a fat binary"), "{err}");
+}
+
+/// Every wrapper of a multi-bundle binary, through ROCM_KPACK_PATH.
+#[test]
+fn every_wrapper_through_rocm_kpack_path() {
+    let f = fixture("libmulti.so");
+    let dir = tempfile::tempdir().unwrap();
+    let lib = dir.path().join("libmulti.so");
+    let archives = dir.path().join("somewhere");
+    kpack_ok(&[
+        &"offload",
+        &f.path,
+        &"-o",
+        &lib,
+        &"--archive-dir",
+        &archives,
+    ]);
+    std::fs::rename(&archives, dir.path().join("moved")).unwrap();
+    let (ok, v) = why(&lib, &["gfx942"]);
+    assert!(!ok);
+    assert_eq!(v["wrappers"].as_array().unwrap().len(), 4);
+    let moved = dir.path().join("moved/libmulti_gfx942.kpack");
+    let out = Command::new(kpack_bin())
+        .arg("why")
+        .arg(&lib)
+        .args(["--arch", "gfx942", "--json"])
+        .env("ROCM_KPACK_PATH", &moved)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let truth = code_objects(&f.path);
+    for (i, w) in v["wrappers"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(w["result"], "loaded");
+        assert_eq!(w["co_index"], i);
+        assert_eq!(w["candidates"].as_array().unwrap().len(), 1);
+        assert_eq!(w["size"], truth[&(i, "gfx942".to_string())].len());
+    }
+}

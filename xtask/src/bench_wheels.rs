@@ -1,0 +1,311 @@
+//! `kpack split-wheels -j 2` over a synthetic torch-like wheel: several
+//! copies of Debian's librocsparse (1.3 GB, seven targets) as
+//! `torch/lib/libtorch_hip_<i>.so`, one target's code objects as rocBLAS
+//! database files, a MIOpen database, a host-only library and Python
+//! files, packed by PyPI's `wheel pack` (deflate). The wheel is built once
+//! and kept in `target/bench/cache/`.
+//!
+//! Floors on the same bytes: `unzip` of the wheel (every split reads it
+//! all) and `zstd -3 -T1` over the device code (what split compresses):
+//! their sum is the floor of the target (≤ 1.5×); `zip -r` of the unpacked
+//! tree (repacking it, once: it is slow) is shown too. Peak RSS ≤ 256 MiB.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+use xshell::Shell;
+
+use crate::bench::{
+    link_or_copy, remove, resident, timed, tree_size, warm, Ctx, FloorRatio, Row, Runs, Target,
+};
+use crate::bench_libs::{write_device_code, ROCSPARSE};
+
+const SECTION: &str = "wheels";
+/// Copies of librocsparse in the wheel (its content is then ~6.5 GB and the
+/// deflated wheel about 1 GB).
+const COPIES: usize = 5;
+const VERSION: &str = "2.10.0+bench";
+const TAG: &str = "cp311-cp311-linux_x86_64";
+const RSS_LIMIT_MIB: f64 = 256.0;
+const TIME_FACTOR: f64 = 1.5;
+
+/// The cached wheel and device-code file.
+struct Inputs {
+    wheel: PathBuf,
+    /// One copy of librocsparse's device code, concatenated.
+    device: PathBuf,
+    device_bytes: u64,
+}
+
+pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
+    let inputs = prepare(ctx)?;
+    let wheel_size = std::fs::metadata(&inputs.wheel)?.len();
+    eprintln!(
+        "wheel: {} ({:.2} GB)",
+        inputs.wheel.display(),
+        wheel_size as f64 / 1e9
+    );
+    let out = ctx.work.join("wheels-out");
+    let scratch = ctx.work.join("wheels-tmp");
+    let unzipped = ctx.work.join("wheels-unzipped");
+    let mut split = Runs::default();
+    let mut unzip = Runs::default();
+    let mut zstd = Runs::default();
+    warm(&[&inputs.wheel, &inputs.device])?;
+    let split_args = split_args(&inputs.wheel, &out, &scratch);
+    for rep in 0..ctx.reps {
+        eprintln!("  rep {}/{}", rep + 1, ctx.reps);
+        remove(&out)?;
+        let r = resident(&[&inputs.wheel]);
+        split.push(timed(&ctx.kpack, &split_args, &ctx.work)?, r);
+        remove(&out)?;
+        remove(&unzipped)?;
+        let unzip_args = crate::args!["-q", "-o", &inputs.wheel, "-d", &unzipped];
+        unzip.push(
+            timed(Path::new("unzip"), &unzip_args, &ctx.work)?,
+            resident(&[&inputs.wheel]),
+        );
+        let zstd_cmd = format!(
+            "zstd -q -3 -T1 -c {} > /dev/null",
+            vec![inputs.device.display().to_string(); COPIES].join(" ")
+        );
+        zstd.push(
+            timed(Path::new("sh"), &crate::args!["-c", &zstd_cmd], &ctx.work)?,
+            resident(&[&inputs.device]),
+        );
+    }
+    let zip_cmd = format!(
+        "cd {} && zip -q -r {} .",
+        unzipped.display(),
+        ctx.work.join("rezipped.whl").display()
+    );
+    let mut zip = Runs::default();
+    zip.push(
+        timed(Path::new("sh"), &crate::args!["-c", &zip_cmd], &ctx.work)?,
+        1.0,
+    );
+    let content = tree_size(&unzipped);
+    remove(&unzipped)?;
+    remove(&ctx.work.join("rezipped.whl"))?;
+    let summary: serde_json::Value =
+        serde_json::from_str(&split.last_stdout).context("split-wheels --json")?;
+    let outputs = tree_size(&out);
+    remove(&out)?;
+    rows(
+        &inputs,
+        wheel_size,
+        content,
+        outputs,
+        &summary,
+        [&split, &unzip, &zstd, &zip],
+    )
+}
+
+fn split_args(wheel: &Path, out: &Path, scratch: &Path) -> Vec<OsString> {
+    crate::args![
+        "split-wheels",
+        "--input",
+        wheel,
+        "--output-dir",
+        out,
+        "--device-package-prefix",
+        "amd-torch-device",
+        "--overlay-root",
+        "torch/",
+        "--wheel-type",
+        "torch-fat",
+        "--compression",
+        "zstd",
+        "-j",
+        "2",
+        "--tmp-dir",
+        scratch,
+        "--json"
+    ]
+    .to_vec()
+}
+
+fn rows(
+    inputs: &Inputs,
+    wheel_size: u64,
+    content: u64,
+    outputs: u64,
+    summary: &serde_json::Value,
+    [split, unzip, zstd, zip]: [&Runs; 4],
+) -> Result<Vec<Row>> {
+    let median = |r: &Runs| crate::bench::Stats::of(r.wall.clone()).map_or(0.0, |s| s.median);
+    let device = inputs.device_bytes * COPIES as u64;
+    let mut floor_rows = Vec::new();
+    for (id, work, runs, bytes) in [
+        (
+            "unzip",
+            "floor: unzip of the wheel".to_string(),
+            unzip,
+            wheel_size,
+        ),
+        (
+            "zstd_t1",
+            format!("floor: zstd -3 -T1 over the device code ({COPIES} × librocsparse's)"),
+            zstd,
+            device,
+        ),
+        (
+            "zip",
+            "floor: zip -r of the unpacked wheel (one run)".to_string(),
+            zip,
+            content,
+        ),
+    ] {
+        let mut row = Row::new(SECTION, id, work);
+        runs.fill(&mut row);
+        row.bytes_in = Some(bytes);
+        floor_rows.push(row);
+    }
+    let floor = median(unzip) + median(zstd);
+    let mut row = Row::new(
+        SECTION,
+        "split_wheels",
+        format!("split-wheels -j 2, torch-like wheel ({COPIES} × librocsparse + databases)"),
+    );
+    split.fill(&mut row);
+    row.bytes_in = Some(wheel_size);
+    row.bytes_out = Some(outputs);
+    row.compression_ratio = Some(device as f64 / outputs.max(1) as f64);
+    let wall = median(split);
+    row.floors = vec![
+        FloorRatio {
+            floor: "unzip + zstd -T1".into(),
+            ratio: wall / floor,
+        },
+        FloorRatio {
+            floor: format!("{SECTION}.unzip"),
+            ratio: wall / median(unzip),
+        },
+        FloorRatio {
+            floor: format!("{SECTION}.zstd_t1"),
+            ratio: wall / median(zstd),
+        },
+        FloorRatio {
+            floor: "unzip + zip".into(),
+            ratio: wall / (median(unzip) + median(zip)),
+        },
+    ];
+    let rss_mib = crate::bench::Stats::of(split.rss.clone()).map_or(0.0, |s| s.max) / 1024.0;
+    row.targets = vec![
+        Target::at_most(
+            format!(
+                "≤ {TIME_FACTOR}× the unzip + zstd -T1 floor ({:.1} s)",
+                floor * TIME_FACTOR
+            ),
+            wall,
+            floor * TIME_FACTOR,
+        ),
+        Target::at_most(
+            format!("peak RSS ≤ {RSS_LIMIT_MIB} MiB (worst run)"),
+            rss_mib,
+            RSS_LIMIT_MIB,
+        ),
+    ];
+    row.details = json!({
+        "wheel_content_bytes": content,
+        "device_code_bytes": device,
+        "devices": summary["devices"].as_array().map(|d| d.len()),
+        "architectures": summary["architectures"],
+        "host_wheel_bytes": summary["host"]["size"],
+        "fat_binaries": summary["fat_binaries"],
+        "database_files": summary["database_files"],
+    });
+    let mut v = vec![row];
+    v.extend(floor_rows);
+    Ok(v)
+}
+
+/// The cached wheel (built when missing) and device-code file.
+fn prepare(ctx: &Ctx) -> Result<Inputs> {
+    let lib = Path::new(ROCSPARSE.path);
+    if !lib.is_file() {
+        bail!("{} missing (Debian package librocsparse0)", lib.display());
+    }
+    let cache = ctx
+        .root
+        .join(format!("target/bench/cache/torch-wheel-{COPIES}"));
+    std::fs::create_dir_all(&cache)?;
+    let device = cache.join("device.bin");
+    let device_bytes = match std::fs::metadata(&device) {
+        Ok(m) => m.len(),
+        Err(_) => {
+            let files = ctx.work.join("wheels-device-files");
+            let (n, _) = write_device_code(lib, &device, &files)?;
+            remove(&files)?;
+            n
+        }
+    };
+    let wheel = cache.join(format!("torch-{VERSION}-{TAG}.whl"));
+    if !wheel.is_file() {
+        build_wheel(ctx, lib, &cache)?;
+    }
+    Ok(Inputs {
+        wheel,
+        device,
+        device_bytes,
+    })
+}
+
+fn build_wheel(ctx: &Ctx, lib: &Path, cache: &Path) -> Result<()> {
+    eprintln!(
+        "building the torch-like wheel (once; kept in {})",
+        cache.display()
+    );
+    let tree = ctx.work.join("wheels-tree");
+    remove(&tree)?;
+    let t = tree.join("torch");
+    std::fs::create_dir_all(t.join("lib/rocblas/library"))?;
+    std::fs::create_dir_all(t.join("share/miopen/db"))?;
+    for i in 0..COPIES {
+        link_or_copy(lib, &t.join(format!("lib/libtorch_hip_{i}.so")))?;
+    }
+    std::fs::write(t.join("__init__.py"), "# torch-like bench wheel\n")?;
+    std::fs::copy(
+        "/usr/lib/x86_64-linux-gnu/libz.so.1",
+        t.join("lib/libz_host.so.1"),
+    )?;
+    // One target's code objects as rocBLAS kernel libraries (database files).
+    let extracted = ctx.work.join("wheels-db");
+    remove(&extracted)?;
+    let sh = Shell::new()?;
+    let kpack = &ctx.kpack;
+    xshell::cmd!(sh, "{kpack} extract {lib} --target gfx1030 -o {extracted}")
+        .quiet()
+        .ignore_stdout()
+        .run()?;
+    for (n, e) in std::fs::read_dir(&extracted)?.enumerate() {
+        let e = e?;
+        std::fs::rename(
+            e.path(),
+            t.join(format!(
+                "lib/rocblas/library/TensileLibrary_Type_{n}_gfx1030.co"
+            )),
+        )?;
+    }
+    remove(&extracted)?;
+    std::fs::write(t.join("share/miopen/db/gfx1030.kdb"), vec![7u8; 4 << 20])?;
+    let di = tree.join(format!("torch-{VERSION}.dist-info"));
+    std::fs::create_dir_all(&di)?;
+    std::fs::write(
+        di.join("METADATA"),
+        format!("Metadata-Version: 2.1\nName: torch\nVersion: {VERSION}\n"),
+    )?;
+    std::fs::write(
+        di.join("WHEEL"),
+        format!("Wheel-Version: 1.0\nGenerator: kpack-bench\nRoot-Is-Purelib: false\nTag: {TAG}\n"),
+    )?;
+    std::fs::write(di.join("RECORD"), "")?;
+    let venv = crate::wheel::py_env(&sh, &ctx.root)?;
+    let python = venv.join("bin/python");
+    xshell::cmd!(sh, "{python} -m wheel pack {tree} -d {cache}")
+        .quiet()
+        .run()?;
+    remove(&tree)
+}
