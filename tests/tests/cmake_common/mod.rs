@@ -75,7 +75,11 @@ pub fn corrosion() -> Option<Corrosion> {
         );
         return Some(Corrosion::Source(dir.canonicalize().unwrap()));
     }
+    // cmake --find-package writes CMakeFiles/ (and Corrosion's probe a
+    // cargo project) into the current directory: give it a scratch one.
+    let scratch = tempfile::tempdir().unwrap();
     let found = Command::new("cmake")
+        .current_dir(scratch.path())
         .args([
             "--find-package",
             "-DNAME=Corrosion",
