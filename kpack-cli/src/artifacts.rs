@@ -285,10 +285,10 @@ fn split_prefix(dir: &Path, given: Option<&str>) -> Result<String, ArtifactError
 fn print_split(summary: &SplitSummary) {
     for art in &summary.artifacts {
         if let Some(e) = &art.error {
-            println!("{}: FAILED: {e}", art.input);
+            outln!("{}: FAILED: {e}", art.input);
             continue;
         }
-        println!(
+        outln!(
             "{} -> {}: {} binaries, {} code objects, {} database files, {} -> {} bytes",
             art.input,
             art.outputs.join(" "),
@@ -299,17 +299,18 @@ fn print_split(summary: &SplitSummary) {
             art.bytes_out
         );
         for p in &art.skipped_prefixes {
-            println!("  skipped prefix (no such directory): {p}");
+            outln!("  skipped prefix (no such directory): {p}");
         }
         if art.dropped_code_objects + art.dropped_database_files > 0 {
-            println!(
+            outln!(
                 "  left out (other --gpu-targets): {} code objects, {} database files",
-                art.dropped_code_objects, art.dropped_database_files
+                art.dropped_code_objects,
+                art.dropped_database_files
             );
         }
     }
     let t = &summary.totals;
-    println!(
+    outln!(
         "split {} artifact(s) into {}: {} binaries, {} code objects in {} archives, {} database files, {} -> {} bytes, {:.1} s",
         t.artifacts,
         t.output_artifacts,
@@ -349,9 +350,9 @@ fn verify(a: VerifyArgs) -> CliResult {
 
 fn print_verify(report: &VerifyReport) {
     for p in &report.problems {
-        println!("PROBLEM: {p}");
+        outln!("PROBLEM: {p}");
     }
-    println!(
+    outln!(
         "{}: {} artifact(s), {} component(s), {} archive(s), {} code object(s), {} database file(s), {} offloaded binar{}, {} wrapper resolution(s); targets: {}; {}",
         report.artifacts_dir,
         report.artifacts,
@@ -389,17 +390,17 @@ fn recombine(a: RecombineArgs) -> CliResult {
 
 fn print_recombine(summary: &RecombineSummary) {
     for c in &summary.components {
-        println!("{}_generic (from {})", c.component, c.generic_from);
+        outln!("{}_generic (from {})", c.component, c.generic_from);
         for g in &c.groups {
             let targets: Vec<String> = g
                 .targets
                 .iter()
                 .map(|(t, s)| format!("{t} (from {s})"))
                 .collect();
-            println!("{}: {}", g.artifact, targets.join(", "));
+            outln!("{}: {}", g.artifact, targets.join(", "));
         }
     }
-    println!(
+    outln!(
         "recombined {} component(s) from {} shard(s) into {} artifact(s) in {}, {} bytes, {:.1} s",
         summary.components.len(),
         summary.shards.len(),
@@ -438,7 +439,7 @@ fn pack_tree(a: PackTreeArgs) -> CliResult {
 }
 
 fn print_pack_tree(summary: &PackTreeSummary) {
-    println!(
+    outln!(
         "{} -> {}: {} files, {} binaries offloaded, {} code objects ({} left out), {} -> {} bytes",
         summary.input,
         summary.output,
@@ -450,15 +451,18 @@ fn print_pack_tree(summary: &PackTreeSummary) {
         summary.bytes_out
     );
     for ar in &summary.archives {
-        println!(
+        outln!(
             "  {}: {} code object(s), {} -> {} bytes",
-            ar.path, ar.code_objects, ar.bytes_in, ar.bytes_out
+            ar.path,
+            ar.code_objects,
+            ar.bytes_in,
+            ar.bytes_out
         );
     }
 }
 
 fn print_json(v: &impl Serialize) {
-    println!(
+    outln!(
         "{}",
         serde_json::to_string_pretty(v).expect("summary serializes")
     );

@@ -3,6 +3,15 @@
 
 #![forbid(unsafe_code)]
 
+/// `println!` that ends the process quietly when standard output is a
+/// closed pipe (`kpack ls big.so | head`), as a program killed by SIGPIPE
+/// would (status 141), and reports any other write error.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::write_stdout_line(format_args!($($arg)*))
+    };
+}
+
 mod artifacts;
 mod wheels;
 
@@ -219,6 +228,19 @@ fn main() -> ExitCode {
     }
 }
 
+/// One line to standard output ([`outln!`]).
+fn write_stdout_line(args: std::fmt::Arguments) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(args).and_then(|()| out.write_all(b"\n")) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(141);
+        }
+        eprintln!("kpack: error: writing to standard output: {e}");
+        std::process::exit(1);
+    }
+}
+
 fn run(cli: Cli) -> kpack_core::Result<()> {
     match cli.command {
         Command::Ls { file, json } => ls(&file, json),
@@ -292,7 +314,7 @@ fn run(cli: Cli) -> kpack_core::Result<()> {
 }
 
 fn print_json(v: &impl serde::Serialize) {
-    println!(
+    outln!(
         "{}",
         serde_json::to_string_pretty(v).expect("output serializes")
     );
@@ -314,7 +336,7 @@ fn extract(file: &Path, output: &Path, target: Option<&str>, json: bool) -> kpac
         print_json(&files);
     } else {
         for f in &files {
-            println!("{}\t{} bytes", output.join(&f.file).display(), f.size);
+            outln!("{}\t{} bytes", output.join(&f.file).display(), f.size);
         }
     }
     Ok(())
@@ -335,7 +357,7 @@ fn offload(
         eprintln!("kpack: note: {}: {note}", input.display());
     }
     if s.outcome == offload::Outcome::Offloaded {
-        println!(
+        outln!(
             "{} -> {}: {} -> {} bytes, {} bundle(s), {} wrapper(s)",
             input.display(),
             output.display(),
@@ -345,7 +367,7 @@ fn offload(
             s.wrappers.len()
         );
         for a in &s.archives {
-            println!(
+            outln!(
                 "  {}: {} code object(s), {} -> {} bytes",
                 a.path.display(),
                 a.kernels,
@@ -373,7 +395,7 @@ fn prune(
         print_json(&s);
         return Ok(());
     }
-    println!(
+    outln!(
         "{} -> {}: {} -> {} bytes; kept {}; dropped {}",
         input.display(),
         output.display(),
@@ -387,7 +409,7 @@ fn prune(
         }
     );
     for b in &s.bundles {
-        println!(
+        outln!(
             "  bundle {}{}: {} -> {} bytes, kept [{}]",
             b.index,
             b.compressed
@@ -413,7 +435,7 @@ fn restore(
         print_json(&s);
         return Ok(());
     }
-    println!(
+    outln!(
         "{} -> {}: {} -> {} bytes; restored {} in {} bundle(s){}",
         input.display(),
         output.display(),
@@ -424,7 +446,7 @@ fn restore(
         if s.compressed { ", compressed" } else { "" }
     );
     for b in &s.bundles {
-        println!(
+        outln!(
             "  bundle for code object {}: {} bytes, [{}]",
             b.co_index,
             b.bytes,
@@ -441,7 +463,7 @@ fn why(binary: &Path, archs: &[String], json: bool) -> kpack_core::Result<()> {
     if json {
         print_json(&w);
     } else {
-        println!(
+        outln!(
             "{} (found at run time as {}): kernel name {}, search paths {}",
             binary.display(),
             w.binary_path.display(),
@@ -449,9 +471,9 @@ fn why(binary: &Path, archs: &[String], json: bool) -> kpack_core::Result<()> {
             w.search_paths.join(", ")
         );
         for x in &w.wrappers {
-            println!("wrapper {}: key {}", x.wrapper, x.trace.key);
+            outln!("wrapper {}: key {}", x.wrapper, x.trace.key);
             for a in &x.trace.agents {
-                println!("  {} tries {}", a.arch, a.targets.join(", "));
+                outln!("  {} tries {}", a.arch, a.targets.join(", "));
             }
             for (i, c) in x.trace.candidates.iter().enumerate() {
                 let status = match &c.status {
@@ -465,7 +487,7 @@ fn why(binary: &Path, archs: &[String], json: bool) -> kpack_core::Result<()> {
                         format!("opens, lists [{}]", targets.join(", "))
                     }
                 };
-                println!("  {}. {}: {status}", i + 1, c.path.display());
+                outln!("  {}. {}: {status}", i + 1, c.path.display());
                 for t in x.trace.attempts.iter().filter(|t| t.candidate == i) {
                     let what = match &t.outcome {
                         AttemptOutcome::KeyMissing => {
@@ -478,7 +500,7 @@ fn why(binary: &Path, archs: &[String], json: bool) -> kpack_core::Result<()> {
                             format!("has the key: loaded, {size} bytes")
                         }
                     };
-                    println!("       {}: {what}", t.target);
+                    outln!("       {}: {what}", t.target);
                 }
             }
             match &x.result {
@@ -486,7 +508,7 @@ fn why(binary: &Path, archs: &[String], json: bool) -> kpack_core::Result<()> {
                     archive,
                     target,
                     size,
-                } => println!(
+                } => outln!(
                     "  => loads {target} from {} ({size} bytes)",
                     archive.display()
                 ),
@@ -494,7 +516,7 @@ fn why(binary: &Path, archs: &[String], json: bool) -> kpack_core::Result<()> {
                     code,
                     error,
                     message,
-                } => println!("  => {error} ({code}): {message}"),
+                } => outln!("  => {error} ({code}): {message}"),
             }
         }
     }
@@ -530,7 +552,7 @@ fn size(paths: &[PathBuf], json: bool, svg: Option<&Path>) -> kpack_core::Result
         return Ok(());
     }
     for r in &report.roots {
-        println!(
+        outln!(
             "{}: {}, {} file(s), {}{}: host {}, device {} (stored), headers/padding/TOCs {}, other files {}",
             r.path,
             r.kind.name(),
@@ -544,12 +566,17 @@ fn size(paths: &[PathBuf], json: bool, svg: Option<&Path>) -> kpack_core::Result
             fs(r.overhead_bytes),
             fs(r.other_bytes)
         );
-        println!(
+        outln!(
             "  {:<24} {:>6} {:>12} {:>14} {:>7} {:>12}",
-            "target", "codes", "stored", "uncompressed", "shared", "saved"
+            "target",
+            "codes",
+            "stored",
+            "uncompressed",
+            "shared",
+            "saved"
         );
         for (t, v) in &r.targets {
-            println!(
+            outln!(
                 "  {:<24} {:>6} {:>12} {:>14} {:>7} {:>12}",
                 t,
                 v.code_objects,
@@ -565,7 +592,7 @@ fn size(paths: &[PathBuf], json: bool, svg: Option<&Path>) -> kpack_core::Result
         };
         bins.sort_by(|a, b| total(b).cmp(&total(a)).then(a.name.cmp(&b.name)));
         for b in bins {
-            println!(
+            outln!(
                 "  {} ({}): host {}, device {} in {} target(s)",
                 b.name,
                 b.kind,
@@ -592,7 +619,7 @@ fn diff(a: &Path, b: &Path, json: bool) -> kpack_core::Result<()> {
             format!("-{}", fs(x - y))
         }
     };
-    println!(
+    outln!(
         "{} -> {} ({}): {} -> {} ({}); host {} -> {}; device {} -> {}",
         d.a,
         d.b,
@@ -610,9 +637,9 @@ fn diff(a: &Path, b: &Path, json: bool) -> kpack_core::Result<()> {
         ("binaries", &d.binaries),
         ("code objects", &d.code_objects),
     ] {
-        println!("{title}:");
+        outln!("{title}:");
         for c in list {
-            println!(
+            outln!(
                 "  {:<8} {}: {} -> {} stored, {} -> {} uncompressed",
                 format!("{:?}", c.change).to_lowercase(),
                 c.name,
@@ -633,7 +660,7 @@ fn verify_elf(file: &Path, json: bool) -> kpack_core::Result<()> {
         if json {
             print_json(&serde_json::json!({"kind": "fat", "verified": v}));
         } else {
-            println!(
+            outln!(
                 "{}: ok: fat binary, {} wrapper(s), {} bundle(s), targets {}",
                 file.display(),
                 v.wrapper_bundles.len(),
@@ -648,7 +675,7 @@ fn verify_elf(file: &Path, json: bool) -> kpack_core::Result<()> {
     if json {
         print_json(&v);
     } else {
-        println!(
+        outln!(
             "{}: ok: {} wrapper(s), kernel name {}, search paths {}",
             file.display(),
             v.co_indices.len(),
@@ -669,7 +696,7 @@ fn print_listing(listing: &Listing) {
 
 fn print_fat_binary(f: &inspect::FatBinaryListing) {
     match f.section_offset {
-        Some(off) => println!(
+        Some(off) => outln!(
             "{}: fat binary ({}), {} bytes; {}: {} bytes at offset {:#x}",
             f.file,
             f.container,
@@ -678,10 +705,10 @@ fn print_fat_binary(f: &inspect::FatBinaryListing) {
             f.section_size,
             off
         ),
-        None => println!("{}: offload bundle file, {} bytes", f.file, f.file_size),
+        None => outln!("{}: offload bundle file, {} bytes", f.file, f.file_size),
     }
-    println!("targets ({}): {}", f.targets.len(), f.targets.join(", "));
-    println!("bundles: {}", f.bundles.len());
+    outln!("targets ({}): {}", f.targets.len(), f.targets.join(", "));
+    outln!("bundles: {}", f.bundles.len());
     for b in &f.bundles {
         let how = match &b.compressed {
             Some(c) => format!(
@@ -702,14 +729,17 @@ fn print_fat_binary(f: &inspect::FatBinaryListing) {
             ),
             None => String::new(),
         };
-        println!(
+        outln!(
             "  bundle {} at {:#x}, {} bytes{}",
-            b.index, b.offset, b.stored_size, how
+            b.index,
+            b.offset,
+            b.stored_size,
+            how
         );
         for e in &b.entries {
             match &e.target {
-                Some(t) => println!("    {:<28} {:>10} bytes  {}", t, e.size, e.triple),
-                None => println!("    {:<28} {:>10} bytes  {}", "(host)", e.size, e.triple),
+                Some(t) => outln!("    {:<28} {:>10} bytes  {}", t, e.size, e.triple),
+                None => outln!("    {:<28} {:>10} bytes  {}", "(host)", e.size, e.triple),
             }
         }
     }
@@ -717,30 +747,37 @@ fn print_fat_binary(f: &inspect::FatBinaryListing) {
 }
 
 fn print_archive(a: &inspect::ArchiveListing) {
-    println!(
+    outln!(
         "{}: kpack archive version {}, {} bytes",
-        a.file, a.format_version, a.file_size
+        a.file,
+        a.format_version,
+        a.file_size
     );
-    println!(
+    outln!(
         "group: {}  family: {}  scheme: {}",
-        a.group_name, a.gfx_arch_family, a.compression_scheme
+        a.group_name,
+        a.gfx_arch_family,
+        a.compression_scheme
     );
-    println!(
+    outln!(
         "targets ({}): {}",
         a.gfx_arches.len(),
         a.gfx_arches.join(", ")
     );
-    println!("kernels: {}", a.kernels.len());
+    outln!("kernels: {}", a.kernels.len());
     for k in &a.kernels {
-        println!(
+        outln!(
             "  {:>5}  {:<40} {:<24} {:>10} bytes",
-            k.ordinal, k.key, k.target, k.original_size
+            k.ordinal,
+            k.key,
+            k.target,
+            k.original_size
         );
     }
 }
 
 fn print_offloaded(o: &inspect::OffloadedListing) {
-    println!(
+    outln!(
         "{}: offloaded host binary ({}), {} bytes",
         o.file,
         match (&o.elf_type, &o.pe_kind) {
@@ -750,21 +787,25 @@ fn print_offloaded(o: &inspect::OffloadedListing) {
         },
         o.file_size
     );
-    println!("kernel name: {}", o.kernel_name);
-    println!("search paths:");
+    outln!("kernel name: {}", o.kernel_name);
+    outln!("search paths:");
     for p in &o.search_paths {
-        println!("  {p}");
+        outln!("  {p}");
     }
-    println!("metadata at address {:#x}", o.metadata_address);
+    outln!("metadata at address {:#x}", o.metadata_address);
     print_wrappers(&o.wrappers);
 }
 
 fn print_wrappers(ws: &[inspect::WrapperListing]) {
-    println!("wrappers: {}", ws.len());
+    outln!("wrappers: {}", ws.len());
     for w in ws {
-        println!(
+        outln!(
             "  {}: {} version {} binary {:#x} reserved1 {}",
-            w.index, w.magic, w.version, w.binary, w.reserved1
+            w.index,
+            w.magic,
+            w.version,
+            w.binary,
+            w.reserved1
         );
     }
 }

@@ -140,14 +140,14 @@ pub fn split_wheels(a: SplitWheelsArgs) -> Result<(), Box<dyn std::error::Error>
 
 /// The summary upstream's tool prints, line for line.
 fn print_summary(s: &WheelSummary) {
-    println!("Split complete:");
-    println!("  Fat binaries processed: {}", s.fat_binaries);
-    println!("  Architectures: {}", s.architectures.join(", "));
-    println!("  Host wheel: {}", s.host.path);
+    outln!("Split complete:");
+    outln!("  Fat binaries processed: {}", s.fat_binaries);
+    outln!("  Architectures: {}", s.architectures.join(", "));
+    outln!("  Host wheel: {}", s.host.path);
     if let Some(v) = &s.variant {
-        println!("  Variant wheel: {}", v.path);
+        outln!("  Variant wheel: {}", v.path);
     }
     for d in &s.devices {
-        println!("  Device wheel ({}): {}", d.bundle_key, d.wheel.path);
+        outln!("  Device wheel ({}): {}", d.bundle_key, d.wheel.path);
     }
 }

@@ -104,3 +104,34 @@ fn other_files_are_a_clear_error() {
     let err = kpack_fails(&[&"ls", &missing]);
     assert!(err.contains("missing.so"), "{err}");
 }
+
+/// Standard output a closed pipe (`kpack ls lib.so | head -1`): kpack ends
+/// quietly with status 141, as a program killed by SIGPIPE, instead of
+/// panicking; a full disk behind the redirect is an error naming stdout.
+#[test]
+fn closed_stdout_ends_quietly() {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = std::process::Command::new(kpack_bin())
+        .args(["ls", LIBROCRAND])
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(141), "{stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
+
+    let full = std::fs::File::create("/dev/full").unwrap();
+    let out = std::process::Command::new(kpack_bin())
+        .args(["ls", LIBROCRAND])
+        .stdout(full)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("writing to standard output") && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+}
