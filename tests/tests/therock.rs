@@ -991,3 +991,109 @@ fn split_into_a_tree_another_user_owns() {
     // The earlier run's files are gone.
     assert!(!out.join("blas_lib_gfx942/stage/old").exists());
 }
+
+/// Make `dir` read-only as another user would have it (files 0444,
+/// directories 0555, owned by `owner` when running as root).
+fn make_read_only(dir: &Path, owner: Option<u32>) {
+    use std::os::unix::fs::PermissionsExt;
+    for (path, (kind, _, _)) in snapshot(dir).iter().rev() {
+        let p = dir.join(path);
+        if let Some(o) = owner {
+            std::os::unix::fs::lchown(&p, Some(o), Some(o)).unwrap();
+        }
+        match kind {
+            'd' => fs::set_permissions(&p, fs::Permissions::from_mode(0o555)).unwrap(),
+            'f' => fs::set_permissions(&p, fs::Permissions::from_mode(0o444)).unwrap(),
+            _ => {}
+        }
+    }
+    if let Some(o) = owner {
+        std::os::unix::fs::chown(dir, Some(o), Some(o)).unwrap();
+    }
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o555)).unwrap();
+}
+
+/// Recombine, as a non-root user, read-only shards that another user owns,
+/// with two targets of one group sharing their prefix directories (the
+/// second target's files go into directories the first one made): the
+/// output is the same as root's, directories with the input's modes.
+#[test]
+fn recombine_read_only_shards_as_another_user() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let t = tempfile::tempdir().unwrap();
+    fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let lib = fixture("libvadd.so");
+    assert!(lib.targets.len() >= 2, "{:?}", lib.targets);
+    let input = t.path().join("blas_lib_gfx94X-dgpu");
+    write(&input.join("artifact_manifest.txt"), b"stage\n", 0o644).unwrap();
+    copy(&lib.path, &input.join("stage/lib/libvadd.so"), 0o755).unwrap();
+    for target in &lib.targets {
+        let db = format!(
+            "stage/lib/rocblas/library/TensileLibrary_{}.dat",
+            base(target)
+        );
+        write(&input.join(db), target.as_bytes(), 0o644).unwrap();
+    }
+    let shards = t.path().join("shards");
+    kpack_ok(&[
+        &"split",
+        &"--artifact-dir",
+        &input,
+        &"--output-dir",
+        &shards.join("s1"),
+        &"--split-databases",
+        &"rocblas",
+    ]);
+    let archs: Vec<String> = lib
+        .targets
+        .iter()
+        .map(|t| format!("{:?}", base(t)))
+        .collect();
+    let config = t.path().join("config.json");
+    let text = format!(
+        r#"{{"primary_shard": "s1",
+ "architecture_groups": {{"all": {{"display_name": "All", "architectures": [{}]}}}},
+ "validation": {{"error_on_duplicate_device_code": true,
+                "verify_generic_artifacts_match": false,
+                "error_on_missing_architecture": true}}}}"#,
+        archs.join(", ")
+    );
+    fs::write(&config, text).unwrap();
+    let root = fs::metadata(t.path()).unwrap().uid() == 0;
+    make_read_only(&shards, root.then_some(4343));
+    let recombine = |out: &Path, uid: Option<u32>| {
+        let mut c = match uid {
+            Some(u) => {
+                let mut c = std::process::Command::new("setpriv");
+                let u = u.to_string();
+                c.args(["--reuid", &u, "--regid", &u, "--clear-groups"]);
+                c.arg(kpack_bin());
+                c
+            }
+            None => std::process::Command::new(kpack_bin()),
+        };
+        c.arg("recombine").arg("--input-shards-dir").arg(&shards);
+        c.arg("--config").arg(&config).arg("--output-dir").arg(out);
+        c.output().unwrap()
+    };
+    let clean = t.path().join("clean");
+    let o = recombine(&clean, None);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = t.path().join("out");
+    fs::create_dir(&out).unwrap();
+    fs::set_permissions(&out, fs::Permissions::from_mode(0o777)).unwrap();
+    let o = recombine(&out, root.then_some(4242));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let got = snapshot(&out);
+    assert_eq!(got, snapshot(&clean));
+    let lib_dir = "blas_lib_all/stage/lib";
+    let (kind, _, mode) = &got[lib_dir];
+    assert_eq!((*kind, *mode & 0o777), ('d', 0o555), "{lib_dir}");
+    for target in &lib.targets {
+        let db = format!(
+            "blas_lib_all/stage/lib/rocblas/library/TensileLibrary_{}.dat",
+            base(target)
+        );
+        assert!(got.contains_key(&db), "{db}: {:?}", got.keys());
+    }
+}

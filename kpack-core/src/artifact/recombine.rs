@@ -23,7 +23,8 @@ use serde::Serialize;
 use super::config::{arch_matches, PackagingConfig};
 use super::manifest::{self, generic_name, read_manifest, OutputName, Suffix, MANIFEST};
 use super::tree::{
-    copy_file, copy_symlink, copy_tree, make_dirs, same_bytes, scan, tree_bytes, Node, NodeKind,
+    copy_file, copy_mode, copy_symlink, copy_tree, make_dirs, owner_writable, same_bytes, scan,
+    tree_bytes, Node, NodeKind,
 };
 use super::{leftover_removed, ArtifactError, Observer, Result};
 use crate::binary::{classify, Class};
@@ -167,6 +168,10 @@ pub fn recombine(
         outputs.iter().partition(|o| o.ends_with("_generic"));
     let order: Vec<&String> = devices.into_iter().chain(generics).collect();
     stage.commit_entries(&order)?;
+    // Renamed into place: the generic artifacts take their input's mode.
+    for p in &plans {
+        copy_mode(&p.generic, &opts.output_dir.join(generic_name(&p.name)))?;
+    }
     for o in &order {
         observer.note(&format!("wrote {}", opts.output_dir.join(o).display()));
     }
@@ -476,7 +481,9 @@ fn assemble(
     plans
         .par_iter()
         .map(|p| {
-            let mut bytes = copy_tree(&p.generic, &staging.join(generic_name(&p.name)))?;
+            let generic = staging.join(generic_name(&p.name));
+            let mut bytes = copy_tree(&p.generic, &generic)?;
+            owner_writable(&generic)?;
             observer.advance(bytes);
             let mut groups = Vec::new();
             for (g, targets) in &p.groups {
@@ -530,6 +537,7 @@ fn merge_targets(
 ) -> Result<(Vec<String>, u64)> {
     make_dirs(dir)?;
     let mut prefixes = BTreeSet::new();
+    let mut modes = Vec::new();
     let mut bytes = 0;
     for (target, (_, src)) in targets {
         for p in read_manifest(src)? {
@@ -574,9 +582,14 @@ fn merge_targets(
                     }
                 }
             }
-            super::tree::copy_dir_modes(&dir.join(&p), &root)?;
+            modes.push((dir.join(&p), root));
             prefixes.insert(p);
         }
+    }
+    // Only once every target is in: a read-only directory of the first
+    // target would keep the next one from writing into it.
+    for (out, src) in modes.iter().rev() {
+        super::tree::copy_dir_modes(out, src)?;
     }
     let prefixes: Vec<String> = prefixes.into_iter().collect();
     manifest::write_manifest(dir, &prefixes)?;

@@ -15,7 +15,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -28,7 +27,10 @@ use super::manifest::{
     self, artifact_prefix, generic_name, read_manifest, OutputName, Suffix, MANIFEST,
 };
 use super::pack::{Done, FileJob, Offloaded, Outcome, Packer};
-use super::tree::{copy_dir_modes, copy_symlink, make_dirs, scan, tree_bytes, Node, NodeKind};
+use super::tree::{
+    copy_dir_modes, copy_mode, copy_symlink, make_dirs, owner_writable, scan, tree_bytes, Node,
+    NodeKind,
+};
 use super::{leftover_removed, ArchiveInfo, ArtifactError, Observer, Result};
 use crate::archive::{Scheme, DEFAULT_ZSTD_LEVEL};
 use crate::offload::{archive_file_name, GFXARCH};
@@ -895,18 +897,6 @@ fn finish_outputs(
     Ok(outputs)
 }
 
-/// Give a staged artifact directory write permission for its owner until
-/// it is renamed into the output directory (a read-only input artifact
-/// would otherwise make a staged copy that only root can move).
-fn owner_writable(dir: &Path) -> Result<()> {
-    let mode = fs::metadata(dir)
-        .map_err(|e| ArtifactError::io(dir, e))?
-        .permissions()
-        .mode();
-    fs::set_permissions(dir, fs::Permissions::from_mode(mode | 0o700))
-        .map_err(|e| ArtifactError::io(dir, e))
-}
-
 /// Step 6: outputs of an earlier run of this prefix out of the way
 /// (`--overwrite`: replaced, or removed when this run does not produce
 /// them), the per-target outputs in, the generic output last.
@@ -951,15 +941,8 @@ fn commit(
     // Now the artifact directories may take the input's mode (renaming a
     // directory into another needs write permission on it, even for its
     // owner; see `finish_outputs`).
-    let mode = fs::metadata(&plan.dir)
-        .map_err(|e| ArtifactError::io(&plan.dir, e))?
-        .permissions()
-        .mode()
-        & 0o7777;
     for name in &outputs {
-        let dir = out.join(name);
-        fs::set_permissions(&dir, fs::Permissions::from_mode(mode))
-            .map_err(|e| ArtifactError::io(&dir, e))?;
+        copy_mode(&plan.dir, &out.join(name))?;
     }
     a.outputs = outputs;
     Ok(())

@@ -157,6 +157,31 @@ pub fn copy_symlink(target: &Path, dst: &Path) -> Result<()> {
     std::os::unix::fs::symlink(target, dst).map_err(|e| ArtifactError::io(dst, e))
 }
 
+/// Give a staged artifact directory write permission for its owner until
+/// it is renamed into the output directory: renaming a directory into
+/// another needs write permission on it, even for its owner, so a staged
+/// copy of a read-only input artifact could otherwise not be moved. After
+/// the rename, [`copy_mode`] gives it the input's mode.
+pub fn owner_writable(dir: &Path) -> Result<()> {
+    let mode = fs::metadata(dir)
+        .map_err(|e| ArtifactError::io(dir, e))?
+        .permissions()
+        .mode();
+    fs::set_permissions(dir, fs::Permissions::from_mode(mode | 0o700))
+        .map_err(|e| ArtifactError::io(dir, e))
+}
+
+/// Give `dst` the permission bits of `src`.
+pub fn copy_mode(src: &Path, dst: &Path) -> Result<()> {
+    let mode = fs::metadata(src)
+        .map_err(|e| ArtifactError::io(src, e))?
+        .permissions()
+        .mode()
+        & 0o7777;
+    fs::set_permissions(dst, fs::Permissions::from_mode(mode))
+        .map_err(|e| ArtifactError::io(dst, e))
+}
+
 /// Give `out` and every directory below it the mode of the directory at
 /// the same relative path below `src`, where that exists. Run after
 /// everything is written (a read-only directory would block writes into
