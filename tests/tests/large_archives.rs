@@ -70,17 +70,21 @@ fn tail_kernel() -> Vec<u8> {
         .collect()
 }
 
-/// Kernels `#0` and `#1` (gfx1100, zeros) and `#2` (gfx942, the tail), in
+/// Kernels `#0` and `#1` (gfx1100, zeros; `#1` ends in a 1) and `#2` (gfx942, the tail), in
 /// an archive of scheme `none` written by the library's writer: `#2`'s
 /// blob starts past 4 GiB.
 fn write_none_archive(path: &Path) {
     let zeros = vec![0u8; ZERO_KERNEL];
+    // Not the same bytes as #0, or the writer would store it once (shared
+    // code objects); one byte touched, the rest stays untouched memory.
+    let mut other = vec![0u8; ZERO_KERNEL];
+    other[ZERO_KERNEL - 1] = 1;
     let tail = tail_kernel();
     let mut w = ArchiveWriter::new("big", "gfx942", vec!["gfx1100".into(), "gfx942".into()])
         .scheme(Scheme::None);
     w.add(format!("{KEY}#0"), "gfx1100", &zeros[..], None)
         .unwrap();
-    w.add(format!("{KEY}#1"), "gfx1100", &zeros[..], None)
+    w.add(format!("{KEY}#1"), "gfx1100", &other[..], None)
         .unwrap();
     w.add(format!("{KEY}#2"), "gfx942", &tail[..], None)
         .unwrap();
