@@ -662,9 +662,19 @@ pub fn compress_bundle(
     version: u16,
     method: Method,
 ) -> std::io::Result<Vec<u8>> {
+    compress_bundle_at(uncompressed, version, method, 3)
+}
+
+/// [`compress_bundle`] at zstd level `level` (zlib: its default level).
+pub fn compress_bundle_at(
+    uncompressed: &[u8],
+    version: u16,
+    method: Method,
+    level: i32,
+) -> std::io::Result<Vec<u8>> {
     use std::io::Write;
     let payload = match method {
-        Method::Zstd => zstd::bulk::compress(uncompressed, 3)?,
+        Method::Zstd => zstd::bulk::compress(uncompressed, level)?,
         Method::Zlib => {
             let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
             e.write_all(uncompressed)?;

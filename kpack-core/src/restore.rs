@@ -21,17 +21,23 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::binary::{classify, Class};
-use crate::bundle::{compress_bundle, write_bundle, Method};
+use crate::bundle::{compress_bundle_at, write_bundle, Method};
 use crate::error::{Error, Result, WithPath};
 use crate::fatbin::{read_device_code, DeviceCode};
 use crate::hipk::HipkMetadata;
 use crate::input::map_file;
 use crate::loader::Loader;
-use crate::offload::transform::{align_up, rewrite, Request, TransformError};
+use crate::offload::transform::{
+    align_up, restore_room, rewrite, Request, TransformError, Transformed,
+};
 use crate::offload::verify_fat;
 use crate::output::{parent_dir, write_atomically_with_mode};
 use crate::prune::{keeps, Selection};
 use crate::target::TargetId;
+
+/// The zstd level of a second try when bundles compressed at level 3 do
+/// not fit the range.
+const STRONGEST_LEVEL: i32 = 19;
 
 /// How restored bundles are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
@@ -94,16 +100,20 @@ pub fn restore(input: &Path, output: &Path, opts: &RestoreOptions) -> Result<Res
     let loader = Loader::from_env();
     let targets = chosen_targets(input, &loader, &metadata, &binary_path, opts)?;
     let host = host_triple(machine);
-    let built = build(
+    let mut ids: Vec<(&String, TargetId)> = targets
+        .iter()
+        .filter_map(|t| TargetId::parse(t).ok().map(|id| (t, id)))
+        .collect();
+    ids.sort_by(|a, b| a.0.cmp(b.0));
+    let src = Source {
         input,
-        &loader,
-        &metadata,
-        &binary_path,
-        &co_indices,
-        &targets,
-        &host,
-    )?;
-    let (t, compressed) = place(input, bytes, &built, opts.compression)?;
+        loader: &loader,
+        metadata: &metadata,
+        binary_path: &binary_path,
+        ids,
+        host: &host,
+    };
+    let (t, built, compressed) = place(&src, bytes, &co_indices, opts.compression)?;
     let Built {
         bundles,
         archives,
@@ -221,84 +231,179 @@ fn chosen_targets(
     Ok(chosen)
 }
 
-/// The uncompressed bundles, laid out back to back at 4 KiB offsets, and
-/// what they hold.
-struct Built {
-    payload: Vec<u8>,
-    /// Per code object index: its bundle's range in `payload`.
-    ranges: Vec<(u32, std::ops::Range<usize>)>,
-    bundles: Vec<BundleRestored>,
+/// Where the code objects come from: the loader's search for one binary.
+struct Source<'a> {
+    input: &'a Path,
+    loader: &'a Loader,
+    metadata: &'a HipkMetadata,
+    binary_path: &'a Path,
+    /// The targets to restore, sorted by name.
+    ids: Vec<(&'a String, TargetId)>,
+    host: &'a str,
+}
+
+/// One restored bundle: its bytes (uncompressed, or compressed), its
+/// summary and the archives its code objects came from.
+struct OneBundle {
+    bytes: Vec<u8>,
+    summary: BundleRestored,
     archives: Vec<PathBuf>,
 }
 
-/// For each code object index, each target's code object through the
-/// loader's search for exactly that target, made into a bundle as clang
-/// writes one (the host entry, then the device entries sorted by target,
-/// each at a 4 KiB offset) and appended to the payload at once, so that
-/// only one bundle's code objects are held apart from it.
-fn build(
-    input: &Path,
-    loader: &Loader,
-    metadata: &HipkMetadata,
-    binary_path: &Path,
-    co_indices: &[u32],
-    targets: &[String],
-    host: &str,
-) -> Result<Built> {
-    let mut ids: Vec<(&String, TargetId)> = targets
-        .iter()
-        .filter_map(|t| TargetId::parse(t).ok().map(|id| (t, id)))
-        .collect();
-    ids.sort_by(|a, b| a.0.cmp(b.0));
-    let mut out = Built {
-        payload: Vec::new(),
-        ranges: Vec::with_capacity(co_indices.len()),
-        bundles: Vec::with_capacity(co_indices.len()),
-        archives: Vec::new(),
-    };
-    for &co in co_indices {
+impl Source<'_> {
+    /// Code object index `co` as a bundle written as clang writes one (the
+    /// host entry, then the device entries sorted by target, each at a
+    /// 4 KiB offset): each target's code object through the loader's
+    /// search for exactly that target.
+    fn bundle(&self, co: u32) -> Result<OneBundle> {
         let mut found: Vec<(String, Vec<u8>)> = Vec::new();
-        let mut names = Vec::new();
-        for (name, id) in &ids {
-            let hit = loader
-                .load_target(metadata, binary_path, co, id)
-                .map_err(|e| request(input, format!("{}#{co}: {e}", metadata.kernel_name)))?;
+        let (mut targets, mut archives) = (Vec::new(), Vec::new());
+        for (name, id) in &self.ids {
+            let hit = self
+                .loader
+                .load_target(self.metadata, self.binary_path, co, id)
+                .map_err(|e| {
+                    request(
+                        self.input,
+                        format!("{}#{co}: {e}", self.metadata.kernel_name),
+                    )
+                })?;
             if let Some((data, hit)) = hit {
                 let triple = hit
                     .triple
                     .unwrap_or_else(|| format!("hipv4-amdgcn-amd-amdhsa--{name}"));
                 found.push((triple, data));
-                names.push(name.to_string());
-                if !out.archives.contains(&hit.archive) {
-                    out.archives.push(hit.archive);
-                }
+                targets.push(name.to_string());
+                archives.push(hit.archive);
             }
         }
-        let mut entries: Vec<(&str, &[u8])> = vec![(host, &[])];
+        let mut entries: Vec<(&str, &[u8])> = vec![(self.host, &[])];
         entries.extend(found.iter().map(|(t, d)| (t.as_str(), d.as_slice())));
-        let bundle = write_bundle(&entries, 4096);
-        let at = align_up(out.payload.len() as u64, 4096) as usize;
-        out.payload.resize(at, 0);
-        out.payload.extend_from_slice(&bundle);
-        out.ranges.push((co, at..at + bundle.len()));
-        out.bundles.push(BundleRestored {
+        let bytes = write_bundle(&entries, 4096);
+        let summary = BundleRestored {
             co_index: co,
-            targets: names,
-            bytes: bundle.len() as u64,
-        });
+            targets,
+            bytes: bytes.len() as u64,
+        };
+        Ok(OneBundle {
+            bytes,
+            summary,
+            archives,
+        })
     }
-    out.archives.sort();
-    if out.bundles.iter().all(|b| b.targets.is_empty()) {
-        return Err(request(
-            input,
-            format!(
-                "the archives hold no code object of {} for {}",
-                metadata.kernel_name,
-                targets.join(", ")
-            ),
-        ));
+
+    /// The same bundle compressed (CCOB v2, zstd at `level`; v3 where a
+    /// size needs it); the plain one is dropped at once.
+    fn compressed_bundle(&self, co: u32, level: i32) -> Result<OneBundle> {
+        let mut b = self.bundle(co)?;
+        let v = if u32::try_from(b.bytes.len()).is_ok() {
+            2
+        } else {
+            3
+        };
+        b.bytes = compress_bundle_at(&b.bytes, v, Method::Zstd, level)
+            .or_else(|_| compress_bundle_at(&b.bytes, 3, Method::Zstd, level))
+            .map_err(|e| request(self.input, format!("compressing a bundle: {e}")))?;
+        Ok(b)
     }
-    Ok(out)
+
+    /// The size the uncompressed bundles take back to back at 4 KiB
+    /// offsets, without keeping them (each is built, measured, dropped).
+    fn plain_size(&self, co_indices: &[u32]) -> Result<u64> {
+        use rayon::prelude::*;
+        let sizes: Vec<Result<u64>> = co_indices
+            .par_iter()
+            .map(|&co| self.bundle(co).map(|b| b.bytes.len() as u64))
+            .collect();
+        let mut end = 0;
+        for size in sizes {
+            end = align_up(end, 4096) + size?;
+        }
+        Ok(end)
+    }
+}
+
+/// The bundles laid out back to back (each start a multiple of `align`),
+/// what they hold and where their code objects came from.
+struct Built {
+    payload: Vec<u8>,
+    starts: Vec<(u32, u64)>,
+    align: u64,
+    bundles: Vec<BundleRestored>,
+    archives: Vec<PathBuf>,
+}
+
+impl Built {
+    /// Lay out `each` (in code object order). Refused when no bundle holds
+    /// a code object.
+    fn new(
+        src: &Source,
+        each: impl IntoIterator<Item = Result<OneBundle>>,
+        align: u64,
+    ) -> Result<Built> {
+        let mut out = Built {
+            payload: Vec::new(),
+            starts: Vec::new(),
+            align,
+            bundles: Vec::new(),
+            archives: Vec::new(),
+        };
+        for b in each {
+            let b = b?;
+            let at = align_up(out.payload.len() as u64, align);
+            out.payload.resize(at as usize, 0);
+            out.payload.extend_from_slice(&b.bytes);
+            out.starts.push((b.summary.co_index, at));
+            out.bundles.push(b.summary);
+            out.archives.extend(b.archives);
+        }
+        out.archives.sort();
+        out.archives.dedup();
+        if out.bundles.iter().all(|b| b.targets.is_empty()) {
+            return Err(request(
+                src.input,
+                format!(
+                    "the archives hold no code object of {} for {}",
+                    src.metadata.kernel_name,
+                    src.ids
+                        .iter()
+                        .map(|(t, _)| t.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Uncompressed bundles at 4 KiB (their code objects aligned as clang
+    /// aligns them), built one at a time.
+    fn plain(src: &Source, co_indices: &[u32]) -> Result<Built> {
+        Built::new(src, co_indices.iter().map(|&co| src.bundle(co)), 4096)
+    }
+
+    /// Compressed bundles at 16 bytes (they are decompressed before use),
+    /// built and compressed in parallel, only the compressed ones kept;
+    /// each its own frame, so the bytes do not depend on the threads.
+    fn compressed(src: &Source, co_indices: &[u32], level: i32) -> Result<Built> {
+        use rayon::prelude::*;
+        let each: Vec<Result<OneBundle>> = co_indices
+            .par_iter()
+            .map(|&co| src.compressed_bundle(co, level))
+            .collect();
+        Built::new(src, each, 16)
+    }
+
+    fn rewrite(&self, bytes: &[u8]) -> std::result::Result<Transformed, TransformError> {
+        rewrite(
+            bytes,
+            &Request::Restore {
+                bundles: &self.payload,
+                starts: self.starts.clone(),
+                align: self.align,
+            },
+        )
+    }
 }
 
 /// The host entry's triple, as clang 19 writes it for this machine.
@@ -312,67 +417,47 @@ fn host_triple(machine: u16) -> String {
 }
 
 /// The restored binary: the bundles uncompressed if that fits (and is
-/// allowed), else compressed; whether they were compressed.
+/// allowed), else compressed; what they hold. Only one form of the bundles
+/// is ever held: for `auto`, their uncompressed size is measured first.
 fn place(
-    input: &Path,
+    src: &Source,
     bytes: &[u8],
-    built: &Built,
+    co_indices: &[u32],
     compression: Compression,
-) -> Result<(crate::offload::transform::Transformed, bool)> {
-    // Uncompressed bundles at 4 KiB (their code objects aligned as clang
-    // aligns them); compressed ones are decompressed before use: 16 bytes.
-    let attempt = |payload: &[u8], starts: Vec<(u32, u64)>, align: u64| {
-        rewrite(
-            bytes,
-            &Request::Restore {
-                bundles: payload,
-                starts,
-                align,
-            },
-        )
-    };
-    let plain = || {
-        let starts = built
-            .ranges
-            .iter()
-            .map(|(co, r)| (*co, r.start as u64))
-            .collect();
-        attempt(&built.payload, starts, 4096)
-    };
-    let compressed = || -> Result<crate::offload::transform::Transformed> {
-        use rayon::prelude::*;
-        // In parallel; each bundle its own frame, so the bytes do not
-        // depend on the threads.
-        let each: Vec<Result<Vec<u8>>> = built
-            .ranges
-            .par_iter()
-            .map(|(_, r)| {
-                let p = &built.payload[r.clone()];
-                let v = if u32::try_from(p.len()).is_ok() { 2 } else { 3 };
-                compress_bundle(p, v, Method::Zstd)
-                    .or_else(|_| compress_bundle(p, 3, Method::Zstd))
-                    .map_err(|e| request(input, format!("compressing a bundle: {e}")))
-            })
-            .collect();
-        let mut payload = Vec::new();
-        let mut starts = Vec::with_capacity(built.ranges.len());
-        for ((co, _), c) in built.ranges.iter().zip(each) {
-            let c = c?;
-            let at = align_up(payload.len() as u64, 16);
-            payload.resize(at as usize, 0);
-            payload.extend_from_slice(&c);
-            starts.push((*co, at));
+) -> Result<(Transformed, Built, bool)> {
+    let input = src.input;
+    // zstd -3 first; where that does not fit (small bundles compress
+    // worse than clang's own), the strongest level.
+    let compressed = || -> Result<(Transformed, Built, bool)> {
+        let mut built = Built::compressed(src, co_indices, 3)?;
+        let t = match built.rewrite(bytes) {
+            Err(TransformError::RangeTooSmall { .. }) => {
+                built = Built::compressed(src, co_indices, STRONGEST_LEVEL)?;
+                built.rewrite(bytes)
+            }
+            t => t,
         }
-        attempt(&payload, starts, 16).map_err(fail(input))
+        .map_err(fail(input))?;
+        Ok((t, built, true))
+    };
+    let plain = || -> Result<std::result::Result<(Transformed, Built, bool), TransformError>> {
+        let built = Built::plain(src, co_indices)?;
+        Ok(built.rewrite(bytes).map(|t| (t, built, false)))
     };
     match compression {
-        Compression::None => plain().map(|t| (t, false)).map_err(fail(input)),
-        Compression::Zstd => compressed().map(|t| (t, true)),
-        Compression::Auto => match plain() {
-            Ok(t) => Ok((t, false)),
-            Err(TransformError::RangeTooSmall { .. }) => compressed().map(|t| (t, true)),
-            Err(e) => Err(fail(input)(e)),
-        },
+        Compression::None => plain()?.map_err(fail(input)),
+        Compression::Zstd => compressed(),
+        Compression::Auto => {
+            let room = restore_room(bytes).map_err(fail(input))?;
+            let need = src.plain_size(co_indices)?;
+            if align_up(room.start, 4096).saturating_add(need) > room.end {
+                return compressed();
+            }
+            match plain()? {
+                Err(TransformError::RangeTooSmall { .. }) => compressed(),
+                other => other.map_err(fail(input)),
+            }
+        }
     }
 }
 

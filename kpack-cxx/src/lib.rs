@@ -33,26 +33,8 @@ use kpack_core::archive::{Archive, ArchiveError};
 use kpack_core::hipk::HipkMetadata;
 use kpack_core::loader::{self, DiscoverError, LoadError, Loader};
 
-/// `kpack_error_t`, value for value.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KpackError {
-    Success = 0,
-    InvalidArgument = 1,
-    FileNotFound = 2,
-    InvalidFormat = 3,
-    UnsupportedVersion = 4,
-    KernelNotFound = 5,
-    DecompressionFailed = 6,
-    OutOfMemory = 7,
-    NotImplemented = 8,
-    IoError = 9,
-    MsgpackParseFailed = 10,
-    PathDiscoveryFailed = 11,
-    InvalidMetadata = 12,
-    ArchiveNotFound = 13,
-    ArchNotFound = 14,
-}
+/// `kpack_error_t`: kpack-core's code, value for value (`repr(C)`).
+pub use kpack_core::loader::ErrorCode as KpackError;
 
 use KpackError as E;
 
@@ -80,35 +62,13 @@ pub fn open_error_code(e: &kpack_core::Error) -> KpackError {
 
 /// The code of a failure to read a code object from an open archive.
 pub fn read_error_code(e: &ArchiveError) -> KpackError {
-    from_code(loader::ErrorCode::of_read(e))
+    KpackError::of_read(e)
 }
 
 /// The code of a failed load (kpack-core decides it: `kpack why` reports
 /// the same).
 pub fn load_error_code(e: &LoadError) -> KpackError {
-    from_code(e.code())
-}
-
-/// kpack-core's error code as the C enum, value for value.
-fn from_code(c: loader::ErrorCode) -> KpackError {
-    use loader::ErrorCode as C;
-    match c {
-        C::Success => E::Success,
-        C::InvalidArgument => E::InvalidArgument,
-        C::FileNotFound => E::FileNotFound,
-        C::InvalidFormat => E::InvalidFormat,
-        C::UnsupportedVersion => E::UnsupportedVersion,
-        C::KernelNotFound => E::KernelNotFound,
-        C::DecompressionFailed => E::DecompressionFailed,
-        C::OutOfMemory => E::OutOfMemory,
-        C::NotImplemented => E::NotImplemented,
-        C::IoError => E::IoError,
-        C::MsgpackParseFailed => E::MsgpackParseFailed,
-        C::PathDiscoveryFailed => E::PathDiscoveryFailed,
-        C::InvalidMetadata => E::InvalidMetadata,
-        C::ArchiveNotFound => E::ArchiveNotFound,
-        C::ArchNotFound => E::ArchNotFound,
-    }
+    e.code()
 }
 
 /// What a `kpack_archive_t` points to: the archive, its path and the C

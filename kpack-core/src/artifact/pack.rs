@@ -92,6 +92,22 @@ pub enum Outcome {
     DebugOnly,
 }
 
+impl Outcome {
+    /// The note a summary gets for this outcome of the file `src`, if any
+    /// (files copied as they are although they look like binaries).
+    pub fn note(&self, src: &Path) -> Option<String> {
+        let src = src.display();
+        match self {
+            Outcome::DebugOnly => Some(format!(
+                "{src}: a debug-info file (NOBITS .hip_fatbin): copied as it is"
+            )),
+            Outcome::AlreadyOffloaded => Some(format!("{src}: already offloaded: copied as it is")),
+            Outcome::LinkInput { note } => note.clone(),
+            Outcome::Copied | Outcome::Database { .. } | Outcome::Offloaded(_) => None,
+        }
+    }
+}
+
 pub struct Done {
     pub outcome: Outcome,
     pub bytes_out: u64,

@@ -272,26 +272,13 @@ fn record_outcomes<'d>(
                 s.dropped_code_objects += b.dropped;
                 binaries.push(b.as_ref());
             }
-            Outcome::DebugOnly => {
-                s.debug_only += 1;
-                let msg = format!(
-                    "{}: a debug-info file (NOBITS .hip_fatbin): copied as it is",
-                    job.src.display()
-                );
-                note(s, observer, msg);
-            }
-            Outcome::AlreadyOffloaded => {
-                s.already_offloaded += 1;
-                let msg = format!("{}: already offloaded: copied as it is", job.src.display());
-                note(s, observer, msg);
-            }
-            Outcome::LinkInput { note: msg } => {
-                s.link_inputs += 1;
-                if let Some(msg) = msg {
-                    note(s, observer, msg.clone());
-                }
-            }
+            Outcome::DebugOnly => s.debug_only += 1,
+            Outcome::AlreadyOffloaded => s.already_offloaded += 1,
+            Outcome::LinkInput { .. } => s.link_inputs += 1,
             Outcome::Copied | Outcome::Database { .. } => {}
+        }
+        if let Some(msg) = d.outcome.note(&job.src) {
+            note(s, observer, msg);
         }
     }
     binaries

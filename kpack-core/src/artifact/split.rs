@@ -822,25 +822,12 @@ fn record_outcomes<'d>(
                 a.dropped_code_objects += b.dropped;
                 binaries.push(b.as_ref());
             }
-            Outcome::DebugOnly => {
-                a.debug_only += 1;
-                let msg = format!(
-                    "{}: a debug-info file (NOBITS .hip_fatbin): copied as it is",
-                    job.src.display()
-                );
-                note(a, observer, msg);
-            }
-            Outcome::AlreadyOffloaded => {
-                a.already_offloaded += 1;
-                let msg = format!("{}: already offloaded: copied as it is", job.src.display());
-                note(a, observer, msg);
-            }
-            Outcome::LinkInput { note: msg } => {
-                a.link_inputs += 1;
-                if let Some(msg) = msg {
-                    note(a, observer, msg.clone());
-                }
-            }
+            Outcome::DebugOnly => a.debug_only += 1,
+            Outcome::AlreadyOffloaded => a.already_offloaded += 1,
+            Outcome::LinkInput { .. } => a.link_inputs += 1,
+        }
+        if let Some(msg) = d.outcome.note(&job.src) {
+            note(a, observer, msg);
         }
     }
     binaries

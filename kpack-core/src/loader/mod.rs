@@ -102,7 +102,9 @@ pub enum LoadError {
 }
 
 /// The C API's `kpack_error_t` (SPEC §4), value for value: what a load
-/// returns, for tools that report it (`kpack why`) and the C API alike.
+/// returns, for tools that report it (`kpack why`) and the C API alike
+/// (kpack-cxx returns this very type across the FFI, hence `repr(C)`).
+#[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum ErrorCode {
     Success = 0,

@@ -12,7 +12,7 @@ use object::elf;
 use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _};
 use serde::Serialize;
 
-use crate::binary::HostBinary;
+use crate::binary::{HostBinary, WrapperSlot};
 use crate::bundle::parse_fatbin;
 use crate::elf::{
     ElfError, ElfView, PhdrExt, ProgramHeader, RelocKinds, Relocations, Section, FATBIN_SECTION,
@@ -41,6 +41,20 @@ pub struct Verified {
 
 type Loads<'a> = Vec<(usize, &'a ProgramHeader)>;
 
+/// The `PT_LOAD`s (with their indices), after the segment and program
+/// header table rules that every rewritten binary keeps.
+fn check_loads<'a>(elf: &ElfView<'a>, problems: &mut Vec<String>) -> Loads<'a> {
+    let loads: Loads = elf
+        .phdrs()
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.is_load())
+        .collect();
+    check_segments(elf, &loads, problems);
+    check_program_header_table(elf, &loads, problems);
+    loads
+}
+
 /// Check an offloaded host binary. With `bundles`, also that every
 /// wrapper's code object index names one of that many bundles.
 pub fn verify_elf(b: &[u8], bundles: Option<usize>) -> Result<Verified, VerifyError> {
@@ -49,14 +63,7 @@ pub fn verify_elf(b: &[u8], bundles: Option<usize>) -> Result<Verified, VerifyEr
     elf.check_sections()?;
     let relocs = Relocations::read(elf)?;
     let mut problems = Vec::new();
-    let loads: Loads = elf
-        .phdrs()
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| p.is_load())
-        .collect();
-    check_segments(elf, &loads, &mut problems);
-    check_program_header_table(elf, &loads, &mut problems);
+    let loads = check_loads(elf, &mut problems);
     let metadata = check_metadata(elf, &loads, &mut problems);
     if let Some(removed) = check_device_code_gone(elf, &loads, &mut problems) {
         check_relocations(elf, &relocs, &removed, &mut problems);
@@ -353,20 +360,8 @@ fn check_wrappers(
     };
     let mut co_indices = Vec::with_capacity(table.len());
     for slot in &table.slots {
-        let (k, w) = (slot.index, slot.wrapper);
-        if w.magic != HIPK_MAGIC {
-            bad.push(format!("wrapper {k}: magic {:#010x} is not HIPK", w.magic));
-        }
-        if w.version != 1 {
-            bad.push(format!("wrapper {k}: version {} is not 1", w.version));
-        }
-        if w.reserved1 > u64::from(u32::MAX) || bundles.is_some_and(|n| w.reserved1 >= n as u64) {
-            bad.push(format!(
-                "wrapper {k}: code object index {} names no bundle",
-                w.reserved1
-            ));
-        }
-        co_indices.push(w.reserved1);
+        let k = slot.index;
+        co_indices.push(check_hipk_wrapper(slot, bundles, bad));
         match (&slot.pointer, metadata_addr) {
             (Ok(p), Some(m)) if p.value != m => bad.push(format!(
                 "wrapper {k}: binary pointer resolves to {:#x}, not the metadata at {m:#x}",
@@ -377,6 +372,30 @@ fn check_wrappers(
         }
     }
     co_indices
+}
+
+/// The checks of an offloaded wrapper that ELF and PE share: HIPK,
+/// version 1, a code object index that names a bundle (of `bundles`, when
+/// known). Returns that index.
+pub(crate) fn check_hipk_wrapper(
+    slot: &WrapperSlot,
+    bundles: Option<usize>,
+    bad: &mut Vec<String>,
+) -> u64 {
+    let (k, w) = (slot.index, slot.wrapper);
+    if w.magic != HIPK_MAGIC {
+        bad.push(format!("wrapper {k}: magic {:#010x} is not HIPK", w.magic));
+    }
+    if w.version != 1 {
+        bad.push(format!("wrapper {k}: version {} is not 1", w.version));
+    }
+    if w.reserved1 > u64::from(u32::MAX) || bundles.is_some_and(|n| w.reserved1 >= n as u64) {
+        bad.push(format!(
+            "wrapper {k}: code object index {} names no bundle",
+            w.reserved1
+        ));
+    }
+    w.reserved1
 }
 
 fn wrapper_array(s: &Section) -> bool {
@@ -406,14 +425,7 @@ pub fn verify_fat(b: &[u8]) -> Result<VerifiedFat, VerifyError> {
     elf.check_sections()?;
     let relocs = Relocations::read(elf)?;
     let mut problems = Vec::new();
-    let loads: Loads = elf
-        .phdrs()
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| p.is_load())
-        .collect();
-    check_segments(elf, &loads, &mut problems);
-    check_program_header_table(elf, &loads, &mut problems);
+    let loads = check_loads(elf, &mut problems);
     if matches!(elf.section(METADATA_SECTION), Ok(Some(m)) if !m.is_nobits()) {
         problems.push(format!("a {METADATA_SECTION} section is left"));
     }

@@ -9,8 +9,8 @@
 use object::LittleEndian as LE;
 
 use crate::binary::HostBinary;
-use crate::hipk::{HipkMetadata, HIPK_MAGIC, MAX_METADATA_SIZE};
-use crate::offload::verify::{Verified, VerifyError};
+use crate::hipk::{HipkMetadata, MAX_METADATA_SIZE};
+use crate::offload::verify::{check_hipk_wrapper, Verified, VerifyError};
 use crate::pe::{
     BaseReloc, PeSection, PeView, FATBIN_SECTION, IMAGE_DIRECTORY_ENTRY_BASERELOC,
     IMAGE_DIRECTORY_ENTRY_EXPORT, IMAGE_DIRECTORY_ENTRY_IMPORT, IMAGE_DIRECTORY_ENTRY_SECURITY,
@@ -250,20 +250,8 @@ fn check_wrappers(
     let relocatable = !relocs.is_empty();
     let mut co_indices = Vec::with_capacity(table.len());
     for slot in &table.slots {
-        let (k, w) = (slot.index, slot.wrapper);
-        if w.magic != HIPK_MAGIC {
-            bad.push(format!("wrapper {k}: magic {:#010x} is not HIPK", w.magic));
-        }
-        if w.version != 1 {
-            bad.push(format!("wrapper {k}: version {} is not 1", w.version));
-        }
-        if w.reserved1 > u64::from(u32::MAX) || bundles.is_some_and(|n| w.reserved1 >= n as u64) {
-            bad.push(format!(
-                "wrapper {k}: code object index {} names no bundle",
-                w.reserved1
-            ));
-        }
-        co_indices.push(w.reserved1);
+        let k = slot.index;
+        co_indices.push(check_hipk_wrapper(slot, bundles, bad));
         match (&slot.pointer, metadata_rva) {
             (Ok(p), Some(m)) if p.value != m => bad.push(format!(
                 "wrapper {k}: binary pointer resolves to RVA {:#x}, not the metadata at {m:#x}",

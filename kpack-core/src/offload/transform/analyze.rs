@@ -80,16 +80,8 @@ pub struct Hole {
 }
 
 pub fn analyze(b: &[u8]) -> Result<Input<'_>, TransformError> {
-    let elf = ElfView::parse(b)?;
+    let (elf, kinds) = parse_rewritable(b)?;
     let bin = HostBinary::Elf(elf);
-    elf.check_sections()?;
-    validate_layout(&elf)?;
-    let machine = elf.machine();
-    let kinds =
-        RelocKinds::for_machine(machine).ok_or(TransformError::UnsupportedMachine(machine))?;
-    if elf.e_type() != elf::ET_EXEC && elf.e_type() != elf::ET_DYN {
-        return Err(TransformError::UnsupportedType(elf.e_type()));
-    }
     let (fatbin, bundle_starts) = find_fatbin(&elf)?;
     let (xi, x) = holding_segment(&elf, &fatbin)?;
     let unit = page_unit(&elf)?;
@@ -110,6 +102,22 @@ pub fn analyze(b: &[u8]) -> Result<Input<'_>, TransformError> {
         relocs,
         wrappers,
     })
+}
+
+/// The ELF view of a binary the transform can rewrite (an executable or
+/// shared object of a machine it knows, headers in range) and that
+/// machine's relocation kinds.
+fn parse_rewritable(b: &[u8]) -> Result<(ElfView<'_>, RelocKinds), TransformError> {
+    let elf = ElfView::parse(b)?;
+    elf.check_sections()?;
+    validate_layout(&elf)?;
+    let machine = elf.machine();
+    let kinds =
+        RelocKinds::for_machine(machine).ok_or(TransformError::UnsupportedMachine(machine))?;
+    if elf.e_type() != elf::ET_EXEC && elf.e_type() != elf::ET_DYN {
+        return Err(TransformError::UnsupportedType(elf.e_type()));
+    }
+    Ok((elf, kinds))
 }
 
 /// Reject headers whose ranges overflow or leave the file, so that the
@@ -309,15 +317,7 @@ fn check_relocations(
 /// segment X1 whose zero-filled tail is the removed pages, and the free
 /// range the bundles may take ([`Hole`]).
 pub fn analyze_offloaded(b: &[u8]) -> Result<(Input<'_>, Hole), TransformError> {
-    let elf = ElfView::parse(b)?;
-    elf.check_sections()?;
-    validate_layout(&elf)?;
-    let machine = elf.machine();
-    let kinds =
-        RelocKinds::for_machine(machine).ok_or(TransformError::UnsupportedMachine(machine))?;
-    if elf.e_type() != elf::ET_EXEC && elf.e_type() != elf::ET_DYN {
-        return Err(TransformError::UnsupportedType(elf.e_type()));
-    }
+    let (elf, kinds) = parse_rewritable(b)?;
     let refuse = |why: &str| TransformError::NotRestorable(why.to_owned());
     let (fatbin, meta) = offloaded_sections(&elf)?;
     let (xi, x) = holding_segment(&elf, &meta)?;

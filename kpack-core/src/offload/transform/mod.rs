@@ -170,6 +170,14 @@ pub fn transform(b: &[u8], metadata: &[u8]) -> Result<Transformed, TransformErro
     rewrite(b, &Request::Offload { metadata })
 }
 
+/// The address range that restore may fill with bundles in an offloaded
+/// binary (what [`Request::Restore`]'s payload must fit, after aligning
+/// its start).
+pub fn restore_room(b: &[u8]) -> Result<std::ops::Range<u64>, TransformError> {
+    let (_, hole) = analyze::analyze_offloaded(b)?;
+    Ok(hole.start..hole.end)
+}
+
 /// Rewrite a fat binary (offload, prune) or an offloaded one (restore) as
 /// `request` says: analyze, plan, write.
 pub fn rewrite(b: &[u8], request: &Request) -> Result<Transformed, TransformError> {
