@@ -103,6 +103,10 @@ enum Command {
     #[command(visible_alias = "verify-binary")]
     VerifyElf {
         file: PathBuf,
+        /// Only an offloaded binary passes (a fat one fails), as with the
+        /// reference `verify_elf` tool.
+        #[arg(long)]
+        offloaded: bool,
         /// Print a JSON summary.
         #[arg(long)]
         json: bool,
@@ -274,7 +278,11 @@ fn run(cli: Cli) -> kpack_core::Result<()> {
             opts.level = compression_level;
             offload(&input, &output, &opts, json)
         }
-        Command::VerifyElf { file, json } => verify_elf(&file, json),
+        Command::VerifyElf {
+            file,
+            offloaded,
+            json,
+        } => verify_elf(&file, offloaded, json),
         Command::Prune {
             input,
             output,
@@ -653,9 +661,9 @@ fn diff(a: &Path, b: &Path, json: bool) -> kpack_core::Result<()> {
     Ok(())
 }
 
-fn verify_elf(file: &Path, json: bool) -> kpack_core::Result<()> {
+fn verify_elf(file: &Path, offloaded_only: bool, json: bool) -> kpack_core::Result<()> {
     let mapped = kpack_core::input::map_file(file)?;
-    if kpack_core::binary::classify(&mapped) == kpack_core::binary::Class::Fat {
+    if !offloaded_only && kpack_core::binary::classify(&mapped) == kpack_core::binary::Class::Fat {
         let v = offload::verify_fat_file(file)?;
         if json {
             print_json(&serde_json::json!({"kind": "fat", "verified": v}));

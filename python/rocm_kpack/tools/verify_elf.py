@@ -1,5 +1,5 @@
 """``python -m rocm_kpack.tools.verify_elf BINARY [--verbose]``: ``kpack
-verify-elf``, with the reference tool's lines (``Verifying: ...``,
+verify-elf --offloaded``, with the reference tool's lines (``Verifying: ...``,
 ``Overall: PASSED``/``FAILED``) and exit code."""
 
 import argparse
@@ -20,7 +20,7 @@ def main(argv):
     print(f"Verifying: {args.binary}")
     print("-" * 60)
     sys.stdout.flush()
-    code = run(["verify-elf", args.binary])
+    code = run(["verify-elf", "--offloaded", args.binary])
     print("-" * 60)
     print(f"Overall: {'PASSED' if code == 0 else 'FAILED'}")
     return 0 if code == 0 else 1
