@@ -346,6 +346,50 @@ fn cleared(input: &Input, plan: &Plan) -> Vec<(u64, u64)> {
     zero
 }
 
+/// The bytes of X1's zero-filled tail that restore puts back into the
+/// file for bundles ending at `bundles_end`: all of them when the bundles
+/// reach past X1 (X1 and X2 then become one segment again), else whole
+/// pages up to the bundles' end (X1 keeps the rest of its zero-filled
+/// tail, X2 stays a segment of its own).
+fn pages_back(input: &Input, bundles_end: u64) -> u64 {
+    let x = input.x;
+    let hole_len = x.p_memsz(LE) - x.p_filesz(LE);
+    let file_end = x.p_vaddr(LE) + x.p_filesz(LE);
+    if bundles_end > x.p_vaddr(LE) + x.p_memsz(LE) {
+        hole_len
+    } else {
+        align_up(bundles_end.saturating_sub(file_end), input.unit).min(hole_len)
+    }
+}
+
+/// Each wrapper HIPF again, pointing at its code object's bundle (`starts`:
+/// per code object index, its offset from `payload_addr`).
+fn restored_wrappers(
+    input: &Input,
+    starts: &[(u32, u64)],
+    payload_addr: u64,
+) -> Result<Vec<WrapperOut>, TransformError> {
+    let bundle_of = |co: u32| starts.iter().find(|&&(c, _)| c == co).map(|&(_, o)| o);
+    input
+        .wrappers
+        .changes
+        .iter()
+        .map(|c| {
+            let off = bundle_of(c.co_index).ok_or_else(|| {
+                TransformError::NotRestorable(format!(
+                    "no bundle for wrapper {}'s code object index {}",
+                    c.index, c.co_index
+                ))
+            })?;
+            Ok(WrapperOut {
+                magic: HIPF_MAGIC,
+                pointer: payload_addr + off,
+                reserved1: Some(0),
+            })
+        })
+        .collect()
+}
+
 /// Plan the output of restore: the zero-filled tail of X1 (the pages
 /// offload removed) goes back into the file, X1 and the segment after it
 /// become one again, and the bundles of `request` take the free range of
@@ -373,42 +417,13 @@ pub fn plan_restore(input: &Input, hole: &Hole, request: &Request) -> Result<Pla
             end: hole.end,
         });
     }
-    // Put back only the pages the bundles need: all of them when the
-    // bundles reach past X1 (X1 and X2 then become one segment again),
-    // else whole pages up to the bundles' end (X1 keeps the rest of its
-    // zero-filled tail, X2 stays a segment of its own).
     let at = x.p_offset(LE) + x.p_filesz(LE);
     let hole_len = x.p_memsz(LE) - x.p_filesz(LE);
-    let (file_end, mem_end) = (
-        x.p_vaddr(LE) + x.p_filesz(LE),
-        x.p_vaddr(LE) + x.p_memsz(LE),
-    );
-    let bundles_end = payload_addr + need;
-    let inserted = if bundles_end > mem_end {
-        hole_len
-    } else {
-        align_up(bundles_end.saturating_sub(file_end), input.unit).min(hole_len)
-    };
+    let mem_end = x.p_vaddr(LE) + x.p_memsz(LE);
+    let inserted = pages_back(input, payload_addr + need);
     let joined = if inserted == hole_len { hole.x2 } else { None };
     let payload_off = x.p_offset(LE) + (payload_addr - x.p_vaddr(LE));
-    let mut wrappers = Vec::with_capacity(input.wrappers.changes.len());
-    for c in &input.wrappers.changes {
-        let off = starts
-            .iter()
-            .find(|&&(co, _)| co == c.co_index)
-            .map(|&(_, o)| o)
-            .ok_or_else(|| {
-                TransformError::NotRestorable(format!(
-                    "no bundle for wrapper {}'s code object index {}",
-                    c.index, c.co_index
-                ))
-            })?;
-        wrappers.push(WrapperOut {
-            magic: HIPF_MAGIC,
-            pointer: payload_addr + off,
-            reserved1: Some(0),
-        });
-    }
+    let wrappers = restored_wrappers(input, starts, payload_addr)?;
     let phoff = input.elf.header().e_phoff(LE);
     let phnum = input.elf.phdrs().len() as u64;
     let mut plan = Plan {
