@@ -201,6 +201,18 @@ pub fn align_up(x: u64, a: u64) -> u64 {
     x.div_ceil(a) * a
 }
 
+impl Cut {
+    /// A cut that removes the file bytes `start..end`.
+    fn removing(start: u64, end: u64) -> Cut {
+        Cut {
+            start,
+            end,
+            removed: end - start,
+            inserted: 0,
+        }
+    }
+}
+
 /// Plan the output of offload or prune: `request`'s payload kept at the
 /// start of `.hip_fatbin`, whole pages after it removed.
 pub fn plan(input: &Input, request: &Request) -> Result<Plan, TransformError> {
@@ -239,27 +251,14 @@ pub fn plan(input: &Input, request: &Request) -> Result<Plan, TransformError> {
     let keep = align_up(f.addr + kept_len, unit) - f.addr;
     let split = cut_addr_end > f.addr + keep;
     let cut = if split {
-        let start = f.offset + keep;
-        Cut {
-            start,
-            end: cut_end_if_split,
-            removed: cut_end_if_split - start,
-            inserted: 0,
-        }
+        Cut::removing(f.offset + keep, cut_end_if_split)
+    } else if meta_len > f.size {
+        return Err(TransformError::NoRoom {
+            size: f.size,
+            need: meta_len,
+        });
     } else {
-        if meta_len > f.size {
-            return Err(TransformError::NoRoom {
-                size: f.size,
-                need: meta_len,
-            });
-        }
-        let end = f.offset + f.size;
-        Cut {
-            start: end,
-            end,
-            removed: 0,
-            inserted: 0,
-        }
+        Cut::removing(f.offset + f.size, f.offset + f.size)
     };
     let (form, wrappers, symbol_map) = wrappers_for(input, request)?;
     let mut plan = Plan {
