@@ -223,7 +223,19 @@ impl<'a> Bundle<'a> {
 /// gives no bundles.
 pub fn parse_fatbin(data: &[u8]) -> Result<Vec<Bundle<'_>>, BundleError> {
     let mut bundles = Vec::new();
-    let mut pos = 0usize;
+    for_each_bundle(data, |b| bundles.push(b))?;
+    Ok(bundles)
+}
+
+/// [`parse_fatbin`], handing each bundle to `f` as it is parsed instead of
+/// keeping them all: the decompressed bytes of a compressed bundle live
+/// only as long as `f` keeps its bundles (a verifier of a binary holding
+/// 1.3 GB of compressed code then never holds it all at once).
+pub fn for_each_bundle<'a>(
+    data: &'a [u8],
+    mut f: impl FnMut(Bundle<'a>),
+) -> Result<(), BundleError> {
+    let (mut pos, mut count) = (0usize, 0usize);
     loop {
         while pos < data.len() && data[pos] == 0 {
             pos += 1;
@@ -233,18 +245,19 @@ pub fn parse_fatbin(data: &[u8]) -> Result<Vec<Bundle<'_>>, BundleError> {
         }
         let rest = &data[pos..];
         if rest.starts_with(BUNDLE_MAGIC) {
-            let (bundle, len) =
-                parse_plain(rest, bundles.len(), pos, |r| Blob::Borrowed(&rest[r]))?;
-            bundles.push(Bundle {
+            let (bundle, len) = parse_plain(rest, count, pos, |r| Blob::Borrowed(&rest[r]))?;
+            count += 1;
+            f(Bundle {
                 range: pos..pos + len,
                 ..bundle
             });
             pos += len;
         } else if rest.starts_with(CCOB_MAGIC) {
-            let (inner, len) = parse_ccob(rest, bundles.len(), pos)?;
+            let (inner, len) = parse_ccob(rest, count, pos)?;
             for mut b in inner {
                 b.range = pos..pos + len;
-                bundles.push(b);
+                count += 1;
+                f(b);
             }
             pos += len;
         } else {
@@ -254,7 +267,7 @@ pub fn parse_fatbin(data: &[u8]) -> Result<Vec<Bundle<'_>>, BundleError> {
             });
         }
     }
-    Ok(bundles)
+    Ok(())
 }
 
 fn describe(bytes: &[u8]) -> String {

@@ -145,8 +145,11 @@ impl<'a> ArchiveWriter<'a> {
         self
     }
 
-    /// Call `f` with each kernel's input bytes after they are written, so a
-    /// caller streaming from a memory map can release those pages.
+    /// Call `f` with each kernel's input bytes after they are written (and
+    /// with a stored kernel's bytes after comparing them with an added
+    /// one), so a caller streaming from a memory map can release those
+    /// pages. The bytes are read again later: `f` must only release pages
+    /// that refault with the same contents.
     pub fn on_written(mut self, f: impl Fn(&[u8]) + Sync + 'a) -> Self {
         self.done = Some(Box::new(f));
         self
@@ -225,12 +228,20 @@ impl<'a> ArchiveWriter<'a> {
     }
 
     /// The ordinal of a stored kernel with this target and these bytes.
+    /// A comparison reads the stored kernel's bytes long before they are
+    /// written: their pages are released again at once (a memory-mapped
+    /// input then stays out of memory until its turn; see
+    /// [`ArchiveWriter::on_written`]).
     fn stored_copy(&self, target: &str, data: &[u8]) -> Option<usize> {
         let same_size = self.by_content.get(&(target.to_owned(), data.len()))?;
-        same_size
-            .iter()
-            .copied()
-            .find(|&o| *self.kernels[o].data == *data)
+        same_size.iter().copied().find(|&o| {
+            let stored: &[u8] = &self.kernels[o].data;
+            let same = stored == data;
+            if let Some(done) = &self.done {
+                done(stored);
+            }
+            same
+        })
     }
 
     /// Store a new kernel: its ordinal.

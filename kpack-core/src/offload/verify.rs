@@ -13,7 +13,7 @@ use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _}
 use serde::Serialize;
 
 use crate::binary::{HostBinary, WrapperSlot};
-use crate::bundle::parse_fatbin;
+use crate::bundle::for_each_bundle;
 use crate::elf::{
     ElfError, ElfView, PhdrExt, ProgramHeader, RelocKinds, Relocations, Section, FATBIN_SECTION,
     LE, METADATA_SECTION, PHDR_SIZE, WRAPPER_SECTION,
@@ -489,18 +489,17 @@ fn check_bundles(elf: &ElfView, loads: &Loads, bad: &mut Vec<String>) -> Option<
         }
         Some(_) => {}
     }
-    let bundles = match parse_fatbin(s.data) {
-        Ok(b) => b,
-        Err(e) => {
-            bad.push(format!("{FATBIN_SECTION}: {e}"));
-            return None;
-        }
-    };
-    let starts: Vec<(usize, usize)> = bundles.iter().map(|b| (b.range.start, b.index)).collect();
-    let mut targets: Vec<String> = bundles
-        .iter()
-        .flat_map(|b| b.device_entries().map(|e| e.target().to_string()))
-        .collect();
+    // One bundle at a time: compressed ones are decompressed to be checked,
+    // and only their starts and targets are kept.
+    let (mut starts, mut targets) = (Vec::new(), Vec::new());
+    let parsed = for_each_bundle(s.data, |b| {
+        starts.push((b.range.start, b.index));
+        targets.extend(b.device_entries().map(|e| e.target().to_string()));
+    });
+    if let Err(e) = parsed {
+        bad.push(format!("{FATBIN_SECTION}: {e}"));
+        return None;
+    }
     targets.sort();
     targets.dedup();
     Some((s.addr, starts, targets))
