@@ -53,6 +53,8 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
     let mut split = Runs::default();
     let mut unzip = Runs::default();
     let mut zstd = Runs::default();
+    // The split's outputs, measured before each next run removes them.
+    let mut outputs = 0;
     warm(&[&inputs.wheel, &inputs.device])?;
     let split_args = split_args(&inputs.wheel, &out, &scratch);
     for rep in 0..ctx.reps {
@@ -60,6 +62,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
         remove(&out)?;
         let r = resident(&[&inputs.wheel]);
         split.push(timed(&ctx.kpack, &split_args, &ctx.work)?, r);
+        outputs = tree_size(&out);
         remove(&out)?;
         remove(&unzipped)?;
         let unzip_args = crate::args!["-q", "-o", &inputs.wheel, "-d", &unzipped];
@@ -91,8 +94,6 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
     remove(&ctx.work.join("rezipped.whl"))?;
     let summary: serde_json::Value =
         serde_json::from_str(&split.last_stdout).context("split-wheels --json")?;
-    let outputs = tree_size(&out);
-    remove(&out)?;
     rows(
         &inputs,
         wheel_size,
