@@ -371,23 +371,7 @@ fn sixteen_threads_one_cache() {
 
 #[test]
 fn out_of_memory() {
-    let dir = tempfile::tempdir().unwrap();
-    let p = dir.path().join("huge.kpack");
-    write_huge_archive(&p);
-    let meta = dir.path().join("m");
-    write_metadata(&meta, "k", &[p.to_str().unwrap()]);
-    // 4 GiB cannot be allocated in a 1 GiB address space.
-    let out = run_ok(
-        Command::new("sh")
-            .arg("-c")
-            .arg("ulimit -v 1048576 && exec \"$0\" \"$@\"")
-            .arg(program())
-            .arg("oom")
-            .arg(&p)
-            .arg(&meta)
-            .arg(dir.path().join("k")),
-    );
-    assert!(stdout(&out).contains("PASS"), "{}", stdout(&out));
+    run_out_of_memory_case(program());
 }
 
 /// A small shared library with a data symbol, for discovery.

@@ -416,6 +416,14 @@ void __hipRegisterTexture(void) {}
 }
 
 pub fn registered(f: &Fixture, binary: &Path) -> Vec<Registered> {
+    let (_dir, log) = run_under_shim(f, binary);
+    read_registrations(&log)
+}
+
+/// Run the host code of `binary` (fixture `f`'s) under the stand-in HIP
+/// runtime and check its result; the runtime's log (in a directory that
+/// lives as long as the returned guard).
+fn run_under_shim(f: &Fixture, binary: &Path) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
     let shim = shim();
@@ -427,7 +435,23 @@ pub fn registered(f: &Fixture, binary: &Path) -> Vec<Registered> {
     if let Some(check) = &f.host_check {
         assert_eq!(out, check.value.to_string(), "{}: host code result", f.name);
     }
-    read_registrations(&log)
+    (dir, log)
+}
+
+/// xorshift64*: a small deterministic generator (for mutation tests).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
 }
 
 /// One wrapper as the stand-in HIP runtime logged it, whatever its magic:
@@ -443,17 +467,7 @@ pub struct RawRegistration {
 /// Run the host code of `binary` (fixture `f`'s) under the stand-in HIP
 /// runtime, check its result, and return what it was handed.
 pub fn registered_raw(f: &Fixture, binary: &Path) -> Vec<RawRegistration> {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("log");
-    let shim = shim();
-    let out = run_host(
-        f,
-        binary,
-        &[("LD_PRELOAD", &shim), ("KPACK_SHIM_LOG", &log)],
-    );
-    if let Some(check) = &f.host_check {
-        assert_eq!(out, check.value.to_string(), "{}: host code result", f.name);
-    }
+    let (_dir, log) = run_under_shim(f, binary);
     raw_registrations(&log)
 }
 

@@ -6,20 +6,6 @@ use kpack_core::hipk::HipkMetadata;
 use kpack_core::offload::{transform, verify_elf};
 use kpack_e2e::*;
 
-/// xorshift64*: a small deterministic generator.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
 #[test]
 fn mutated_fixtures_never_panic() {
     let meta = HipkMetadata {
@@ -43,7 +29,7 @@ fn mutated_fixtures_never_panic() {
                 } else {
                     rng.below(hot)
                 };
-                let v = rng.next() as u8;
+                let v = rng.next_u64() as u8;
                 b[at] = match rng.below(3) {
                     0 => v,
                     1 => b[at] ^ (1 << (v % 8)),

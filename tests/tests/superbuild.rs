@@ -34,7 +34,7 @@ const TARGETS: [&str; 2] = ["gfx1100", "gfx942"];
 fn not_exercised() {
     eprintln!(
         "the Corrosion path was NOT exercised: set CORROSION_SOURCE_DIR \
-         (../shared/vendor/corrosion) or install Corrosion"
+         to a Corrosion source tree or install Corrosion"
     );
 }
 

@@ -504,20 +504,6 @@ fn artifact_pipelines_take_dlls() {
     }
 }
 
-/// xorshift64*: a small deterministic generator.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
 /// Damaged DLLs and EXEs: classification, the code object reader, what
 /// `ls`/`extract` read, the transform and the verifier give errors, never
 /// panics; whatever the
@@ -545,7 +531,7 @@ fn mutated_images_never_panic() {
                 } else {
                     rng.below(hot)
                 };
-                let v = rng.next() as u8;
+                let v = rng.next_u64() as u8;
                 b[at] = match rng.below(3) {
                     0 => v,
                     1 => b[at] ^ (1 << (v % 8)),

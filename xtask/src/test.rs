@@ -97,7 +97,7 @@ fn corrosion_summary(corrosion: Option<&str>, ci: bool) -> (String, bool) {
         Some(how) => (format!("Corrosion path: exercised ({how})"), false),
         None => (
             "Corrosion path: NOT exercised (set CORROSION_SOURCE_DIR to a Corrosion source \
-             tree, e.g. ../shared/vendor/corrosion, or install Corrosion)"
+             tree, or install Corrosion)"
                 .to_string(),
             ci,
         ),

@@ -184,3 +184,31 @@ pub fn loader_scenario(work: &Path) -> (PathBuf, PathBuf) {
     write_metadata(&meta, "app", &["lib_@GFXARCH@.kpack", "lib_gfx1100.kpack"]);
     (meta, work.join("app"))
 }
+
+/// Run `program oom ARCHIVE METADATA BINARY` on an archive whose kernel
+/// needs 4 GiB, in a 1 GiB address space (`ulimit -v`): the program checks
+/// that the load fails with KPACK_ERROR_OUT_OF_MEMORY and prints PASS.
+pub fn run_out_of_memory_case(program: &Path) {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("huge.kpack");
+    write_huge_archive(&p);
+    let meta = dir.path().join("m");
+    write_metadata(&meta, "k", &[p.to_str().unwrap()]);
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -v 1048576 && exec \"$0\" \"$@\"")
+        .arg(program)
+        .arg("oom")
+        .arg(&p)
+        .arg(&meta)
+        .arg(dir.path().join("k"))
+        .output()
+        .expect("run the test program");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("PASS"),
+        "{}: {stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

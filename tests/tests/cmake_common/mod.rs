@@ -56,7 +56,7 @@ pub fn cmake_install(build: &Path, prefix: &Path) {
 #[derive(Debug, Clone)]
 pub enum Corrosion {
     /// A source tree (`CORROSION_SOURCE_DIR`, relative paths against the
-    /// workspace: `.ci/run` sets `../shared/vendor/corrosion`).
+    /// workspace; CI's `.ci/run` points it at a vendored copy).
     Source(PathBuf),
     /// An installed package that `find_package(Corrosion)` finds.
     Package,
