@@ -5,6 +5,7 @@ use std::fs::File;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
 
+use crate::archive::FileRange;
 use crate::error::{Result, WithPath};
 
 /// A read-only view of a whole file. Empty files have no mapping.
@@ -51,14 +52,31 @@ impl Mapped {
 }
 
 impl Mapped {
+    /// Where the slice `s` of this map is in the file (`None` for a slice
+    /// from elsewhere).
+    pub fn offset_of(&self, s: &[u8]) -> Option<u64> {
+        let off = (s.as_ptr() as usize).checked_sub(self.bytes().as_ptr() as usize)?;
+        (off.checked_add(s.len())? <= self.len() && !self.is_empty()).then_some(off as u64)
+    }
+
     /// [`Mapped::release`] for a slice of this map (a slice from elsewhere
     /// is ignored).
     pub fn release_slice(&self, s: &[u8]) {
-        let base = self.bytes().as_ptr() as usize;
-        let start = s.as_ptr() as usize;
-        if start >= base && start + s.len() <= base + self.len() {
-            self.release(start - base..start - base + s.len());
+        if let Some(off) = self.offset_of(s) {
+            let off = off as usize;
+            self.release(off..off + s.len());
         }
+    }
+
+    /// The slice `s` of this map as a range of its file, for an archive
+    /// writer to read when it needs the bytes (`None` for a slice from
+    /// elsewhere).
+    pub fn file_range(&self, s: &[u8]) -> Option<FileRange> {
+        Some(FileRange {
+            path: self.path.as_path().into(),
+            offset: self.offset_of(s)?,
+            len: s.len(),
+        })
     }
 }
 

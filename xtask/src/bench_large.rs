@@ -48,11 +48,10 @@ pub fn child(a: &ArchiveArgs) -> Result<()> {
             };
             let input = kpack_core::input::map_file(&a.input)?;
             let data: &[u8] = &input;
-            let mut w = ArchiveWriter::new("big", "gfx942", vec!["gfx942".into()])
-                .scheme(scheme)
-                .on_written(|d| input.release_slice(d));
+            let mut w = ArchiveWriter::new("big", "gfx942", vec!["gfx942".into()]).scheme(scheme);
             for (i, k) in data.chunks(KERNEL as usize).enumerate() {
-                w.add(format!("lib/libbig.so#{i}"), "gfx942", k, None)?;
+                let range = input.file_range(k).context("a chunk of the input")?;
+                w.add(format!("lib/libbig.so#{i}"), "gfx942", range, None)?;
             }
             let s = w.write(out)?;
             println!(

@@ -66,12 +66,12 @@ fn write_all_targets(input: &Path, name: &str, out: &Path) -> Result<(u64, f64)>
     targets.sort();
     targets.dedup();
     let group = name.split('.').next().unwrap_or(name).to_string();
-    let mut w = ArchiveWriter::new(group, "all", targets).on_written(|d| mapped.release_slice(d));
+    let mut w = ArchiveWriter::new(group, "all", targets);
     for c in &cos {
         w.add(
             kpack_core::offload::archive_key(name, c.bundle),
             c.target.clone(),
-            &*c.data,
+            c.source(&mapped),
             Some(vec![("target".to_string(), Value::from(c.triple.as_str()))]),
         )?;
     }

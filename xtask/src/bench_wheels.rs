@@ -2,13 +2,18 @@
 //! copies of Debian's librocsparse (1.3 GB, seven targets) as
 //! `torch/lib/libtorch_hip_<i>.so`, one target's code objects as rocBLAS
 //! database files, a MIOpen database, a host-only library and Python
-//! files, packed by PyPI's `wheel pack` (deflate). The wheel is built once
-//! and kept in `target/bench/cache/`.
+//! files, packed by PyPI's `wheel pack` (deflate). The copies differ in one
+//! byte of every code object, so that no two share code objects (split
+//! stores a shared one once: identical copies would be compressed once where
+//! the floor compresses each). The wheels are built once and kept in
+//! `target/bench/cache/`.
 //!
 //! Floors on the same bytes: `unzip` of the wheel (every split reads it
 //! all) and `zstd -3 -T1` over the device code (what split compresses):
 //! their sum is the floor of the target (≤ 1.5×); `zip -r` of the unpacked
-//! tree (repacking it, once: it is slow) is shown too. Peak RSS ≤ 256 MiB.
+//! tree (repacking it, once: it is slow) is shown too. Peak RSS ≤ 256 MiB,
+//! whatever the wheel's size: a wheel with one copy is split too, and the
+//! five-copy wheel's peak must stay within 1.25× of its.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -26,6 +31,10 @@ const SECTION: &str = "wheels";
 /// Copies of librocsparse in the wheel (its content is then ~6.5 GB and the
 /// deflated wheel about 1 GB).
 const COPIES: usize = 5;
+/// Copies in the small wheel, against which memory must not grow.
+const SMALL_COPIES: usize = 1;
+/// Most the peak RSS may grow from the small wheel to the large one.
+const RSS_GROWTH: f64 = 1.25;
 const VERSION: &str = "2.10.0+bench";
 const TAG: &str = "cp311-cp311-linux_x86_64";
 const RSS_LIMIT_MIB: f64 = 256.0;
@@ -40,7 +49,8 @@ struct Inputs {
 }
 
 pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
-    let inputs = prepare(ctx)?;
+    let small = prepare(ctx, SMALL_COPIES)?;
+    let inputs = prepare(ctx, COPIES)?;
     let wheel_size = std::fs::metadata(&inputs.wheel)?.len();
     eprintln!(
         "wheel: {} ({:.2} GB)",
@@ -51,14 +61,19 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
     let scratch = ctx.work.join("wheels-tmp");
     let unzipped = ctx.work.join("wheels-unzipped");
     let mut split = Runs::default();
+    let mut split_small = Runs::default();
     let mut unzip = Runs::default();
     let mut zstd = Runs::default();
     // The split's outputs, measured before each next run removes them.
     let mut outputs = 0;
     warm(&[&inputs.wheel, &inputs.device])?;
+    let small_args = split_args(&small.wheel, &out, &scratch);
     let split_args = split_args(&inputs.wheel, &out, &scratch);
     for rep in 0..ctx.reps {
         eprintln!("  rep {}/{}", rep + 1, ctx.reps);
+        remove(&out)?;
+        let r = resident(&[&small.wheel]);
+        split_small.push(timed(&ctx.kpack, &small_args, &ctx.work)?, r);
         remove(&out)?;
         let r = resident(&[&inputs.wheel]);
         split.push(timed(&ctx.kpack, &split_args, &ctx.work)?, r);
@@ -94,14 +109,47 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
     remove(&ctx.work.join("rezipped.whl"))?;
     let summary: serde_json::Value =
         serde_json::from_str(&split.last_stdout).context("split-wheels --json")?;
-    rows(
+    let mut v = rows(
         &inputs,
         wheel_size,
         content,
         outputs,
         &summary,
         [&split, &unzip, &zstd, &zip],
-    )
+    )?;
+    v.insert(1, small_row(&small, &split_small, &split)?);
+    Ok(v)
+}
+
+/// The one-copy wheel: peak RSS, against which the large wheel's is held.
+fn small_row(small: &Inputs, runs: &Runs, large: &Runs) -> Result<Row> {
+    let mut row = Row::new(
+        SECTION,
+        "split_wheels_small",
+        format!("split-wheels -j 2, the same wheel with {SMALL_COPIES} × librocsparse"),
+    );
+    runs.fill(&mut row);
+    row.bytes_in = Some(std::fs::metadata(&small.wheel)?.len());
+    let (rss, large_rss) = (worst_rss_mib(runs), worst_rss_mib(large));
+    row.targets = vec![
+        Target::at_most(
+            format!("peak RSS ≤ {RSS_LIMIT_MIB} MiB (worst run)"),
+            rss,
+            RSS_LIMIT_MIB,
+        ),
+        Target::at_most(
+            format!(
+                "the {COPIES}-copy wheel's peak RSS ≤ {RSS_GROWTH}× this one's ({large_rss:.0} MiB)"
+            ),
+            large_rss / rss.max(1.0),
+            RSS_GROWTH,
+        ),
+    ];
+    Ok(row)
+}
+
+fn worst_rss_mib(runs: &Runs) -> f64 {
+    crate::bench::Stats::of(runs.rss.clone()).map_or(0.0, |s| s.max) / 1024.0
 }
 
 fn split_args(wheel: &Path, out: &Path, scratch: &Path) -> Vec<OsString> {
@@ -193,7 +241,7 @@ fn rows(
             ratio: wall / (median(unzip) + median(zip)),
         },
     ];
-    let rss_mib = crate::bench::Stats::of(split.rss.clone()).map_or(0.0, |s| s.max) / 1024.0;
+    let rss_mib = worst_rss_mib(split);
     row.targets = vec![
         Target::at_most(
             format!(
@@ -223,17 +271,17 @@ fn rows(
     Ok(v)
 }
 
-/// The cached wheel (built when missing) and device-code file.
-fn prepare(ctx: &Ctx) -> Result<Inputs> {
+/// The cached wheel with `copies` copies (built when missing) and the
+/// device-code file of one copy.
+fn prepare(ctx: &Ctx, copies: usize) -> Result<Inputs> {
     let lib = Path::new(ROCSPARSE.path);
     if !lib.is_file() {
         bail!("{} missing (Debian package librocsparse0)", lib.display());
     }
-    let cache = ctx
-        .root
-        .join(format!("target/bench/cache/torch-wheel-{COPIES}"));
-    std::fs::create_dir_all(&cache)?;
-    let device = cache.join("device.bin");
+    let cache = ctx.root.join("target/bench/cache");
+    let device_dir = cache.join("torch-wheel-device");
+    std::fs::create_dir_all(&device_dir)?;
+    let device = device_dir.join("device.bin");
     let device_bytes = match std::fs::metadata(&device) {
         Ok(m) => m.len(),
         Err(_) => {
@@ -243,9 +291,11 @@ fn prepare(ctx: &Ctx) -> Result<Inputs> {
             n
         }
     };
-    let wheel = cache.join(format!("torch-{VERSION}-{TAG}.whl"));
+    let dir = cache.join(format!("torch-wheel-distinct-{copies}"));
+    let wheel = dir.join(format!("torch-{VERSION}-{TAG}.whl"));
     if !wheel.is_file() {
-        build_wheel(ctx, lib, &cache)?;
+        std::fs::create_dir_all(&dir)?;
+        build_wheel(ctx, lib, &dir, copies)?;
     }
     Ok(Inputs {
         wheel,
@@ -254,9 +304,31 @@ fn prepare(ctx: &Ctx) -> Result<Inputs> {
     })
 }
 
-fn build_wheel(ctx: &Ctx, lib: &Path, cache: &Path) -> Result<()> {
+/// Copy `i` of the library at `dst`: copy 0 as it is, any other with the
+/// middle byte of every code object XORed with `i` (the layout and sizes
+/// unchanged, no code object shared with another copy).
+fn write_copy(lib: &Path, dst: &Path, i: usize) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    if i == 0 {
+        return link_or_copy(lib, dst);
+    }
+    std::fs::copy(lib, dst)?;
+    let mapped = kpack_core::input::map_file(lib)?;
+    let cos = kpack_core::offload::code_objects(lib, &mapped)?;
+    let f = std::fs::OpenOptions::new().write(true).open(dst)?;
+    for co in cos.iter().filter(|co| !co.data.is_empty()) {
+        let at = mapped
+            .offset_of(&co.data)
+            .with_context(|| format!("{}: a compressed bundle", lib.display()))?;
+        let mid = co.data.len() / 2;
+        f.write_all_at(&[co.data[mid] ^ i as u8], at + mid as u64)?;
+    }
+    Ok(f.sync_all()?)
+}
+
+fn build_wheel(ctx: &Ctx, lib: &Path, cache: &Path, copies: usize) -> Result<()> {
     eprintln!(
-        "building the torch-like wheel (once; kept in {})",
+        "building the torch-like wheel with {copies} copies (once; kept in {})",
         cache.display()
     );
     let tree = ctx.work.join("wheels-tree");
@@ -264,8 +336,8 @@ fn build_wheel(ctx: &Ctx, lib: &Path, cache: &Path) -> Result<()> {
     let t = tree.join("torch");
     std::fs::create_dir_all(t.join("lib/rocblas/library"))?;
     std::fs::create_dir_all(t.join("share/miopen/db"))?;
-    for i in 0..COPIES {
-        link_or_copy(lib, &t.join(format!("lib/libtorch_hip_{i}.so")))?;
+    for i in 0..copies {
+        write_copy(lib, &t.join(format!("lib/libtorch_hip_{i}.so")), i)?;
     }
     std::fs::write(t.join("__init__.py"), "# torch-like bench wheel\n")?;
     std::fs::copy(

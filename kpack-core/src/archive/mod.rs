@@ -25,6 +25,7 @@
 //! default, SPEC §3).
 
 mod reader;
+mod source;
 mod toc;
 mod writer;
 
@@ -33,6 +34,7 @@ use std::io;
 use std::sync::Arc;
 
 pub use reader::Archive;
+pub use source::{FileRange, KernelData};
 pub use writer::{ArchiveWriter, WriteSummary, DEFAULT_BATCH_BYTES};
 
 use crate::msgpack::{DecodeError, Value};
@@ -230,6 +232,14 @@ pub enum ArchiveError {
         target: String,
         size: u64,
         max: u64,
+    },
+    #[error("cannot read the kernel's {len} bytes at offset {offset} of {}: {source}", path.display())]
+    ReadInput {
+        path: std::path::PathBuf,
+        offset: u64,
+        len: usize,
+        #[source]
+        source: Arc<io::Error>,
     },
     #[error("I/O error: {0}")]
     Io(#[source] Arc<io::Error>),

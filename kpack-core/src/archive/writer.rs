@@ -14,13 +14,13 @@
 //! tooling's) find kernels by ordinal, so such archives read unchanged; an
 //! archive without duplicates is byte-for-byte what it was before.
 
-use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::Path;
 
 use rayon::prelude::*;
 
+use super::source::{same_bytes, KernelData};
 use super::toc::{EntryOut, Layout, TocOut};
 use super::{
     ArchiveError, Metadata, Scheme, DEFAULT_ZSTD_LEVEL, FORMAT_VERSION, HEADER_SIZE, MAGIC,
@@ -29,9 +29,6 @@ use super::{
 use crate::bytes;
 use crate::error::WithPath;
 use crate::msgpack;
-
-/// See [`ArchiveWriter::on_written`].
-type WrittenHook<'a> = Box<dyn Fn(&[u8]) + Sync + 'a>;
 
 /// Input bytes compressed per parallel batch.
 pub const DEFAULT_BATCH_BYTES: usize = 64 << 20;
@@ -56,7 +53,7 @@ pub struct WriteSummary {
 struct Pending<'a> {
     key: String,
     target: String,
-    data: Cow<'a, [u8]>,
+    data: KernelData<'a>,
 }
 
 /// One TOC entry: a (key, target) and the ordinal of its bytes.
@@ -95,9 +92,6 @@ pub struct ArchiveWriter<'a> {
     seen: HashSet<(String, String)>,
     /// (target, size) -> ordinals of the stored kernels of that size.
     by_content: HashMap<(String, usize), Vec<usize>>,
-    /// Called with each kernel's input bytes once they are written (e.g. to
-    /// drop the pages of a memory-mapped input).
-    done: Option<WrittenHook<'a>>,
 }
 
 impl<'a> ArchiveWriter<'a> {
@@ -122,7 +116,6 @@ impl<'a> ArchiveWriter<'a> {
             key_index: HashMap::new(),
             seen: HashSet::new(),
             by_content: HashMap::new(),
-            done: None,
         }
     }
 
@@ -142,16 +135,6 @@ impl<'a> ArchiveWriter<'a> {
     /// Turning it off reproduces the reference Python writer's frames.
     pub fn content_checksum(mut self, on: bool) -> Self {
         self.checksum = on;
-        self
-    }
-
-    /// Call `f` with each kernel's input bytes after they are written (and
-    /// with a stored kernel's bytes after comparing them with an added
-    /// one), so a caller streaming from a memory map can release those
-    /// pages. The bytes are read again later: `f` must only release pages
-    /// that refault with the same contents.
-    pub fn on_written(mut self, f: impl Fn(&[u8]) + Sync + 'a) -> Self {
-        self.done = Some(Box::new(f));
         self
     }
 
@@ -176,12 +159,14 @@ impl<'a> ArchiveWriter<'a> {
     /// kernel with the same target and bytes, which it then shares (the
     /// bytes are stored once). `key` must end in `#N` (N decimal);
     /// (`key`, `target`) must be new. `metadata`, if given, is written as the
-    /// entry's `metadata` map in the given order.
+    /// entry's `metadata` map in the given order. The bytes are in memory,
+    /// or a range of a file ([`super::FileRange`]), read only when compared
+    /// and when written, so a large input is never held or mapped whole.
     pub fn add(
         &mut self,
         key: impl Into<String>,
         target: impl Into<String>,
-        data: impl Into<Cow<'a, [u8]>>,
+        data: impl Into<KernelData<'a>>,
         metadata: Option<Metadata>,
     ) -> Result<u32, ArchiveError> {
         let (key, target, data) = (key.into(), target.into(), data.into());
@@ -194,20 +179,17 @@ impl<'a> ArchiveWriter<'a> {
                 max: MAX_KERNEL_SIZE,
             });
         }
-        if !self.seen.insert((key.clone(), target.clone())) {
+        let id = (key.clone(), target.clone());
+        if self.seen.contains(&id) {
             return Err(ArchiveError::DuplicateKernel { key, target });
         }
         let size = data.len() as u64;
-        let ordinal = match self.stored_copy(&target, &data) {
-            Some(ordinal) => {
-                // Never stored: its pages can go now.
-                if let Some(done) = &self.done {
-                    done(&data);
-                }
-                ordinal
-            }
+        // A failed add changes nothing.
+        let ordinal = match self.stored_copy(&target, &data)? {
+            Some(ordinal) => ordinal,
             None => self.store(&key, &target, data)?,
         };
+        self.seen.insert(id);
         let slot = match self.key_index.get(&key) {
             Some(&i) => i,
             None => {
@@ -228,20 +210,20 @@ impl<'a> ArchiveWriter<'a> {
     }
 
     /// The ordinal of a stored kernel with this target and these bytes.
-    /// A comparison reads the stored kernel's bytes long before they are
-    /// written: their pages are released again at once (a memory-mapped
-    /// input then stays out of memory until its turn; see
-    /// [`ArchiveWriter::on_written`]).
-    fn stored_copy(&self, target: &str, data: &[u8]) -> Option<usize> {
-        let same_size = self.by_content.get(&(target.to_owned(), data.len()))?;
-        same_size.iter().copied().find(|&o| {
-            let stored: &[u8] = &self.kernels[o].data;
-            let same = stored == data;
-            if let Some(done) = &self.done {
-                done(stored);
+    fn stored_copy(
+        &self,
+        target: &str,
+        data: &KernelData<'_>,
+    ) -> Result<Option<usize>, ArchiveError> {
+        let Some(same_size) = self.by_content.get(&(target.to_owned(), data.len())) else {
+            return Ok(None);
+        };
+        for &o in same_size {
+            if same_bytes(&self.kernels[o].data, data)? {
+                return Ok(Some(o));
             }
-            same
-        })
+        }
+        Ok(None)
     }
 
     /// Store a new kernel: its ordinal.
@@ -249,7 +231,7 @@ impl<'a> ArchiveWriter<'a> {
         &mut self,
         key: &str,
         target: &str,
-        data: Cow<'a, [u8]>,
+        data: KernelData<'a>,
     ) -> Result<usize, ArchiveError> {
         let ordinal = self.kernels.len();
         if u32::try_from(ordinal).is_err() {
@@ -348,10 +330,7 @@ impl<'a> ArchiveWriter<'a> {
         let mut blobs = Vec::with_capacity(self.kernels.len());
         let mut pos = HEADER_SIZE;
         for k in &self.kernels {
-            out.write_all(&k.data)?;
-            if let Some(done) = &self.done {
-                done(&k.data);
-            }
+            k.data.for_each_chunk(|c| Ok(out.write_all(c)?))?;
             let size = k.data.len() as u64;
             blobs.push((pos, size));
             pos += size;
@@ -368,9 +347,6 @@ impl<'a> ArchiveWriter<'a> {
         for batch in self.batches() {
             for (frame, k) in self.compress(batch).into_iter().zip(batch) {
                 let frame = frame?;
-                if let Some(done) = &self.done {
-                    done(&k.data);
-                }
                 let len = u32::try_from(frame.len()).map_err(|_| ArchiveError::FrameTooLarge {
                     key: k.key.clone(),
                     target: k.target.clone(),
@@ -390,15 +366,18 @@ impl<'a> ArchiveWriter<'a> {
         })
     }
 
-    /// The frames of `batch`, compressed in parallel, in order.
+    /// The frames of `batch`, compressed in parallel, in order. A kernel
+    /// read from a file is read by the thread compressing it: a batch holds
+    /// its frames, and only as many inputs as there are threads.
     fn compress(&self, batch: &[Pending<'a>]) -> Vec<Result<Vec<u8>, ArchiveError>> {
         batch
             .par_iter()
             .map_init(
                 || self.compressor(),
-                |c, k| match c {
-                    Ok(c) => c.compress(&k.data).map_err(|e| compress_err(k, &e)),
-                    Err(e) => Err(compress_err(k, e)),
+                |c, k| {
+                    let c = c.as_mut().map_err(|e| compress_err(k, e))?;
+                    let data = k.data.load()?;
+                    c.compress(&data).map_err(|e| compress_err(k, &e))
                 },
             )
             .collect()
@@ -759,6 +738,66 @@ mod tests {
             let again = one.install(|| build(scheme).to_vec().unwrap());
             assert_eq!(again, bytes);
         }
+    }
+
+    /// Kernels given as ranges of a file make the same archive, byte for
+    /// byte, as the same kernels in memory (shared code objects included,
+    /// a range compared with bytes and with another range), for both
+    /// schemes; a range that cannot be read fails the add or the write,
+    /// naming the file.
+    #[test]
+    fn file_ranges_write_what_bytes_write() {
+        let kernels = big_kernels();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("input.bin");
+        let mut file = Vec::new();
+        let mut ranges = Vec::new();
+        for (_, _, b) in &kernels {
+            ranges.push((file.len() as u64, b.len()));
+            file.extend_from_slice(b);
+        }
+        std::fs::write(&path, &file).unwrap();
+        let input: std::sync::Arc<Path> = path.as_path().into();
+        let range = |i: usize| super::super::FileRange {
+            path: input.clone(),
+            offset: ranges[i].0,
+            len: ranges[i].1,
+        };
+        for scheme in [Scheme::None, Scheme::ZstdPerKernel] {
+            let build = |from_file: bool| {
+                let mut w = ArchiveWriter::new("g", "gfx90X", vec!["gfx900".into()])
+                    .scheme(scheme)
+                    .batch_bytes(20_000);
+                for (i, (k, t, b)) in kernels.iter().enumerate() {
+                    let data: KernelData = if from_file {
+                        range(i).into()
+                    } else {
+                        b.as_slice().into()
+                    };
+                    w.add(k.as_str(), t.as_str(), data, None).unwrap();
+                }
+                // Shared with kernel 3: once as bytes, once as its range.
+                let (_, t, b) = &kernels[3];
+                assert_eq!(w.add("dup/a#0", t.as_str(), b.as_slice(), None).unwrap(), 3);
+                assert_eq!(w.add("dup/b#0", t.as_str(), range(3), None).unwrap(), 3);
+                w.to_vec().unwrap()
+            };
+            assert_eq!(build(true), build(false));
+        }
+        // Past the end of the file: the comparison or the write names it.
+        let past = super::super::FileRange {
+            path: input.clone(),
+            offset: file.len() as u64 - 10,
+            len: 20,
+        };
+        let mut w = ArchiveWriter::new("g", "gfx900", vec!["gfx900".into()]);
+        w.add("a#0", "gfx900", past.clone(), None).unwrap();
+        let e = w.add("b#0", "gfx900", vec![0u8; 20], None).unwrap_err();
+        assert!(e.to_string().contains("input.bin"), "{e}");
+        assert_eq!(w.len(), 1, "a failed add adds nothing");
+        let e = w.to_vec().unwrap_err();
+        assert!(matches!(e, ArchiveError::ReadInput { .. }), "{e}");
+        assert!(e.to_string().contains("input.bin"), "{e}");
     }
 
     #[test]

@@ -4,12 +4,14 @@
 //! Phase 1 handles every file on its own (in parallel): a fat binary is
 //! rewritten into its host-only form at its destination and its code objects
 //! are recorded, not copied: a code object stored plainly in the input is
-//! referred to in the input's memory map, and one that had to be
-//! decompressed is spilled to a scratch file (in `--tmp-dir`) and mapped
-//! from there, so memory use stays bounded by what the kernel keeps cached.
-//! Phase 2 writes one archive per target, its code objects in the order of
-//! (kernel name, bundle index): the output does not depend on which thread
-//! did what.
+//! recorded as a range of the input file, and one that had to be
+//! decompressed is spilled to a scratch file (in `--tmp-dir`) and recorded
+//! as a range of that. Phase 2 writes one archive per target, its code
+//! objects in the order of (kernel name, bundle index): the output does not
+//! depend on which thread did what. It reads each code object with `pread`
+//! when it compresses it (no maps: the pages stay in the page cache, not in
+//! the process), so memory use does not grow with the input. The inputs
+//! must stay as they are until the run ends (they are read twice).
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -21,9 +23,8 @@ use rayon::prelude::*;
 
 use super::tree::{copy_file, make_dirs, write_file};
 use super::{ArchiveInfo, ArtifactError, Observer, Result};
-use crate::archive::{ArchiveWriter, Scheme};
+use crate::archive::{ArchiveWriter, FileRange, Scheme};
 use crate::binary::{classify, could_be_binary, Class};
-use crate::bundle::Blob;
 use crate::hipk::HipkMetadata;
 use crate::input::{map_file, Mapped};
 use crate::msgpack::Value;
@@ -49,20 +50,12 @@ pub struct FileJob {
     pub database: Option<(String, PathBuf)>,
 }
 
-/// A code object recorded by phase 1.
+/// A code object recorded by phase 1: where its bytes are.
 pub struct CodeRef {
     pub target: String,
     pub triple: String,
     pub bundle: usize,
-    map: Arc<Mapped>,
-    offset: usize,
-    len: usize,
-}
-
-impl CodeRef {
-    pub fn bytes(&self) -> &[u8] {
-        &self.map[self.offset..self.offset + self.len]
-    }
+    pub bytes: FileRange,
 }
 
 /// An offloaded binary.
@@ -205,13 +198,11 @@ impl Packer<'_> {
         };
         let t = rewrite(&job.src, bytes, &metadata)?;
         write_file(&job.dst, &t.bytes, job.mode)?;
-        // The pages parsing and rewriting touched stay resident until the
-        // map goes (after phase 2): drop them now (phase 2 reads the code
-        // objects again), or a run over many large binaries keeps them all.
-        mapped.release(0..mapped.len());
-        let (kept, dropped, spill) = self.locate(index, &cos, bytes)?;
+        let (kept, dropped, spill) = self.locate(index, &cos, &mapped)?;
         drop(cos);
-        let code_objects = refs(kept, mapped, spill)?;
+        // Phase 2 reads the code objects through the files, not this map.
+        drop(mapped);
+        let code_objects = refs(kept, &job.src, spill);
         Ok(Done {
             outcome: Outcome::Offloaded(Box::new(Offloaded {
                 kernel_name,
@@ -232,9 +223,8 @@ impl Packer<'_> {
         &self,
         index: usize,
         cos: &[CodeObject<'_>],
-        input: &[u8],
+        input: &Mapped,
     ) -> Result<(Vec<Kept>, usize, Option<PathBuf>)> {
-        let base = input.as_ptr() as usize;
         let mut spill: Option<(BufWriter<File>, PathBuf, usize)> = None;
         let mut kept = Vec::new();
         let mut dropped = 0;
@@ -244,13 +234,7 @@ impl Packer<'_> {
                 continue;
             }
             let data: &[u8] = &co.data;
-            let in_input = match &co.data {
-                Blob::Borrowed(s) => (s.as_ptr() as usize)
-                    .checked_sub(base)
-                    .filter(|off| off + s.len() <= input.len()),
-                Blob::Shared(..) => None,
-            };
-            let at = match in_input {
+            let at = match input.offset_of(data) {
                 Some(off) => At::Input(off),
                 None => {
                     if spill.is_none() {
@@ -299,7 +283,7 @@ impl Packer<'_> {
         let work: u64 = targets
             .iter()
             .flat_map(|(_, list)| list)
-            .map(|(_, co)| co.len as u64)
+            .map(|(_, co)| co.bytes.len as u64)
             .sum();
         self.observer.add_work(work);
         let results: Vec<Result<ArchiveInfo>> = targets
@@ -325,22 +309,9 @@ impl Packer<'_> {
         prefixes.sort();
         prefixes.dedup();
         let (path, shown) = place(target, &prefixes);
-        // Drop each code object's pages from the process once it is
-        // written: they are memory-mapped, and touched pages of a map
-        // count in the RSS (all of a 1.3 GB input otherwise). Maps by
-        // start address, to find the one a written slice is in.
-        let maps: BTreeMap<usize, &Mapped> = list
-            .iter()
-            .map(|(_, co)| (co.map.as_ptr() as usize, &*co.map))
-            .collect();
         let mut w = ArchiveWriter::new(group, family(target), vec![target.to_string()])
             .scheme(self.scheme)
-            .zstd_level(self.level)
-            .on_written(move |d| {
-                if let Some((_, m)) = maps.range(..=d.as_ptr() as usize).next_back() {
-                    m.release_slice(d);
-                }
-            });
+            .zstd_level(self.level);
         for (b, co) in list {
             let mut meta = vec![("target".to_string(), Value::from(co.triple.as_str()))];
             if let Some(p) = &b.source_prefix {
@@ -349,7 +320,7 @@ impl Packer<'_> {
             w.add(
                 archive_key(&b.kernel_name, co.bundle),
                 target.to_string(),
-                co.bytes(),
+                co.bytes.clone(),
                 Some(meta),
             )
             .map_err(|source| crate::Error::Archive {
@@ -407,7 +378,7 @@ fn by_target<'b>(binaries: &[&'b Offloaded]) -> Vec<(&'b str, Entries<'b>)> {
 /// Where a kept code object's bytes are.
 enum At {
     /// At this offset in the input.
-    Input(usize),
+    Input(u64),
     /// At this offset in the job's spill file.
     Scratch(usize),
 }
@@ -421,32 +392,29 @@ struct Kept {
     at: At,
 }
 
-/// The kept code objects as references into the input's map or the spill
-/// file's.
-fn refs(kept: Vec<Kept>, input: Mapped, spill: Option<PathBuf>) -> Result<Vec<CodeRef>> {
-    let scratch_map = match spill {
-        Some(path) => Some(Arc::new(map_file(&path)?)),
-        None => None,
-    };
-    let input_map = Arc::new(input);
-    let code_objects = kept
-        .into_iter()
+/// The kept code objects as ranges of the input file `src` or of the spill
+/// file.
+fn refs(kept: Vec<Kept>, src: &Path, spill: Option<PathBuf>) -> Vec<CodeRef> {
+    let input: Arc<Path> = Arc::from(src);
+    let spill: Option<Arc<Path>> = spill.map(Arc::from);
+    kept.into_iter()
         .map(|k| {
-            let (map, offset) = match k.at {
-                At::Input(off) => (input_map.clone(), off),
-                At::Scratch(off) => (scratch_map.clone().expect("scratch map"), off),
+            let (path, offset) = match k.at {
+                At::Input(off) => (input.clone(), off),
+                At::Scratch(off) => (spill.clone().expect("spill file"), off as u64),
             };
             CodeRef {
                 target: k.target,
                 triple: k.triple,
                 bundle: k.bundle,
-                map,
-                offset,
-                len: k.len,
+                bytes: FileRange {
+                    path,
+                    offset,
+                    len: k.len,
+                },
             }
         })
-        .collect();
-    Ok(code_objects)
+        .collect()
 }
 
 /// The first 8 bytes of a file (fewer if it is shorter).

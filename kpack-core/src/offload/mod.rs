@@ -22,12 +22,12 @@ use std::path::{Component, Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::archive::{ArchiveWriter, Scheme, DEFAULT_ZSTD_LEVEL};
+use crate::archive::{ArchiveWriter, KernelData, Scheme, DEFAULT_ZSTD_LEVEL};
 use crate::binary::{classify, Class, HostBinary, Role};
 use crate::bundle::parse_fatbin;
 use crate::error::{Error, Result, WithPath};
 use crate::hipk::HipkMetadata;
-use crate::input::map_file;
+use crate::input::{map_file, Mapped};
 use crate::output::{parent_dir, write_atomically_with_mode};
 
 pub use pe::PeTransformError;
@@ -130,6 +130,18 @@ pub struct CodeObject<'a> {
     pub triple: String,
     pub target: String,
     pub data: crate::bundle::Blob<'a>,
+}
+
+impl CodeObject<'_> {
+    /// Its bytes for an archive writer: a range of `input`'s file when they
+    /// are a slice of that map (read when written, not held), otherwise
+    /// (decompressed) the bytes.
+    pub fn source(&self, input: &Mapped) -> KernelData<'_> {
+        match input.file_range(&self.data) {
+            Some(range) => KernelData::File(range),
+            None => KernelData::from(&self.data[..]),
+        }
+    }
 }
 
 /// The archive key of a binary's code object: `name#co_index`.
@@ -328,9 +340,9 @@ fn code_objects_by_target<'a>(input: &Path, bytes: &'a [u8]) -> Result<ByTarget<
 }
 
 /// One archive per target, `<group>_<target>.kpack`, with the code objects
-/// of `mapped` (whose pages are released as they are written).
+/// of `mapped` (read through its file as they are written).
 fn write_archives(
-    mapped: &crate::input::Mapped,
+    mapped: &Mapped,
     by_target: ByTarget,
     group: &str,
     kernel_name: &str,
@@ -341,14 +353,13 @@ fn write_archives(
         let path = opts.archive_dir.join(archive_file_name(group, target));
         let mut w = ArchiveWriter::new(group.to_string(), target.clone(), vec![target.clone()])
             .scheme(opts.scheme)
-            .zstd_level(opts.level)
-            .on_written(|data| mapped.release_slice(data));
+            .zstd_level(opts.level);
         for co in cos {
             let meta = vec![("target".to_string(), co.triple.as_str().into())];
             w.add(
                 archive_key(kernel_name, co.bundle),
                 target.clone(),
-                &co.data[..],
+                co.source(mapped),
                 Some(meta),
             )
             .map_err(|e| Error::Archive {
