@@ -385,6 +385,11 @@ fn overlay_prefix(overlay: &str) -> String {
     }
 }
 
+/// The permission bits of a file (`st_mode & 0o7777`).
+fn permission_bits(meta: &fs::Metadata) -> u32 {
+    std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777
+}
+
 /// Is the file at `rel` a fat binary? (A binary whose device-code parts
 /// contradict each other is left as it is, with a warning.)
 fn is_fat(input: &Input, rel: &str, observer: &dyn Observer) -> Result<bool> {
@@ -429,26 +434,7 @@ fn offload(
 ) -> Result<Offload> {
     let prefix = overlay_prefix(opts.overlay());
     let group = id.group();
-    let host_dir = scratch.join("host");
-    let jobs: Vec<FileJob> = scan
-        .fat
-        .iter()
-        .map(|rel| {
-            let below = &rel[prefix.len()..];
-            let src = input.root.join(rel);
-            let meta = fs::metadata(&src).map_err(|e| WheelError::io(&src, e))?;
-            Ok(FileJob {
-                src,
-                size: meta.len(),
-                mode: std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777,
-                dst: host_dir.join(rel),
-                kernel_name: Some(below.to_string()),
-                search_path: search_path(below, &group),
-                source_prefix: None,
-                database: None,
-            })
-        })
-        .collect::<Result<_>>()?;
+    let jobs = offload_jobs(input, scan, &prefix, &group, &scratch.join("host"))?;
     let spill = scratch.join("spill");
     fs::create_dir_all(&spill).map_err(|e| WheelError::io(&spill, e))?;
     let packer = Packer {
@@ -468,13 +454,55 @@ fn offload(
         })
         .collect();
     let archive_dir = scratch.join("archives");
+    write_archives(input, &packer, &binaries, &group, &prefix, &archive_dir)
+}
+
+/// One offload job per fat binary: its host form goes to the same path
+/// below `host_dir`, its kernel name is its path below the overlay.
+fn offload_jobs(
+    input: &Input,
+    scan: &Scan,
+    prefix: &str,
+    group: &str,
+    host_dir: &Path,
+) -> Result<Vec<FileJob>> {
+    scan.fat
+        .iter()
+        .map(|rel| {
+            let below = &rel[prefix.len()..];
+            let src = input.root.join(rel);
+            let meta = fs::metadata(&src).map_err(|e| WheelError::io(&src, e))?;
+            Ok(FileJob {
+                src,
+                size: meta.len(),
+                mode: permission_bits(&meta),
+                dst: host_dir.join(rel),
+                kernel_name: Some(below.to_string()),
+                search_path: search_path(below, group),
+                source_prefix: None,
+                database: None,
+            })
+        })
+        .collect()
+}
+
+/// Write one archive per target of `binaries` into `archive_dir`, named
+/// for the wheel's `<overlay>/.kpack/`.
+fn write_archives(
+    input: &Input,
+    packer: &Packer,
+    binaries: &[&Offloaded],
+    group: &str,
+    prefix: &str,
+    archive_dir: &Path,
+) -> Result<Offload> {
     let place = |target: &str, _: &[String]| {
-        let name = archive_file_name(&group, target);
+        let name = archive_file_name(group, target);
         (archive_dir.join(&name), format!("{prefix}.kpack/{name}"))
     };
     let family = |target: &str| target.to_string();
     let infos = packer
-        .write_archives(&binaries, &group, &family, &place)
+        .write_archives(binaries, group, &family, &place)
         .map_err(|e| input.member_error(e))?;
     let code_objects = binaries.iter().map(|b| b.code_objects.len()).sum();
     let archives = infos

@@ -67,7 +67,8 @@ impl Member {
         }
     }
 
-    fn len(&self) -> Result<u64> {
+    /// The number of bytes of the member.
+    pub(super) fn len(&self) -> Result<u64> {
         match &self.source {
             Source::File(p) => Ok(fs::metadata(p).map_err(|e| WheelError::io(p, e))?.len()),
             Source::Bytes(b) => Ok(b.len() as u64),
@@ -139,62 +140,121 @@ pub fn write_wheel(
     dist_info: &str,
     observer: &dyn Observer,
 ) -> Result<Written> {
-    let file = File::create(path).map_err(|e| WheelError::io(path, e))?;
-    let mut zip = ZipWriter::new(BufWriter::with_capacity(1 << 20, file));
-    let time = entry_time();
-    let zerr = |e: zip::result::ZipError| WheelError::io(path, io::Error::other(e));
-    let mut lines = Vec::with_capacity(members.len());
-    let mut written = Written::default();
-    let mut buf = vec![0u8; 1 << 20];
+    let mut wheel = WheelWriter::create(path, members.len())?;
     for m in members {
-        let len = m.len()?;
-        let stored = m.name.ends_with(".kpack");
-        let options = SimpleFileOptions::default()
-            .compression_method(if stored {
-                CompressionMethod::Stored
-            } else {
-                CompressionMethod::Deflated
-            })
+        wheel.add(m, observer)?;
+    }
+    wheel.finish(dist_info)
+}
+
+/// A wheel file being written: the zip archive, and the RECORD lines of
+/// the members so far.
+struct WheelWriter<'a> {
+    path: &'a Path,
+    zip: ZipWriter<BufWriter<File>>,
+    time: DateTime,
+    lines: Vec<(String, String)>,
+    written: Written,
+    buf: Vec<u8>,
+}
+
+impl<'a> WheelWriter<'a> {
+    /// Create the wheel file `path`, for `members` members.
+    fn create(path: &'a Path, members: usize) -> Result<Self> {
+        let file = File::create(path).map_err(|e| WheelError::io(path, e))?;
+        Ok(WheelWriter {
+            path,
+            zip: ZipWriter::new(BufWriter::with_capacity(1 << 20, file)),
+            time: entry_time(),
+            lines: Vec::with_capacity(members),
+            written: Written::default(),
+            buf: vec![0u8; 1 << 20],
+        })
+    }
+
+    /// The options of an entry: `method`, Unix mode `mode`, the entry time.
+    fn options(&self, method: CompressionMethod, mode: u32) -> SimpleFileOptions {
+        SimpleFileOptions::default()
+            .compression_method(method)
             .system(zip::System::Unix)
-            .last_modified_time(time)
-            .unix_permissions(m.mode)
+            .last_modified_time(self.time)
+            .unix_permissions(mode)
+    }
+
+    /// Add the member `m` (`.kpack` archives stored, the rest deflated)
+    /// and its RECORD line.
+    fn add(&mut self, m: &Member, observer: &dyn Observer) -> Result<()> {
+        let len = m.len()?;
+        let method = if m.name.ends_with(".kpack") {
+            CompressionMethod::Stored
+        } else {
+            CompressionMethod::Deflated
+        };
+        let options = self
+            .options(method, m.mode)
             .large_file(len >= u32::MAX as u64);
-        zip.start_file(m.name.as_str(), options).map_err(zerr)?;
+        self.zip
+            .start_file(m.name.as_str(), options)
+            .map_err(|e| zip_error(self.path, e))?;
+        let (hash, size) = self.copy(m, observer)?;
+        self.lines
+            .push((m.name.clone(), record_line(&m.name, &hash, size)));
+        self.written.files += 1;
+        self.written.bytes_in += size;
+        Ok(())
+    }
+
+    /// Copy the bytes of `m` into the current entry; their SHA-256 and
+    /// size.
+    fn copy(
+        &mut self,
+        m: &Member,
+        observer: &dyn Observer,
+    ) -> Result<(sha2::digest::Output<Sha256>, u64)> {
         let mut hash = Sha256::new();
         let mut input = m.open()?;
         let mut size = 0u64;
         loop {
-            let n = match input.read(&mut buf) {
+            let n = match input.read(&mut self.buf) {
                 Ok(0) => break,
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(WheelError::io(source_path(m, path), e)),
+                Err(e) => return Err(WheelError::io(source_path(m, self.path), e)),
             };
-            hash.update(&buf[..n]);
-            zip.write_all(&buf[..n])
-                .map_err(|e| WheelError::io(path, e))?;
+            hash.update(&self.buf[..n]);
+            self.zip
+                .write_all(&self.buf[..n])
+                .map_err(|e| WheelError::io(self.path, e))?;
             size += n as u64;
             observer.advance(n as u64);
         }
-        lines.push((m.name.clone(), record_line(&m.name, &hash.finalize(), size)));
-        written.files += 1;
-        written.bytes_in += size;
+        Ok((hash.finalize(), size))
     }
-    let record_name = format!("{dist_info}/RECORD");
-    let options = SimpleFileOptions::default()
-        .compression_method(CompressionMethod::Deflated)
-        .system(zip::System::Unix)
-        .last_modified_time(time)
-        .unix_permissions(0o644);
-    zip.start_file(record_name.as_str(), options)
-        .map_err(zerr)?;
-    zip.write_all(record(lines, &record_name).as_bytes())
-        .map_err(|e| WheelError::io(path, e))?;
-    let mut out = zip.finish().map_err(zerr)?;
-    out.flush().map_err(|e| WheelError::io(path, e))?;
-    written.files += 1;
-    written.bytes_out = out.stream_position().map_err(|e| WheelError::io(path, e))?;
-    Ok(written)
+
+    /// Add the RECORD `<dist_info>/RECORD` and finish the archive.
+    fn finish(mut self, dist_info: &str) -> Result<Written> {
+        let record_name = format!("{dist_info}/RECORD");
+        let options = self.options(CompressionMethod::Deflated, 0o644);
+        self.zip
+            .start_file(record_name.as_str(), options)
+            .map_err(|e| zip_error(self.path, e))?;
+        let lines = std::mem::take(&mut self.lines);
+        self.zip
+            .write_all(record(lines, &record_name).as_bytes())
+            .map_err(|e| WheelError::io(self.path, e))?;
+        let mut out = self.zip.finish().map_err(|e| zip_error(self.path, e))?;
+        out.flush().map_err(|e| WheelError::io(self.path, e))?;
+        self.written.files += 1;
+        self.written.bytes_out = out
+            .stream_position()
+            .map_err(|e| WheelError::io(self.path, e))?;
+        Ok(self.written)
+    }
+}
+
+/// A zip error writing the wheel file `path`.
+fn zip_error(path: &Path, e: zip::result::ZipError) -> WheelError {
+    WheelError::io(path, io::Error::other(e))
 }
 
 fn source_path<'a>(m: &'a Member, fallback: &'a Path) -> &'a Path {
