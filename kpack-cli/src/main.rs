@@ -210,10 +210,30 @@ enum RestoreCompression {
     Zstd,
 }
 
+impl RestoreCompression {
+    fn restore(self) -> kpack_core::restore::Compression {
+        use kpack_core::restore::Compression as C;
+        match self {
+            RestoreCompression::Auto => C::Auto,
+            RestoreCompression::None => C::None,
+            RestoreCompression::Zstd => C::Zstd,
+        }
+    }
+}
+
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum Compression {
     None,
     Zstd,
+}
+
+impl Compression {
+    fn scheme(self) -> Scheme {
+        match self {
+            Compression::None => Scheme::None,
+            Compression::Zstd => Scheme::ZstdPerKernel,
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -245,15 +265,21 @@ fn write_stdout_line(args: std::fmt::Arguments) {
     }
 }
 
+/// Run a subcommand other than `artifact` and `split-wheels` (dispatched in
+/// [`main`]).
 fn run(cli: Cli) -> kpack_core::Result<()> {
     match cli.command {
-        Command::Ls { file, json } => ls(&file, json),
-        Command::Extract {
-            file,
-            output,
-            target,
-            json,
-        } => extract(&file, &output, target.as_deref(), json),
+        c @ (Command::Offload { .. } | Command::Prune { .. } | Command::Restore { .. }) => {
+            run_rewrite(c)
+        }
+        Command::Artifact(_) | Command::SplitWheels(_) => unreachable!("dispatched in main"),
+        c => run_inspect(c),
+    }
+}
+
+/// The commands that write a rewritten binary: offload, prune, restore.
+fn run_rewrite(command: Command) -> kpack_core::Result<()> {
+    match command {
         Command::Offload {
             input,
             output,
@@ -266,23 +292,17 @@ fn run(cli: Cli) -> kpack_core::Result<()> {
             compression_level,
             json,
         } => {
-            let mut opts = OffloadOptions::new(archive_dir);
-            opts.kernel_name = kernel_name;
-            opts.search_paths = search_paths;
-            opts.extra_search_paths = extra_search_paths;
-            opts.group = group;
-            opts.scheme = match compression {
-                Compression::None => Scheme::None,
-                Compression::Zstd => Scheme::ZstdPerKernel,
+            let opts = OffloadOptions {
+                kernel_name,
+                search_paths,
+                extra_search_paths,
+                group,
+                scheme: compression.scheme(),
+                level: compression_level,
+                ..OffloadOptions::new(archive_dir)
             };
-            opts.level = compression_level;
             offload(&input, &output, &opts, json)
         }
-        Command::VerifyElf {
-            file,
-            offloaded,
-            json,
-        } => verify_elf(&file, offloaded, json),
         Command::Prune {
             input,
             output,
@@ -298,18 +318,33 @@ fn run(cli: Cli) -> kpack_core::Result<()> {
             compression,
             json,
         } => {
-            use kpack_core::restore::Compression as C;
             let opts = kpack_core::restore::RestoreOptions {
                 targets,
                 keep_generic,
-                compression: match compression {
-                    RestoreCompression::Auto => C::Auto,
-                    RestoreCompression::None => C::None,
-                    RestoreCompression::Zstd => C::Zstd,
-                },
+                compression: compression.restore(),
             };
             restore(&input, &output, &opts, json)
         }
+        _ => unreachable!("not a rewriting command"),
+    }
+}
+
+/// The commands that read and report: ls, extract, verify-elf, why, size,
+/// diff.
+fn run_inspect(command: Command) -> kpack_core::Result<()> {
+    match command {
+        Command::Ls { file, json } => ls(&file, json),
+        Command::Extract {
+            file,
+            output,
+            target,
+            json,
+        } => extract(&file, &output, target.as_deref(), json),
+        Command::VerifyElf {
+            file,
+            offloaded,
+            json,
+        } => verify_elf(&file, offloaded, json),
         Command::Why {
             binary,
             archs,
@@ -317,7 +352,7 @@ fn run(cli: Cli) -> kpack_core::Result<()> {
         } => why(&binary, &archs, json),
         Command::Size { paths, json, svg } => size(&paths, json, svg.as_deref()),
         Command::Diff { a, b, json } => diff(&a, &b, json),
-        Command::Artifact(_) | Command::SplitWheels(_) => unreachable!("dispatched in main"),
+        _ => unreachable!("not an inspection command"),
     }
 }
 
@@ -465,7 +500,6 @@ fn restore(
 }
 
 fn why(binary: &Path, archs: &[String], json: bool) -> kpack_core::Result<()> {
-    use kpack_core::loader::{AttemptOutcome, CandidateStatus};
     use kpack_core::why::Outcome;
     let w = kpack_core::why::why(binary, archs)?;
     if json {
@@ -479,53 +513,7 @@ fn why(binary: &Path, archs: &[String], json: bool) -> kpack_core::Result<()> {
             w.search_paths.join(", ")
         );
         for x in &w.wrappers {
-            outln!("wrapper {}: key {}", x.wrapper, x.trace.key);
-            for a in &x.trace.agents {
-                outln!("  {} tries {}", a.arch, a.targets.join(", "));
-            }
-            for (i, c) in x.trace.candidates.iter().enumerate() {
-                let status = match &c.status {
-                    CandidateStatus::NotReached => "not reached (found before it)".to_string(),
-                    CandidateStatus::Missing { error } => format!("missing ({error})"),
-                    CandidateStatus::Unusable { error } => format!("does not open: {error}"),
-                    CandidateStatus::SameAs { candidate } => {
-                        format!("the same archive as candidate {}", candidate + 1)
-                    }
-                    CandidateStatus::Opened { targets, .. } => {
-                        format!("opens, lists [{}]", targets.join(", "))
-                    }
-                };
-                outln!("  {}. {}: {status}", i + 1, c.path.display());
-                for t in x.trace.attempts.iter().filter(|t| t.candidate == i) {
-                    let what = match &t.outcome {
-                        AttemptOutcome::KeyMissing => {
-                            "listed, but no entry for the key".to_string()
-                        }
-                        AttemptOutcome::ReadFailed { error } => {
-                            format!("has the key, read failed: {error}")
-                        }
-                        AttemptOutcome::Loaded { size } => {
-                            format!("has the key: loaded, {size} bytes")
-                        }
-                    };
-                    outln!("       {}: {what}", t.target);
-                }
-            }
-            match &x.result {
-                Outcome::Loaded {
-                    archive,
-                    target,
-                    size,
-                } => outln!(
-                    "  => loads {target} from {} ({size} bytes)",
-                    archive.display()
-                ),
-                Outcome::Failed {
-                    code,
-                    error,
-                    message,
-                } => outln!("  => {error} ({code}): {message}"),
-            }
+            print_wrapper_why(x);
         }
     }
     if w.all_resolve() {
@@ -546,8 +534,69 @@ fn why(binary: &Path, archs: &[String], json: bool) -> kpack_core::Result<()> {
     })
 }
 
+/// One wrapper of `kpack why`: the targets each agent tries, the candidate
+/// archives with what each gave, and the result.
+fn print_wrapper_why(x: &kpack_core::why::WrapperWhy) {
+    use kpack_core::why::Outcome;
+    outln!("wrapper {}: key {}", x.wrapper, x.trace.key);
+    for a in &x.trace.agents {
+        outln!("  {} tries {}", a.arch, a.targets.join(", "));
+    }
+    for (i, c) in x.trace.candidates.iter().enumerate() {
+        outln!(
+            "  {}. {}: {}",
+            i + 1,
+            c.path.display(),
+            candidate_status(&c.status)
+        );
+        for t in x.trace.attempts.iter().filter(|t| t.candidate == i) {
+            outln!("       {}: {}", t.target, attempt_outcome(&t.outcome));
+        }
+    }
+    match &x.result {
+        Outcome::Loaded {
+            archive,
+            target,
+            size,
+        } => outln!(
+            "  => loads {target} from {} ({size} bytes)",
+            archive.display()
+        ),
+        Outcome::Failed {
+            code,
+            error,
+            message,
+        } => outln!("  => {error} ({code}): {message}"),
+    }
+}
+
+/// What a candidate archive gave the loader, in words.
+fn candidate_status(status: &kpack_core::loader::CandidateStatus) -> String {
+    use kpack_core::loader::CandidateStatus;
+    match status {
+        CandidateStatus::NotReached => "not reached (found before it)".to_string(),
+        CandidateStatus::Missing { error } => format!("missing ({error})"),
+        CandidateStatus::Unusable { error } => format!("does not open: {error}"),
+        CandidateStatus::SameAs { candidate } => {
+            format!("the same archive as candidate {}", candidate + 1)
+        }
+        CandidateStatus::Opened { targets, .. } => {
+            format!("opens, lists [{}]", targets.join(", "))
+        }
+    }
+}
+
+/// What looking up the key for one target of a candidate gave, in words.
+fn attempt_outcome(outcome: &kpack_core::loader::AttemptOutcome) -> String {
+    use kpack_core::loader::AttemptOutcome;
+    match outcome {
+        AttemptOutcome::KeyMissing => "listed, but no entry for the key".to_string(),
+        AttemptOutcome::ReadFailed { error } => format!("has the key, read failed: {error}"),
+        AttemptOutcome::Loaded { size } => format!("has the key: loaded, {size} bytes"),
+    }
+}
+
 fn size(paths: &[PathBuf], json: bool, svg: Option<&Path>) -> kpack_core::Result<()> {
-    use kpack_core::bytes::format_size as fs;
     let report = kpack_core::size::size(paths)?;
     if let Some(file) = svg {
         let doc = kpack_core::svg::treemap(&report.roots);
@@ -560,57 +609,71 @@ fn size(paths: &[PathBuf], json: bool, svg: Option<&Path>) -> kpack_core::Result
         return Ok(());
     }
     for r in &report.roots {
-        outln!(
-            "{}: {}, {} file(s), {}{}: host {}, device {} (stored), headers/padding/TOCs {}, other files {}",
-            r.path,
-            r.kind.name(),
-            r.files,
-            fs(r.bytes),
-            r.unpacked_bytes
-                .map(|u| format!(" ({} unpacked)", fs(u)))
-                .unwrap_or_default(),
-            fs(r.host_bytes),
-            fs(r.device_bytes),
-            fs(r.overhead_bytes),
-            fs(r.other_bytes)
-        );
-        outln!(
-            "  {:<24} {:>6} {:>12} {:>14} {:>7} {:>12}",
-            "target",
-            "codes",
-            "stored",
-            "uncompressed",
-            "shared",
-            "saved"
-        );
-        for (t, v) in &r.targets {
-            outln!(
-                "  {:<24} {:>6} {:>12} {:>14} {:>7} {:>12}",
-                t,
-                v.code_objects,
-                fs(v.stored),
-                fs(v.uncompressed),
-                v.shared,
-                fs(v.bytes_saved)
-            );
-        }
-        let mut bins: Vec<&kpack_core::size::BinaryBytes> = r.binaries.iter().collect();
-        let total = |b: &kpack_core::size::BinaryBytes| {
-            b.host_bytes + b.targets.values().map(|t| t.stored).sum::<u64>()
-        };
-        bins.sort_by(|a, b| total(b).cmp(&total(a)).then(a.name.cmp(&b.name)));
-        for b in bins {
-            outln!(
-                "  {} ({}): host {}, device {} in {} target(s)",
-                b.name,
-                b.kind,
-                fs(b.host_bytes),
-                fs(b.targets.values().map(|t| t.stored).sum()),
-                b.targets.len()
-            );
-        }
+        print_size_root(r);
     }
     Ok(())
+}
+
+/// One path of `kpack size`: its totals, a table of its targets, and its
+/// binaries, largest first.
+fn print_size_root(r: &kpack_core::size::Root) {
+    use kpack_core::bytes::format_size as fs;
+    outln!(
+        "{}: {}, {} file(s), {}{}: host {}, device {} (stored), headers/padding/TOCs {}, other files {}",
+        r.path,
+        r.kind.name(),
+        r.files,
+        fs(r.bytes),
+        r.unpacked_bytes
+            .map(|u| format!(" ({} unpacked)", fs(u)))
+            .unwrap_or_default(),
+        fs(r.host_bytes),
+        fs(r.device_bytes),
+        fs(r.overhead_bytes),
+        fs(r.other_bytes)
+    );
+    outln!(
+        "  {:<24} {:>6} {:>12} {:>14} {:>7} {:>12}",
+        "target",
+        "codes",
+        "stored",
+        "uncompressed",
+        "shared",
+        "saved"
+    );
+    for (t, v) in &r.targets {
+        outln!(
+            "  {:<24} {:>6} {:>12} {:>14} {:>7} {:>12}",
+            t,
+            v.code_objects,
+            fs(v.stored),
+            fs(v.uncompressed),
+            v.shared,
+            fs(v.bytes_saved)
+        );
+    }
+    print_size_binaries(&r.binaries);
+}
+
+/// The binaries of one path of `kpack size`, largest (host and stored
+/// device bytes) first, then by name.
+fn print_size_binaries(binaries: &[kpack_core::size::BinaryBytes]) {
+    use kpack_core::bytes::format_size as fs;
+    use kpack_core::size::BinaryBytes;
+    let device = |b: &BinaryBytes| -> u64 { b.targets.values().map(|t| t.stored).sum() };
+    let total = |b: &BinaryBytes| b.host_bytes + device(b);
+    let mut bins: Vec<&BinaryBytes> = binaries.iter().collect();
+    bins.sort_by(|a, b| total(b).cmp(&total(a)).then(a.name.cmp(&b.name)));
+    for b in bins {
+        outln!(
+            "  {} ({}): host {}, device {} in {} target(s)",
+            b.name,
+            b.kind,
+            fs(b.host_bytes),
+            fs(device(b)),
+            b.targets.len()
+        );
+    }
 }
 
 fn diff(a: &Path, b: &Path, json: bool) -> kpack_core::Result<()> {

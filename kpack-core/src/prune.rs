@@ -25,8 +25,8 @@ use crate::binary::{classify, Class, HostBinary};
 use crate::bundle::{compress_bundle, parse_fatbin, write_bundle, Bundle, Ccob};
 use crate::error::{Error, Result, WithPath};
 use crate::input::map_file;
-use crate::offload::transform::{rewrite, Request};
-use crate::offload::verify_fat;
+use crate::offload::transform::{rewrite, Request, Transformed};
+use crate::offload::{verify_fat, VerifiedFat};
 use crate::output::{parent_dir, write_atomically_with_mode};
 use crate::target::TargetId;
 
@@ -119,14 +119,7 @@ pub fn prune(input: &Path, output: &Path, selection: &Selection) -> Result<Prune
     let mapped = map_file(input)?;
     let bytes: &[u8] = &mapped;
     let mode = fs::metadata(input).with_path(input)?.permissions().mode();
-    check_class(input, bytes)?;
-    let bin = HostBinary::parse(bytes).with_path(input)?;
-    if bin.pe().is_some() {
-        return Err(request(
-            input,
-            "a PE file: prune rewrites ELF binaries only (offload handles both)",
-        ));
-    }
+    let bin = fat_elf(input, bytes)?;
     let section = bin
         .fatbin()
         .with_path(input)?
@@ -147,17 +140,7 @@ pub fn prune(input: &Path, output: &Path, selection: &Selection) -> Result<Prune
             ),
         ));
     }
-    let req = Request::Prune {
-        bundles: &layout.bytes,
-        starts: layout.starts.clone(),
-    };
-    let t = rewrite(bytes, &req).map_err(|e| request(input, e.to_string()))?;
-    let v = verify_fat(&t.bytes).map_err(|e| {
-        request(
-            input,
-            format!("internal error: the pruned binary fails verification: {e}"),
-        )
-    })?;
+    let (t, v) = rewrite_verified(input, bytes, &layout)?;
     fs::create_dir_all(parent_dir(output)).with_path(parent_dir(output))?;
     write_atomically_with_mode(output, Some(mode), |f| f.write_all(&t.bytes))?;
     Ok(PruneSummary {
@@ -173,6 +156,41 @@ pub fn prune(input: &Path, output: &Path, selection: &Selection) -> Result<Prune
         output_size: t.bytes.len() as u64,
         seconds: clock.elapsed().as_secs_f64(),
     })
+}
+
+/// The fat ELF binary in `bytes`; anything else (a PE file too) is refused,
+/// saying what it is.
+fn fat_elf<'a>(input: &Path, bytes: &'a [u8]) -> Result<HostBinary<'a>> {
+    check_class(input, bytes)?;
+    let bin = HostBinary::parse(bytes).with_path(input)?;
+    if bin.pe().is_some() {
+        return Err(request(
+            input,
+            "a PE file: prune rewrites ELF binaries only (offload handles both)",
+        ));
+    }
+    Ok(bin)
+}
+
+/// The binary in `bytes` with `layout` in place of its section's bundles
+/// (the ELF transform), and what verifying it found.
+fn rewrite_verified(
+    input: &Path,
+    bytes: &[u8],
+    layout: &Layout,
+) -> Result<(Transformed, VerifiedFat)> {
+    let req = Request::Prune {
+        bundles: &layout.bytes,
+        starts: layout.starts.clone(),
+    };
+    let t = rewrite(bytes, &req).map_err(|e| request(input, e.to_string()))?;
+    let v = verify_fat(&t.bytes).map_err(|e| {
+        request(
+            input,
+            format!("internal error: the pruned binary fails verification: {e}"),
+        )
+    })?;
+    Ok((t, v))
 }
 
 /// Only a fat binary can be pruned; anything else is refused, saying what

@@ -545,43 +545,7 @@ fn merge_targets(
             if !root.is_dir() {
                 continue;
             }
-            refuse_symlink_ancestor(dir, Path::new(&p), target)?;
-            make_dirs(&dir.join(&p))?;
-            for n in scan(&root)? {
-                let (from, to) = (root.join(&n.rel), dir.join(&p).join(&n.rel));
-                // Another target may have put a symlink where this one has a
-                // directory: never write through it.
-                let rel = Path::new(&p).join(&n.rel);
-                refuse_symlink_ancestor(dir, rel.parent().unwrap_or(Path::new("")), target)?;
-                if n.kind == NodeKind::Dir {
-                    refuse_symlink_ancestor(dir, &rel, target)?;
-                }
-                match &n.kind {
-                    NodeKind::Dir => make_dirs(&to)?,
-                    kind => {
-                        if fs::symlink_metadata(&to).is_ok() {
-                            let same = match kind {
-                                NodeKind::Symlink(t) => fs::read_link(&to).ok().as_ref() == Some(t),
-                                _ => same_bytes(&from, &to)?,
-                            };
-                            if same {
-                                continue;
-                            }
-                            return Err(ArtifactError::input(
-                                &from,
-                                format!(
-                                    "{target}: {p}/{} is also provided by another target of the group, with different contents",
-                                    n.rel.display()
-                                ),
-                            ));
-                        }
-                        match kind {
-                            NodeKind::Symlink(t) => copy_symlink(t, &to)?,
-                            _ => bytes += copy_file(&from, &to, n.mode)?,
-                        }
-                    }
-                }
-            }
+            bytes += merge_prefix(dir, &root, &p, target)?;
             modes.push((dir.join(&p), root));
             prefixes.insert(p);
         }
@@ -594,6 +558,58 @@ fn merge_targets(
     let prefixes: Vec<String> = prefixes.into_iter().collect();
     manifest::write_manifest(dir, &prefixes)?;
     Ok((prefixes, bytes))
+}
+
+/// Copy prefix `p` of `target`'s artifact (at `root`) into `dir`; returns
+/// the bytes of the files copied.
+fn merge_prefix(dir: &Path, root: &Path, p: &str, target: &str) -> Result<u64> {
+    refuse_symlink_ancestor(dir, Path::new(p), target)?;
+    make_dirs(&dir.join(p))?;
+    let mut bytes = 0;
+    for n in scan(root)? {
+        let (from, to) = (root.join(&n.rel), dir.join(p).join(&n.rel));
+        // Another target may have put a symlink where this one has a
+        // directory: never write through it.
+        let rel = Path::new(p).join(&n.rel);
+        refuse_symlink_ancestor(dir, rel.parent().unwrap_or(Path::new("")), target)?;
+        if n.kind == NodeKind::Dir {
+            refuse_symlink_ancestor(dir, &rel, target)?;
+        }
+        match &n.kind {
+            NodeKind::Dir => make_dirs(&to)?,
+            kind => {
+                if fs::symlink_metadata(&to).is_ok() {
+                    check_same(&n, &from, &to, p, target)?;
+                    continue;
+                }
+                match kind {
+                    NodeKind::Symlink(t) => copy_symlink(t, &to)?,
+                    _ => bytes += copy_file(&from, &to, n.mode)?,
+                }
+            }
+        }
+    }
+    Ok(bytes)
+}
+
+/// Fail unless `to`, which another target of the group put there, is the
+/// same as `from` (node `n` of prefix `p` of `target`): the same symlink
+/// target, or the same bytes.
+fn check_same(n: &Node, from: &Path, to: &Path, p: &str, target: &str) -> Result<()> {
+    let same = match &n.kind {
+        NodeKind::Symlink(t) => fs::read_link(to).ok().as_ref() == Some(t),
+        _ => same_bytes(from, to)?,
+    };
+    if same {
+        return Ok(());
+    }
+    Err(ArtifactError::input(
+        from,
+        format!(
+            "{target}: {p}/{} is also provided by another target of the group, with different contents",
+            n.rel.display()
+        ),
+    ))
 }
 
 /// Differences between two artifact trees (paths, symlink targets, bytes),

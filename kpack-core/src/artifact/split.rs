@@ -603,24 +603,7 @@ fn run(plan: &Plan, opts: &SplitOptions, observer: &dyn Observer) -> Result<Arti
     let out = &opts.output_dir;
     let stage = StagedDir::in_dir(out)?;
     let scratch = ScratchDir::new(opts.tmp_dir.as_deref().unwrap_or(out))?;
-    let mut a = ArtifactSummary {
-        input: plan.dir.display().to_string(),
-        artifact_prefix: plan.prefix.clone(),
-        status: "ok".into(),
-        prefixes: plan.prefixes.clone(),
-        skipped_prefixes: plan.skipped.clone(),
-        ..Default::default()
-    };
-    for leftover in stage.swept() {
-        note(&mut a, observer, leftover_removed(leftover));
-    }
-    for p in &plan.skipped {
-        let msg = format!(
-            "{}: manifest prefix {p} does not exist: skipped (left out of the output manifests)",
-            plan.dir.display()
-        );
-        note(&mut a, observer, msg);
-    }
+    let mut a = start_summary(plan, &stage, observer);
     let layout = Layout {
         root: stage.path().to_path_buf(),
         ap: plan.prefix.clone(),
@@ -639,14 +622,7 @@ fn run(plan: &Plan, opts: &SplitOptions, observer: &dyn Observer) -> Result<Arti
     let binaries = record_outcomes(&done, &jobs, &mut target_prefixes, &mut a, observer);
     check_targets_matched(plan, opts, &a)?;
     a.archives = write_archives(&packer, &binaries, &layout)?;
-    for ar in &a.archives {
-        a.bytes_out += ar.bytes_out;
-        let p = ar.prefix.clone().unwrap_or_default();
-        target_prefixes
-            .entry(ar.target.clone())
-            .or_default()
-            .insert(p);
-    }
+    record_archives(&mut a, &mut target_prefixes);
     drop(binaries);
     drop(done);
     drop(scratch);
@@ -663,6 +639,43 @@ fn run(plan: &Plan, opts: &SplitOptions, observer: &dyn Observer) -> Result<Arti
         a.database_files
     ));
     Ok(a)
+}
+
+/// Step 1's summary: nothing done yet but the notes on leftovers of an
+/// interrupted run (removed) and on manifest prefixes that do not exist.
+fn start_summary(plan: &Plan, stage: &StagedDir, observer: &dyn Observer) -> ArtifactSummary {
+    let mut a = ArtifactSummary {
+        input: plan.dir.display().to_string(),
+        artifact_prefix: plan.prefix.clone(),
+        status: "ok".into(),
+        prefixes: plan.prefixes.clone(),
+        skipped_prefixes: plan.skipped.clone(),
+        ..Default::default()
+    };
+    for leftover in stage.swept() {
+        note(&mut a, observer, leftover_removed(leftover));
+    }
+    for p in &plan.skipped {
+        let msg = format!(
+            "{}: manifest prefix {p} does not exist: skipped (left out of the output manifests)",
+            plan.dir.display()
+        );
+        note(&mut a, observer, msg);
+    }
+    a
+}
+
+/// Count the bytes of the archives of step 4; each archive also marks its
+/// prefix in its target's artifact.
+fn record_archives(a: &mut ArtifactSummary, target_prefixes: &mut TargetPrefixes) {
+    for ar in &a.archives {
+        a.bytes_out += ar.bytes_out;
+        let p = ar.prefix.clone().unwrap_or_default();
+        target_prefixes
+            .entry(ar.target.clone())
+            .or_default()
+            .insert(p);
+    }
 }
 
 /// SPEC §7: with `--gpu-targets`, fat binaries of which not one code
@@ -702,13 +715,16 @@ fn walk_input(
     a: &mut ArtifactSummary,
     observer: &dyn Observer,
 ) -> Result<(Vec<FileJob>, TargetPrefixes)> {
-    let mut target_prefixes = TargetPrefixes::new();
-    let mut jobs = Vec::new();
-    let generic = layout.generic();
-    make_dirs(&generic)?;
+    let mut walk = Walk {
+        layout,
+        generic: layout.generic(),
+        jobs: Vec::new(),
+        target_prefixes: TargetPrefixes::new(),
+    };
+    make_dirs(&walk.generic)?;
     for p in &plan.prefixes {
         let root = plan.dir.join(p);
-        make_dirs(&generic.join(p))?;
+        make_dirs(&walk.generic.join(p))?;
         for n in &scan(&root)? {
             let rel = n.rel_str(&root)?;
             let target = match &n.kind {
@@ -728,47 +744,76 @@ fn walk_input(
                 }
                 continue;
             }
-            match &n.kind {
-                NodeKind::Dir => {
-                    // Kept even when empty.
-                    a.directories += 1;
-                    make_dirs(&generic.join(p).join(&n.rel))?;
-                }
-                NodeKind::Symlink(link) => {
-                    a.symlinks += 1;
-                    let dst = match &target {
-                        Some(t) => {
-                            target_prefixes
-                                .entry(t.clone())
-                                .or_default()
-                                .insert(p.clone());
-                            layout.target(t)
-                        }
-                        None => generic.clone(),
-                    };
-                    copy_symlink(link, &dst.join(p).join(&n.rel))?;
-                }
-                NodeKind::File { size } => {
-                    a.files += 1;
-                    a.bytes_in += size;
-                    jobs.push(FileJob {
-                        src: root.join(&n.rel),
-                        size: *size,
-                        mode: n.mode,
-                        dst: generic.join(p).join(&n.rel),
-                        kernel_name: Some(format!("{p}/{rel}")),
-                        search_path: search_path(&rel, &layout.ap),
-                        source_prefix: Some(p.clone()),
-                        database: target.map(|t| {
-                            let dst = layout.target(&t).join(p).join(&n.rel);
-                            (t, dst)
-                        }),
-                    });
-                }
-            }
+            walk.node(a, p, &root, n, &rel, target)?;
         }
     }
-    Ok((jobs, target_prefixes))
+    Ok((walk.jobs, walk.target_prefixes))
+}
+
+/// Step 2 under way: where it puts things (the staged outputs) and what
+/// it collects.
+struct Walk<'l> {
+    layout: &'l Layout,
+    generic: PathBuf,
+    /// Phase 1's jobs, one per regular file.
+    jobs: Vec<FileJob>,
+    target_prefixes: TargetPrefixes,
+}
+
+impl Walk<'_> {
+    /// Put node `n` of prefix `p` (at `root`; `rel`, its path there) in the
+    /// staged outputs: a directory or symlink made (a symlink a database
+    /// handler claims for `target` in that target's artifact), a regular
+    /// file made a job.
+    fn node(
+        &mut self,
+        a: &mut ArtifactSummary,
+        p: &str,
+        root: &Path,
+        n: &Node,
+        rel: &str,
+        target: Option<String>,
+    ) -> Result<()> {
+        match &n.kind {
+            NodeKind::Dir => {
+                // Kept even when empty.
+                a.directories += 1;
+                make_dirs(&self.generic.join(p).join(&n.rel))?;
+            }
+            NodeKind::Symlink(link) => {
+                a.symlinks += 1;
+                let dst = match &target {
+                    Some(t) => {
+                        self.target_prefixes
+                            .entry(t.clone())
+                            .or_default()
+                            .insert(p.to_string());
+                        self.layout.target(t)
+                    }
+                    None => self.generic.clone(),
+                };
+                copy_symlink(link, &dst.join(p).join(&n.rel))?;
+            }
+            NodeKind::File { size } => {
+                a.files += 1;
+                a.bytes_in += size;
+                self.jobs.push(FileJob {
+                    src: root.join(&n.rel),
+                    size: *size,
+                    mode: n.mode,
+                    dst: self.generic.join(p).join(&n.rel),
+                    kernel_name: Some(format!("{p}/{rel}")),
+                    search_path: search_path(rel, &self.layout.ap),
+                    source_prefix: Some(p.to_string()),
+                    database: target.map(|t| {
+                        let dst = self.layout.target(&t).join(p).join(&n.rel);
+                        (t, dst)
+                    }),
+                });
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The per-target artifact a database handler puts the file or symlink

@@ -12,7 +12,7 @@
 use object::elf;
 use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _};
 
-use super::analyze::{Hole, Input};
+use super::analyze::{Fatbin, Hole, Input};
 use super::{Request, TransformError};
 use crate::elf::{file_size, ElfView, PhdrExt, ProgramHeader, SectionHeader, LE, PHDR_SIZE};
 use crate::hipk::{HIPF_MAGIC, HIPK_MAGIC};
@@ -211,55 +211,37 @@ impl Cut {
             inserted: 0,
         }
     }
+
+    /// A cut that puts `inserted` zero bytes back into the file at `at`.
+    fn inserting(at: u64, inserted: u64) -> Cut {
+        Cut {
+            start: at,
+            end: at,
+            removed: 0,
+            inserted,
+        }
+    }
+}
+
+/// The end in the file of a program header table of `phnum` entries at the
+/// input's `e_phoff`.
+fn table_end(input: &Input, phnum: usize) -> u64 {
+    input.elf.header().e_phoff(LE) + (phnum * PHDR_SIZE) as u64
 }
 
 /// Plan the output of offload or prune: `request`'s payload kept at the
 /// start of `.hip_fatbin`, whole pages after it removed.
 pub fn plan(input: &Input, request: &Request) -> Result<Plan, TransformError> {
     let meta_len = request.payload().len() as u64;
-    let (f, x, unit) = (input.fatbin, input.x, input.unit);
-    let elf = &input.elf;
-    // Removing pages from the middle of X splits it in two: one more
-    // program header, which needs room after the table.
-    let cut_addr_end = (f.end() / unit) * unit;
-    let cut_end_if_split = f.offset + cut_addr_end.saturating_sub(f.addr);
-    let x_file_end = x.p_offset(LE) + x.p_filesz(LE);
-    let grow = usize::from(x_file_end > cut_end_if_split);
-    let phoff = elf.header().e_phoff(LE);
-    let phnum = elf.phdrs().len();
-    let old_table_end = phoff + (phnum * PHDR_SIZE) as u64;
-    let new_table_end = phoff + ((phnum + grow) * PHDR_SIZE) as u64;
-    let block = if grow > 0 {
-        block_with_room_for_notes(elf, old_table_end, new_table_end)?
+    let f = input.fatbin;
+    let r = Removal::of(input);
+    let block = if r.grow > 0 {
+        block_with_room_for_notes(&input.elf, r.old_table_end, r.new_table_end)?
     } else {
         None
     };
-    let (block, kept_len) = match block {
-        Some(bl) => {
-            let a = align_up(f.addr + meta_len, bl.align) + bl.start_addr % bl.align;
-            (
-                Some(place_block(bl, a, f.addr, f.offset)),
-                a + bl.len() - f.addr,
-            )
-        }
-        None => (None, meta_len),
-    };
-    // Keep up to the first unit boundary after the metadata (and the moved
-    // block): the removed range then starts and ends on unit boundaries,
-    // so later segments stay congruent whatever the section's alignment
-    // (GNU ld on AArch64 aligns segments to 64 KiB, sections to 4 KiB).
-    let keep = align_up(f.addr + kept_len, unit) - f.addr;
-    let split = cut_addr_end > f.addr + keep;
-    let cut = if split {
-        Cut::removing(f.offset + keep, cut_end_if_split)
-    } else if meta_len > f.size {
-        return Err(TransformError::NoRoom {
-            size: f.size,
-            need: meta_len,
-        });
-    } else {
-        Cut::removing(f.offset + f.size, f.offset + f.size)
-    };
+    let (block, kept_len) = block_after_payload(f, block, meta_len);
+    let (keep, split, cut) = kept_and_cut(input, &r, kept_len, meta_len)?;
     let (form, wrappers, symbol_map) = wrappers_for(input, request)?;
     let mut plan = Plan {
         payload_addr: f.addr,
@@ -274,19 +256,105 @@ pub fn plan(input: &Input, request: &Request) -> Result<Plan, TransformError> {
         cut,
         split,
         keep,
-        cut_addr_end,
-        old_table_end,
+        cut_addr_end: r.cut_addr_end,
+        old_table_end: r.old_table_end,
         block: if split { block } else { None },
         notes: Vec::new(),
         phdrs: Vec::new(),
     };
     if let Some(bl) = plan.block {
-        plan.notes = place_notes(elf, &bl, new_table_end);
+        plan.notes = place_notes(&input.elf, &bl, r.new_table_end);
     }
     check_block_relocations(input, &plan)?;
-    plan.phdrs = segments(input, &plan, grow)?;
+    plan.phdrs = segments(input, &plan, r.grow)?;
     plan.zero = cleared(input, &plan);
     Ok(plan)
+}
+
+/// Where the pages offload or prune may remove end, and what removing them
+/// does to the program header table.
+struct Removal {
+    /// The last unit boundary in `.hip_fatbin`.
+    cut_addr_end: u64,
+    /// Its file offset.
+    cut_end_if_split: u64,
+    /// Program headers the table would gain: 1 when X goes on in the file
+    /// after those pages (removing them splits it in two), else 0.
+    grow: usize,
+    /// End of the program header table in the file, before it grows and
+    /// after.
+    old_table_end: u64,
+    new_table_end: u64,
+}
+
+impl Removal {
+    fn of(input: &Input) -> Removal {
+        let (f, x, unit) = (input.fatbin, input.x, input.unit);
+        // Removing pages from the middle of X splits it in two: one more
+        // program header, which needs room after the table.
+        let cut_addr_end = (f.end() / unit) * unit;
+        let cut_end_if_split = f.offset + cut_addr_end.saturating_sub(f.addr);
+        let x_file_end = x.p_offset(LE) + x.p_filesz(LE);
+        let grow = usize::from(x_file_end > cut_end_if_split);
+        let phnum = input.elf.phdrs().len();
+        Removal {
+            cut_addr_end,
+            cut_end_if_split,
+            grow,
+            old_table_end: table_end(input, phnum),
+            new_table_end: table_end(input, phnum + grow),
+        }
+    }
+}
+
+/// The moved block (if any) placed right after the payload (`meta_len`
+/// bytes at the start of `f`), as aligned as it was, and how many bytes of
+/// `f` the payload and the block take.
+fn block_after_payload(
+    f: Fatbin,
+    block: Option<BlockMove>,
+    meta_len: u64,
+) -> (Option<BlockMove>, u64) {
+    match block {
+        Some(bl) => {
+            let a = align_up(f.addr + meta_len, bl.align) + bl.start_addr % bl.align;
+            (
+                Some(place_block(bl, a, f.addr, f.offset)),
+                a + bl.len() - f.addr,
+            )
+        }
+        None => (None, meta_len),
+    }
+}
+
+/// The bytes of `.hip_fatbin` kept at its start (the first `kept_len` and
+/// up to a unit boundary), whether X is split, and the cut: the whole
+/// pages after the kept ones, or nothing when there are none (the
+/// `meta_len` bytes of payload must then fit the section).
+fn kept_and_cut(
+    input: &Input,
+    r: &Removal,
+    kept_len: u64,
+    meta_len: u64,
+) -> Result<(u64, bool, Cut), TransformError> {
+    let (f, unit) = (input.fatbin, input.unit);
+    // Keep up to the first unit boundary after the metadata (and the moved
+    // block): the removed range then starts and ends on unit boundaries,
+    // so later segments stay congruent whatever the section's alignment
+    // (GNU ld on AArch64 aligns segments to 64 KiB, sections to 4 KiB).
+    let keep = align_up(f.addr + kept_len, unit) - f.addr;
+    let split = r.cut_addr_end > f.addr + keep;
+    let cut = if split {
+        Cut::removing(f.offset + keep, r.cut_end_if_split)
+    } else if meta_len > f.size {
+        return Err(TransformError::NoRoom {
+            size: f.size,
+            need: meta_len,
+        });
+    } else {
+        Cut::removing(f.offset + f.size, f.offset + f.size)
+    };
+    Ok((keep, split, cut))
 }
 
 /// What the wrappers become, and where symbols at bundle starts go: HIPK
@@ -406,25 +474,11 @@ pub fn plan_restore(input: &Input, hole: &Hole, request: &Request) -> Result<Pla
     };
     let x = input.x;
     let align = (*align).clamp(1, input.unit);
-    let payload_addr = align_up(hole.start, align);
     let need = bundles.len() as u64;
-    if payload_addr.checked_add(need).is_none_or(|e| e > hole.end) {
-        return Err(TransformError::RangeTooSmall {
-            need,
-            have: hole.end.saturating_sub(payload_addr),
-            start: payload_addr,
-            end: hole.end,
-        });
-    }
-    let at = x.p_offset(LE) + x.p_filesz(LE);
-    let hole_len = x.p_memsz(LE) - x.p_filesz(LE);
-    let mem_end = x.p_vaddr(LE) + x.p_memsz(LE);
-    let inserted = pages_back(input, payload_addr + need);
-    let joined = if inserted == hole_len { hole.x2 } else { None };
+    let payload_addr = place_in_hole(hole, align, need)?;
+    let (cut, joined) = pages_put_back(input, hole, payload_addr + need);
     let payload_off = x.p_offset(LE) + (payload_addr - x.p_vaddr(LE));
     let wrappers = restored_wrappers(input, starts, payload_addr)?;
-    let phoff = input.elf.header().e_phoff(LE);
-    let phnum = input.elf.phdrs().len() as u64;
     let mut plan = Plan {
         payload_addr,
         payload_off,
@@ -435,25 +489,47 @@ pub fn plan_restore(input: &Input, hole: &Hole, request: &Request) -> Result<Pla
         symbol_map: Vec::new(),
         joined,
         align,
-        cut: Cut {
-            start: at,
-            end: at,
-            removed: 0,
-            inserted,
-        },
+        cut,
         split: false,
         keep: 0,
-        cut_addr_end: mem_end,
-        old_table_end: phoff + phnum * PHDR_SIZE as u64,
+        cut_addr_end: x.p_vaddr(LE) + x.p_memsz(LE),
+        old_table_end: table_end(input, input.elf.phdrs().len()),
         block: None,
         notes: Vec::new(),
         phdrs: Vec::new(),
     };
     plan.phdrs = joined_segments(input, &plan)?;
     // The program header slot freed by joining X1 and X2.
-    let new_end = phoff + (plan.phdrs.len() * PHDR_SIZE) as u64;
+    let new_end = table_end(input, plan.phdrs.len());
     plan.zero.push((new_end, plan.old_table_end));
     Ok(plan)
+}
+
+/// Where `need` bytes of bundles go in the free range of `hole`, at
+/// `align`; an error when they do not fit.
+fn place_in_hole(hole: &Hole, align: u64, need: u64) -> Result<u64, TransformError> {
+    let payload_addr = align_up(hole.start, align);
+    if payload_addr.checked_add(need).is_none_or(|e| e > hole.end) {
+        return Err(TransformError::RangeTooSmall {
+            need,
+            have: hole.end.saturating_sub(payload_addr),
+            start: payload_addr,
+            end: hole.end,
+        });
+    }
+    Ok(payload_addr)
+}
+
+/// The cut of restore: the pages of X1's zero-filled tail that go back
+/// into the file at its end ([`pages_back`]), and X2 when they are all of
+/// that tail (X1 and X2 then join).
+fn pages_put_back(input: &Input, hole: &Hole, bundles_end: u64) -> (Cut, Option<usize>) {
+    let x = input.x;
+    let at = x.p_offset(LE) + x.p_filesz(LE);
+    let hole_len = x.p_memsz(LE) - x.p_filesz(LE);
+    let inserted = pages_back(input, bundles_end);
+    let joined = if inserted == hole_len { hole.x2 } else { None };
+    (Cut::inserting(at, inserted), joined)
 }
 
 /// The program headers of restore: X1 file-backed over the inserted pages
