@@ -115,6 +115,10 @@ fn corrosion(sh: &Shell, root: &Path) -> Option<String> {
             .is_file()
             .then(|| format!("CORROSION_SOURCE_DIR={}", dir.display()));
     }
+    // cmake --find-package writes CMakeFiles/ where it runs: not in the
+    // checkout.
+    let scratch = tempfile::tempdir().ok()?;
+    let _in_scratch = sh.push_dir(scratch.path());
     let found = cmd!(
         sh,
         "cmake --find-package -DNAME=Corrosion -DCOMPILER_ID=GNU -DLANGUAGE=C -DMODE=EXIST"
