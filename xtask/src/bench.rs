@@ -174,6 +174,11 @@ impl Row {
         r
     }
 
+    /// A row for work that needs `path`, which is not installed.
+    pub fn not_installed(section: &str, id: &str, work: impl Into<String>, path: &str) -> Row {
+        Row::unavailable(section, id, work, format!("{path} is not installed"))
+    }
+
     pub fn wall(&self) -> Option<f64> {
         self.wall_s.as_ref().map(|s| s.median)
     }
@@ -238,47 +243,29 @@ impl Runs {
     }
 }
 
+/// The sections `--only` may name, in the order they run.
+const SECTIONS: &[&str] = &[
+    "rocrand",
+    "rocsparse",
+    "pipeline",
+    "runtime",
+    "large",
+    "rewrite",
+    "wheels",
+];
+
+/// A section measured by one function (the libraries' sections aside).
+type Section = (&'static str, fn(&Ctx) -> Result<Vec<Row>>);
+
+/// Re-run in release, then measure the sections asked for and write the
+/// table and the report.
 pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     let sh = Shell::new()?;
     sh.change_dir(root);
     if std::env::var_os(RELEASE_VAR).is_none() {
-        install_debian_packages(&sh)?;
-        let cargo = cargo();
-        cmd!(
-            sh,
-            "{cargo} build --release -p xtask -p kpack-cli -p kpack-cxx"
-        )
-        .run()
-        .context("cargo build --release")?;
-        let status = Command::new(root.join("target/release/xtask"))
-            .args(std::env::args_os().skip(1))
-            .env(RELEASE_VAR, "1")
-            .current_dir(root)
-            .status()
-            .context("running the release xtask")?;
-        if !status.success() {
-            bail!("the bench failed ({status})");
-        }
-        return Ok(());
+        return rerun_in_release(&sh, root);
     }
-    if args.reps == 0 {
-        bail!("--reps must be at least 1");
-    }
-    let wanted = |s: &str| args.only.is_empty() || args.only.iter().any(|o| o == s);
-    for o in &args.only {
-        let sections = [
-            "rocrand",
-            "rocsparse",
-            "pipeline",
-            "runtime",
-            "large",
-            "rewrite",
-            "wheels",
-        ];
-        if !sections.contains(&o.as_str()) {
-            bail!("--only {o}: sections are {}", sections.join(", "));
-        }
-    }
+    check_args(args)?;
     let bench_dir = root.join("target/bench");
     let work = bench_dir.join("work");
     std::fs::create_dir_all(&work)?;
@@ -291,7 +278,54 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     if !ctx.kpack.is_file() {
         bail!("{} missing", ctx.kpack.display());
     }
+    let rows = run_sections(&ctx, &args.only)?;
+    let report = make_report(&sh, args.reps, rows)?;
+    write_outputs(&bench_dir, &report)?;
+    if !args.keep_work {
+        std::fs::remove_dir_all(&work).ok();
+    }
+    Ok(())
+}
 
+/// Install what the bench needs, build it in release, and run the release
+/// build with the same arguments.
+fn rerun_in_release(sh: &Shell, root: &Path) -> Result<()> {
+    install_debian_packages(sh)?;
+    let cargo = cargo();
+    cmd!(
+        sh,
+        "{cargo} build --release -p xtask -p kpack-cli -p kpack-cxx"
+    )
+    .run()
+    .context("cargo build --release")?;
+    let status = Command::new(root.join("target/release/xtask"))
+        .args(std::env::args_os().skip(1))
+        .env(RELEASE_VAR, "1")
+        .current_dir(root)
+        .status()
+        .context("running the release xtask")?;
+    if !status.success() {
+        bail!("the bench failed ({status})");
+    }
+    Ok(())
+}
+
+/// `--reps` at least 1, `--only` naming sections.
+fn check_args(args: &BenchArgs) -> Result<()> {
+    if args.reps == 0 {
+        bail!("--reps must be at least 1");
+    }
+    for o in &args.only {
+        if !SECTIONS.contains(&o.as_str()) {
+            bail!("--only {o}: sections are {}", SECTIONS.join(", "));
+        }
+    }
+    Ok(())
+}
+
+/// The rows of the sections wanted (all when `only` is empty), in order.
+fn run_sections(ctx: &Ctx, only: &[String]) -> Result<Vec<Row>> {
+    let wanted = |s: &str| only.is_empty() || only.iter().any(|o| o == s);
     let mut rows = Vec::new();
     for (section, lib) in [
         ("rocrand", &bench_libs::ROCRAND),
@@ -299,64 +333,65 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     ] {
         if wanted(section) {
             eprintln!("== {section}");
-            rows.extend(bench_libs::run(&ctx, lib)?);
+            rows.extend(bench_libs::run(ctx, lib)?);
         }
     }
-    if wanted("pipeline") {
-        eprintln!("== pipeline");
-        rows.extend(bench_pipeline::run(&ctx)?);
+    let sections: [Section; 5] = [
+        ("pipeline", bench_pipeline::run),
+        ("runtime", bench_runtime::run),
+        ("large", bench_large::run),
+        ("rewrite", bench_rewrite::run),
+        ("wheels", bench_wheels::run),
+    ];
+    for (section, run) in sections {
+        if wanted(section) {
+            eprintln!("== {section}");
+            rows.extend(run(ctx)?);
+        }
     }
-    if wanted("runtime") {
-        eprintln!("== runtime");
-        rows.extend(bench_runtime::run(&ctx)?);
-    }
-    if wanted("large") {
-        eprintln!("== large");
-        rows.extend(bench_large::run(&ctx)?);
-    }
-    if wanted("rewrite") {
-        eprintln!("== rewrite");
-        rows.extend(bench_rewrite::run(&ctx)?);
-    }
-    if wanted("wheels") {
-        eprintln!("== wheels");
-        rows.extend(bench_wheels::run(&ctx)?);
-    }
+    Ok(rows)
+}
 
-    let report = Report {
+/// The report of `rows`: when, where, with which commit and zstd.
+fn make_report(sh: &Shell, reps: usize, rows: Vec<Row>) -> Result<Report> {
+    Ok(Report {
         date: cmd!(sh, "date -u +%Y-%m-%dT%H:%M:%SZ").quiet().read()?,
         host: cmd!(sh, "uname -srm").quiet().read()?,
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        reps: args.reps,
+        reps,
         kpack_commit: cmd!(sh, "git describe --always --dirty")
             .quiet()
             .ignore_status()
             .read()
             .unwrap_or_default(),
-        zstd_version: cmd!(sh, "zstd --version")
-            .quiet()
-            .read()
-            .unwrap_or_default()
-            .split_whitespace()
-            .find(|w| w.starts_with('v'))
-            .map(|v| format!("zstd CLI {}", v.trim_end_matches(',')))
-            .unwrap_or_default(),
+        zstd_version: zstd_version(sh),
         page_cache: page_cache_note(&rows),
         rows,
-    };
-    let table = render(&report);
+    })
+}
+
+/// `zstd CLI v1.5.x`, or empty when `zstd --version` fails.
+fn zstd_version(sh: &Shell) -> String {
+    cmd!(sh, "zstd --version")
+        .quiet()
+        .read()
+        .unwrap_or_default()
+        .split_whitespace()
+        .find(|w| w.starts_with('v'))
+        .map(|v| format!("zstd CLI {}", v.trim_end_matches(',')))
+        .unwrap_or_default()
+}
+
+/// Print the table, and write it to `bench.md` and the report to
+/// `bench.json` in `bench_dir`.
+fn write_outputs(bench_dir: &Path, report: &Report) -> Result<()> {
+    let table = render(report);
     print!("{table}");
-    std::fs::write(bench_dir.join("bench.md"), &table)?;
+    let md = bench_dir.join("bench.md");
+    std::fs::write(&md, &table)?;
     let json = bench_dir.join("bench.json");
-    std::fs::write(&json, serde_json::to_string_pretty(&report)? + "\n")?;
-    eprintln!(
-        "wrote {} and {}",
-        json.display(),
-        bench_dir.join("bench.md").display()
-    );
-    if !args.keep_work {
-        std::fs::remove_dir_all(&work).ok();
-    }
+    std::fs::write(&json, serde_json::to_string_pretty(report)? + "\n")?;
+    eprintln!("wrote {} and {}", json.display(), md.display());
     Ok(())
 }
 
@@ -585,6 +620,16 @@ fn spread(s: &Stats, f: fn(f64) -> String) -> String {
 /// The Markdown table (and its header lines).
 pub fn render(r: &Report) -> String {
     let mut out = String::new();
+    render_header(&mut out, r);
+    for row in &r.rows {
+        render_row(&mut out, row);
+    }
+    render_archives(&mut out, &r.rows);
+    out
+}
+
+/// The lines before the table, and its header.
+fn render_header(out: &mut String, r: &Report) {
     let _ = writeln!(
         out,
         "kpack bench, {} ({}), {} cores, commit {}, {} reps; {}.",
@@ -602,94 +647,96 @@ pub fn render(r: &Report) -> String {
         "| work | wall | CPU (user+sys) | peak RSS | in | out | compr. | vs floor | target | met |"
     );
     let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
-    for row in &r.rows {
-        if let Some(why) = &row.unavailable {
-            let _ = writeln!(
-                out,
-                "| {} | not available: {} | | | | | | | {} | |",
-                row.work,
-                why.replace('|', "\\|").replace('\n', " "),
-                row.targets
-                    .iter()
-                    .map(|t| t.text.clone())
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            );
-            continue;
-        }
-        let cell = |s: &Option<Stats>, f: fn(f64) -> String| {
-            s.as_ref().map(|s| spread(s, f)).unwrap_or_default()
-        };
-        let floors = row
-            .floors
-            .iter()
-            .map(|f| format!("{:.2}× {}", f.ratio, short_floor(&f.floor)))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let targets = row
-            .targets
-            .iter()
-            .map(|t| t.text.clone())
-            .collect::<Vec<_>>()
-            .join("; ");
-        let met = row
-            .targets
-            .iter()
-            .map(|t| if t.met { "yes" } else { "**NO**" })
-            .collect::<Vec<_>>()
-            .join("; ");
+}
+
+/// `f(item)` for each of `items`, joined with `sep`.
+fn joined<T>(items: &[T], sep: &str, f: impl Fn(&T) -> String) -> String {
+    items.iter().map(f).collect::<Vec<_>>().join(sep)
+}
+
+/// A figure's cell: its median (and spread), or empty.
+fn stats_cell(s: &Option<Stats>, f: fn(f64) -> String) -> String {
+    s.as_ref().map(|s| spread(s, f)).unwrap_or_default()
+}
+
+/// One line of the table.
+fn render_row(out: &mut String, row: &Row) {
+    let targets = joined(&row.targets, "; ", |t| t.text.clone());
+    if let Some(why) = &row.unavailable {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | not available: {} | | | | | | | {} | |",
             row.work,
-            cell(&row.wall_s, fmt_time),
-            cell(&row.cpu_s, fmt_cpu),
-            cell(&row.peak_rss_kib, fmt_mib),
-            row.bytes_in
-                .map(|b| fmt_bytes(b as f64))
-                .unwrap_or_default(),
-            row.bytes_out
-                .map(|b| fmt_bytes(b as f64))
-                .unwrap_or_default(),
-            row.compression_ratio
-                .map(|c| format!("{c:.2}"))
-                .unwrap_or_default(),
-            floors,
-            targets,
-            met
+            why.replace('|', "\\|").replace('\n', " "),
+            targets
         );
+        return;
     }
-    let archives: Vec<&Row> = r
-        .rows
+    let floors = joined(&row.floors, ", ", |f| {
+        format!("{:.2}× {}", f.ratio, short_floor(&f.floor))
+    });
+    let met = joined(&row.targets, "; ", |t| {
+        (if t.met { "yes" } else { "**NO**" }).to_string()
+    });
+    let _ = writeln!(
+        out,
+        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+        row.work,
+        stats_cell(&row.wall_s, fmt_time),
+        stats_cell(&row.cpu_s, fmt_cpu),
+        stats_cell(&row.peak_rss_kib, fmt_mib),
+        row.bytes_in
+            .map(|b| fmt_bytes(b as f64))
+            .unwrap_or_default(),
+        row.bytes_out
+            .map(|b| fmt_bytes(b as f64))
+            .unwrap_or_default(),
+        row.compression_ratio
+            .map(|c| format!("{c:.2}"))
+            .unwrap_or_default(),
+        floors,
+        targets,
+        met
+    );
+}
+
+/// The per-target archives of the rows that list them, after the table.
+fn render_archives(out: &mut String, rows: &[Row]) {
+    let archives: Vec<&Row> = rows
         .iter()
         .filter(|r| r.details.get("archives").is_some())
         .collect();
-    if !archives.is_empty() {
-        let _ = writeln!(out);
-        let _ = writeln!(
-            out,
-            "Per-target archives (bytes in → archive bytes, ratio):"
-        );
-        let _ = writeln!(out);
-        for row in archives {
-            let mut parts = Vec::new();
-            for a in row.details["archives"].as_array().into_iter().flatten() {
-                let (i, o) = (
-                    a["bytes_in"].as_f64().unwrap_or(0.0),
-                    a["bytes_out"].as_f64().unwrap_or(0.0),
-                );
-                parts.push(format!(
-                    "{} {} → {} ({:.2})",
-                    a["target"].as_str().unwrap_or("?"),
-                    fmt_bytes(i),
-                    fmt_bytes(o),
-                    if o > 0.0 { i / o } else { 0.0 }
-                ));
-            }
-            let _ = writeln!(out, "- {}: {}", row.work, parts.join(", "));
-        }
+    if archives.is_empty() {
+        return;
     }
-    out
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "Per-target archives (bytes in → archive bytes, ratio):"
+    );
+    let _ = writeln!(out);
+    for row in archives {
+        let _ = writeln!(out, "- {}: {}", row.work, archive_list(row));
+    }
+}
+
+/// `target in → out (ratio)` for each archive in the row's details.
+fn archive_list(row: &Row) -> String {
+    let mut parts = Vec::new();
+    for a in row.details["archives"].as_array().into_iter().flatten() {
+        let (i, o) = (
+            a["bytes_in"].as_f64().unwrap_or(0.0),
+            a["bytes_out"].as_f64().unwrap_or(0.0),
+        );
+        parts.push(format!(
+            "{} {} → {} ({:.2})",
+            a["target"].as_str().unwrap_or("?"),
+            fmt_bytes(i),
+            fmt_bytes(o),
+            if o > 0.0 { i / o } else { 0.0 }
+        ));
+    }
+    parts.join(", ")
 }
 
 /// A floor's name for the table (`rocsparse.zstd_t1` → `zstd -T1`).

@@ -39,6 +39,11 @@ impl Pick {
     fn agent(&self) -> String {
         format!("amdgcn-amd-amdhsa--{}", self.target)
     }
+
+    /// `target#bundle`: the key of its decompression floor.
+    fn key(&self) -> String {
+        format!("{}#{}", self.target, self.bundle)
+    }
 }
 
 /// The code objects of a fat binary: (bundle, target, size), sorted by
@@ -182,21 +187,310 @@ fn build_program(ctx: &Ctx, dir: &Path) -> Result<PathBuf> {
     Ok(exe)
 }
 
-/// A latency configuration: which code object, through which metadata.
+/// Where a measured code object is read from.
+#[derive(Debug, Clone, Copy)]
+enum Source {
+    /// The one archive holding all of librocsparse's code objects.
+    All,
+    /// librocsparse's per-target archives.
+    SparsePerTarget,
+    /// librocrand's per-target archives.
+    RandPerTarget,
+}
+
+/// A target of the issue on a latency: its text and its limit (seconds).
+type Limit = (&'static str, f64);
+
+/// A latency configuration: which code object, in which archive.
 struct Latency<'a> {
-    label: &'a str,
-    /// Archive opened by open+close.
-    archive: &'a Path,
-    meta: &'a Path,
-    binary: &'a Path,
+    /// Row ids start with it (`all_median_cold`).
+    id: &'static str,
+    label: &'static str,
+    source: Source,
     pick: &'a Pick,
     iterations: usize,
+    /// Also a row for kpack_open + kpack_close.
+    open_close: bool,
+    /// The targets of the cold and of the warm load, if any.
+    cold_target: Option<Limit>,
+    warm_target: Option<Limit>,
+}
+
+impl<'a> Latency<'a> {
+    fn new(
+        id: &'static str,
+        label: &'static str,
+        source: Source,
+        pick: &'a Pick,
+        iterations: usize,
+    ) -> Self {
+        Latency {
+            id,
+            label,
+            source,
+            pick,
+            iterations,
+            open_close: false,
+            cold_target: None,
+            warm_target: None,
+        }
+    }
+
+    fn with_open_close(mut self) -> Self {
+        self.open_close = true;
+        self
+    }
+
+    fn with_cold_target(mut self, t: Limit) -> Self {
+        self.cold_target = Some(t);
+        self
+    }
+
+    fn with_warm_target(mut self, t: Limit) -> Self {
+        self.warm_target = Some(t);
+        self
+    }
+}
+
+/// The latency configurations, in the order they are measured.
+fn latencies(p: &Picks) -> [Latency<'_>; 5] {
+    use Source::{All, RandPerTarget, SparsePerTarget};
+    [
+        Latency::new("all_median", "median code object", All, &p.median, 200)
+            .with_open_close()
+            .with_cold_target(("≤ 2 ms", 2e-3)),
+        Latency::new("all_largest", "largest code object", All, &p.largest, 20),
+        Latency::new(
+            "pt_median",
+            "median code object",
+            SparsePerTarget,
+            &p.median,
+            200,
+        )
+        .with_open_close(),
+        Latency::new(
+            "pt_largest",
+            "largest code object",
+            SparsePerTarget,
+            &p.largest,
+            20,
+        ),
+        Latency::new(
+            "rand",
+            "librocrand code object",
+            RandPerTarget,
+            &p.warm,
+            100,
+        )
+        .with_warm_target(("≤ 1.1 ms", 1.1e-3)),
+    ]
+}
+
+/// The code objects measured.
+struct Picks {
+    /// How many code objects librocsparse has, and their bytes.
+    count: usize,
+    device_bytes: usize,
+    /// librocsparse's median and largest code objects.
+    median: Pick,
+    largest: Pick,
+    /// The librocrand code object nearest `WARM_TARGET_SIZE`.
+    warm: Pick,
+}
+
+impl Picks {
+    fn of(sparse: &Path, rand: &Path) -> Result<Picks> {
+        let cos = sizes(sparse)?;
+        let median = cos[cos.len() / 2].clone();
+        let largest = cos[cos.len() - 1].clone();
+        let warm = sizes(rand)?
+            .into_iter()
+            .min_by_key(|c| c.size.abs_diff(WARM_TARGET_SIZE))
+            .context("librocrand has no code objects")?;
+        Ok(Picks {
+            count: cos.len(),
+            device_bytes: cos.iter().map(|c| c.size).sum(),
+            median,
+            largest,
+            warm,
+        })
+    }
+}
+
+/// The metadata of the loads, one per kind of archive.
+struct Metadata {
+    all: PathBuf,
+    per_target: PathBuf,
+    rand: PathBuf,
+}
+
+impl Metadata {
+    /// Write it in `dir`: search paths `all`, and the per-target archives
+    /// under `sparse_dir` and `rand_dir`.
+    fn write(dir: &Path, sparse_dir: &Path, rand_dir: &Path, all: &Path) -> Result<Metadata> {
+        let m = Metadata {
+            all: dir.join("meta-all"),
+            per_target: dir.join("meta-per-target"),
+            rand: dir.join("meta-rand"),
+        };
+        let sparse_name = ROCSPARSE.file_name();
+        write_metadata(&m.all, sparse_name, &all.display().to_string())?;
+        write_metadata(
+            &m.per_target,
+            sparse_name,
+            &format!(
+                "{}/librocsparse_@GFXARCH@.kpack",
+                sparse_dir.join("arch").display()
+            ),
+        )?;
+        write_metadata(
+            &m.rand,
+            ROCRAND.file_name(),
+            &format!(
+                "{}/librocrand_@GFXARCH@.kpack",
+                rand_dir.join("arch").display()
+            ),
+        )?;
+        Ok(m)
+    }
+}
+
+/// The inputs of the measurements: per-target archives as `kpack offload`
+/// writes them, one archive of all of librocsparse's code objects, the
+/// metadata pointing at them, and the code objects measured.
+struct Setup {
+    /// The offload outputs of librocsparse and librocrand (binary and
+    /// `arch/`).
+    sparse_dir: PathBuf,
+    rand_dir: PathBuf,
+    /// The all-targets archive, its size, how long writing it took, and its
+    /// description in the rows.
+    all: PathBuf,
+    all_size: u64,
+    all_write_s: f64,
+    all_desc: String,
+    picks: Picks,
+    meta: Metadata,
+    /// librocsparse's per-target archives, sorted.
+    pt_archives: Vec<PathBuf>,
+}
+
+impl Setup {
+    /// Offload both libraries, write the all-targets archive and the
+    /// metadata, and warm the outputs.
+    fn prepare(ctx: &Ctx, dir: &Path) -> Result<Setup> {
+        let sparse = Path::new(ROCSPARSE.path);
+        let sparse_dir = dir.join("sparse");
+        let rand_dir = dir.join("rand");
+        eprintln!("runtime: offloading librocsparse and librocrand");
+        offload(ctx, dir, sparse, &sparse_dir, ROCSPARSE.file_name())?;
+        offload(
+            ctx,
+            dir,
+            Path::new(ROCRAND.path),
+            &rand_dir,
+            ROCRAND.file_name(),
+        )?;
+        eprintln!("runtime: writing one archive with all of librocsparse's code objects");
+        let all = sparse_dir.join("librocsparse_all.kpack");
+        let (all_size, all_write_s) = write_all_targets(sparse, ROCSPARSE.file_name(), &all)?;
+        let picks = Picks::of(sparse, Path::new(ROCRAND.path))?;
+        let meta = Metadata::write(dir, &sparse_dir, &rand_dir, &all)?;
+        let pt_archives = kpack_files(&sparse_dir.join("arch"))?;
+        warm(&[&sparse_dir, &rand_dir])?;
+        let all_desc = format!(
+            "all-targets archive ({} kernels, {})",
+            picks.count,
+            fmt_bytes(all_size as f64)
+        );
+        Ok(Setup {
+            sparse_dir,
+            rand_dir,
+            all,
+            all_size,
+            all_write_s,
+            all_desc,
+            picks,
+            meta,
+            pt_archives,
+        })
+    }
+
+    /// The archive holding `pick` in `source`.
+    fn archive(&self, source: Source, pick: &Pick) -> PathBuf {
+        match source {
+            Source::All => self.all.clone(),
+            Source::SparsePerTarget => per_target(&self.sparse_dir, "librocsparse", &pick.target),
+            Source::RandPerTarget => per_target(&self.rand_dir, "librocrand", &pick.target),
+        }
+    }
+
+    fn meta(&self, source: Source) -> &Path {
+        match source {
+            Source::All => &self.meta.all,
+            Source::SparsePerTarget => &self.meta.per_target,
+            Source::RandPerTarget => &self.meta.rand,
+        }
+    }
+
+    /// The offloaded binary whose code objects `source` holds.
+    fn binary(&self, source: Source) -> PathBuf {
+        match source {
+            Source::All | Source::SparsePerTarget => self.sparse_dir.join(ROCSPARSE.file_name()),
+            Source::RandPerTarget => self.rand_dir.join(ROCRAND.file_name()),
+        }
+    }
+
+    /// `source` in the rows' text.
+    fn where_(&self, source: Source) -> &str {
+        match source {
+            Source::All => &self.all_desc,
+            Source::SparsePerTarget => "librocsparse per-target archive",
+            Source::RandPerTarget => "librocrand per-target archive",
+        }
+    }
+}
+
+/// `kpack offload input -o out_dir/name --archive-dir out_dir/arch`, in
+/// `dir`: per-target archives as users get them.
+fn offload(ctx: &Ctx, dir: &Path, input: &Path, out_dir: &Path, name: &str) -> Result<()> {
+    timed(
+        &ctx.kpack,
+        &args![
+            "offload",
+            input,
+            "-o",
+            out_dir.join(name),
+            "--archive-dir",
+            out_dir.join("arch")
+        ],
+        dir,
+    )?;
+    Ok(())
+}
+
+/// The per-target archive of `group` for `target`, under `offload_dir`.
+fn per_target(offload_dir: &Path, group: &str, target: &str) -> PathBuf {
+    offload_dir
+        .join("arch")
+        .join(kpack_core::offload::archive_file_name(group, target))
+}
+
+/// The `.kpack` files in `dir`, sorted.
+fn kpack_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "kpack"))
+        .collect();
+    v.sort();
+    Ok(v)
 }
 
 /// Per-figure medians of each run (µs), and the last run's lines.
 type Figures = Vec<(String, Vec<f64>)>;
 
-fn latency(exe: &Path, reps: usize, l: &Latency) -> Result<(Figures, String)> {
+/// Run the C program's latency mode `reps` times on `l`.
+fn latency(exe: &Path, reps: usize, s: &Setup, l: &Latency) -> Result<(Figures, String)> {
     let mut per: Vec<(String, Vec<f64>)> = Vec::new();
     let mut last = String::new();
     for _ in 0..reps {
@@ -204,9 +498,9 @@ fn latency(exe: &Path, reps: usize, l: &Latency) -> Result<(Figures, String)> {
             exe,
             &args![
                 "latency",
-                l.archive,
-                l.meta,
-                l.binary,
+                s.archive(l.source, l.pick),
+                s.meta(l.source),
+                s.binary(l.source),
                 l.pick.agent(),
                 l.pick.bundle.to_string(),
                 l.iterations.to_string()
@@ -249,396 +543,355 @@ fn latency_row(
     row
 }
 
-pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
-    for p in [ROCSPARSE.path, ROCRAND.path] {
-        if !Path::new(p).is_file() {
-            return Ok(vec![Row::unavailable(
-                SECTION,
-                "all",
-                "runtime",
-                format!("{p} is not installed"),
-            )]);
-        }
-    }
-    let dir = ctx.work.join(SECTION);
-    remove(&dir)?;
-    std::fs::create_dir_all(&dir)?;
-    let exe = build_program(ctx, &dir)?;
-    let sparse = Path::new(ROCSPARSE.path);
-    let sparse_name = ROCSPARSE.file_name();
-    let rand_name = ROCRAND.file_name();
+/// The decompression floors, each keyed by its code object (`Pick::key`).
+type Floors = Vec<(String, Row)>;
 
-    // Per-target archives, as kpack offload writes them.
-    let sd = dir.join("sparse");
-    let rd = dir.join("rand");
-    eprintln!("runtime: offloading librocsparse and librocrand");
-    for (input, d, name) in [
-        (sparse, &sd, sparse_name),
-        (Path::new(ROCRAND.path), &rd, rand_name),
-    ] {
-        timed(
-            &ctx.kpack,
-            &args![
-                "offload",
-                input,
-                "-o",
-                d.join(name),
-                "--archive-dir",
-                d.join("arch")
-            ],
-            &dir,
-        )?;
-    }
-    eprintln!("runtime: writing one archive with all of librocsparse's code objects");
-    let all = sd.join("librocsparse_all.kpack");
-    let (all_size, all_write_s) = write_all_targets(sparse, sparse_name, &all)?;
-    let per_target = |d: &Path, group: &str, target: &str| {
-        d.join("arch")
-            .join(kpack_core::offload::archive_file_name(group, target))
-    };
-
-    let cos = sizes(sparse)?;
-    let median = cos[cos.len() / 2].clone();
-    let largest = cos[cos.len() - 1].clone();
-    let rand_cos = sizes(Path::new(ROCRAND.path))?;
-    let warm_pick = rand_cos
-        .iter()
-        .min_by_key(|c| c.size.abs_diff(WARM_TARGET_SIZE))
-        .context("librocrand has no code objects")?
-        .clone();
-    let device_bytes: usize = cos.iter().map(|c| c.size).sum();
-
-    let meta_all = dir.join("meta-all");
-    write_metadata(&meta_all, sparse_name, &all.display().to_string())?;
-    let meta_pt = dir.join("meta-per-target");
-    write_metadata(
-        &meta_pt,
-        sparse_name,
-        &format!("{}/librocsparse_@GFXARCH@.kpack", sd.join("arch").display()),
-    )?;
-    let meta_rand = dir.join("meta-rand");
-    write_metadata(
-        &meta_rand,
-        rand_name,
-        &format!("{}/librocrand_@GFXARCH@.kpack", rd.join("arch").display()),
-    )?;
-    let sparse_bin = sd.join(sparse_name);
-    let rand_bin = rd.join(rand_name);
-    let pt_archives: Vec<PathBuf> = {
-        let mut v: Vec<PathBuf> = std::fs::read_dir(sd.join("arch"))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|e| e == "kpack"))
-            .collect();
-        v.sort();
-        v
-    };
-    warm(&[&sd, &rd])?;
-
-    let mut rows = Vec::new();
-    let all_desc = format!(
-        "all-targets archive ({} kernels, {})",
-        cos.len(),
-        fmt_bytes(all_size as f64)
-    );
-    let median_pt = per_target(&sd, "librocsparse", &median.target);
-    let largest_pt = per_target(&sd, "librocsparse", &largest.target);
-    let rand_pt = per_target(&rd, "librocrand", &warm_pick.target);
-    let configs = [
-        (
-            "all_median",
-            Latency {
-                label: "median code object",
-                archive: &all,
-                meta: &meta_all,
-                binary: &sparse_bin,
-                pick: &median,
-                iterations: 200,
-            },
-        ),
-        (
-            "all_largest",
-            Latency {
-                label: "largest code object",
-                archive: &all,
-                meta: &meta_all,
-                binary: &sparse_bin,
-                pick: &largest,
-                iterations: 20,
-            },
-        ),
-        (
-            "pt_median",
-            Latency {
-                label: "median code object",
-                archive: &median_pt,
-                meta: &meta_pt,
-                binary: &sparse_bin,
-                pick: &median,
-                iterations: 200,
-            },
-        ),
-        (
-            "pt_largest",
-            Latency {
-                label: "largest code object",
-                archive: &largest_pt,
-                meta: &meta_pt,
-                binary: &sparse_bin,
-                pick: &largest,
-                iterations: 20,
-            },
-        ),
-        (
-            "rand",
-            Latency {
-                label: "librocrand code object",
-                archive: &rand_pt,
-                meta: &meta_rand,
-                binary: &rand_bin,
-                pick: &warm_pick,
-                iterations: 100,
-            },
-        ),
-    ];
-    // Floors: the decompression alone of each code object measured.
-    let mut floors: Vec<(String, Row)> = Vec::new();
+/// Floors: the decompression alone of each code object measured.
+fn floor_rows(reps: usize, p: &Picks) -> Result<Floors> {
+    let mut floors = Vec::new();
     for (id, pick, bin, iterations) in [
-        ("decompress_median", &median, sparse, 200),
-        ("decompress_largest", &largest, sparse, 20),
-        ("decompress_rand", &warm_pick, Path::new(ROCRAND.path), 100),
+        ("decompress_median", &p.median, ROCSPARSE.path, 200),
+        ("decompress_largest", &p.largest, ROCSPARSE.path, 20),
+        ("decompress_rand", &p.warm, ROCRAND.path, 100),
     ] {
         eprintln!("runtime: {id}");
-        let data = code_object(bin, pick)?;
-        let mut row = Row::new(
-            SECTION,
-            id,
-            format!(
-                "floor: zstd decompression alone (same library, reused context), {} #{} ({})",
-                pick.target,
-                pick.bundle,
-                fmt_bytes(pick.size as f64)
-            ),
-        );
-        row.wall_s = Stats::of(decompress_floor(&data, true, ctx.reps, iterations)?);
-        row.bytes_out = Some(pick.size as u64);
-        row.details = json!({
-            "without_content_checksum_s":
-                Stats::of(decompress_floor(&data, false, ctx.reps, iterations)?),
-        });
-        floors.push((format!("{}#{}", pick.target, pick.bundle), row));
+        let row = floor_row(reps, id, pick, Path::new(bin), iterations)?;
+        floors.push((pick.key(), row));
     }
-    let floor_of = |pick: &Pick, row: &Row| -> Vec<FloorRatio> {
-        let key = format!("{}#{}", pick.target, pick.bundle);
-        floors
-            .iter()
-            .filter(|(k, _)| *k == key)
-            .filter_map(|(_, f)| {
-                Some(FloorRatio {
-                    floor: f.id.clone(),
-                    ratio: row.wall()? / f.wall()?,
-                })
+    Ok(floors)
+}
+
+/// The decompression floor of `pick` of `bin`, with and without the
+/// content checksum.
+fn floor_row(reps: usize, id: &str, pick: &Pick, bin: &Path, iterations: usize) -> Result<Row> {
+    let data = code_object(bin, pick)?;
+    let mut row = Row::new(
+        SECTION,
+        id,
+        format!(
+            "floor: zstd decompression alone (same library, reused context), {} #{} ({})",
+            pick.target,
+            pick.bundle,
+            fmt_bytes(pick.size as f64)
+        ),
+    );
+    row.wall_s = Stats::of(decompress_floor(&data, true, reps, iterations)?);
+    row.bytes_out = Some(pick.size as u64);
+    row.details = json!({
+        "without_content_checksum_s":
+            Stats::of(decompress_floor(&data, false, reps, iterations)?),
+    });
+    Ok(row)
+}
+
+/// `row`'s ratios to the floors of the same code object.
+fn floor_ratios(floors: &Floors, pick: &Pick, row: &Row) -> Vec<FloorRatio> {
+    let key = pick.key();
+    floors
+        .iter()
+        .filter(|(k, _)| *k == key)
+        .filter_map(|(_, f)| {
+            Some(FloorRatio {
+                floor: f.id.clone(),
+                ratio: row.wall()? / f.wall()?,
             })
-            .collect()
-    };
+        })
+        .collect()
+}
 
-    for (id, l) in &configs {
-        eprintln!("runtime: latency {id}");
-        let resident_before = resident(&[l.archive]);
-        let (where_, is_all) = match *id {
-            "all_median" | "all_largest" => (all_desc.clone(), true),
-            "rand" => ("librocrand per-target archive".to_string(), false),
-            _ => ("librocsparse per-target archive".to_string(), false),
-        };
-        let (f, last) = latency(&exe, ctx.reps, l)?;
-        let co = format!(
-            "{} ({}, {} #{})",
-            l.label,
-            fmt_bytes(l.pick.size as f64),
-            l.pick.target,
-            l.pick.bundle
-        );
-        if *id == "all_median" || *id == "pt_median" {
-            let mut r = latency_row(
-                &format!("{id}_open_close"),
-                format!(
-                    "kpack_open + kpack_close, {}",
-                    if is_all {
-                        &all_desc
-                    } else {
-                        "per-target archive"
-                    }
-                ),
-                &f,
-                "open_close",
-                &last,
-                0,
-            );
-            r.bytes_out = None;
-            r.bytes_in = std::fs::metadata(l.archive).ok().map(|m| m.len());
-            rows.push(r);
-        }
-        let mut cold = latency_row(
-            &format!("{id}_cold"),
-            format!("cold first load (create+load+destroy), {co}, {where_}"),
-            &f,
-            "cold_load",
-            &last,
-            l.pick.size,
-        );
-        cold.floors = floor_of(l.pick, &cold);
-        cold.input_resident = Some(resident_before);
-        if *id == "all_median" {
-            if let Some(w) = cold.wall() {
-                cold.targets.push(Target::at_most("≤ 2 ms", w, 2e-3));
-            }
-        }
-        rows.push(cold);
-        let mut warm_row = latency_row(
-            &format!("{id}_warm"),
-            format!("warm load, {co}, {where_}"),
-            &f,
-            "warm_load",
-            &last,
-            l.pick.size,
-        );
-        warm_row.floors = floor_of(l.pick, &warm_row);
-        warm_row.input_resident = Some(resident_before);
-        if *id == "rand" {
-            if let Some(w) = warm_row.wall() {
-                warm_row
-                    .targets
-                    .push(Target::at_most("≤ 1.1 ms", w, 1.1e-3));
-            }
-        }
-        rows.push(warm_row);
+/// The loads of a latency run: row id suffix, the C program's figure, the
+/// row's text.
+const LOADS: [(&str, &str, &str); 2] = [
+    ("cold", "cold_load", "cold first load (create+load+destroy)"),
+    ("warm", "warm_load", "warm load"),
+];
+
+/// The rows of one latency configuration: kpack_open + kpack_close (where
+/// asked), the cold and the warm load.
+fn latency_rows(
+    exe: &Path,
+    reps: usize,
+    s: &Setup,
+    l: &Latency,
+    floors: &Floors,
+) -> Result<Vec<Row>> {
+    eprintln!("runtime: latency {}", l.id);
+    let archive = s.archive(l.source, l.pick);
+    let resident_before = resident(&[&archive]);
+    let (f, last) = latency(exe, reps, s, l)?;
+    let mut rows = Vec::new();
+    if l.open_close {
+        rows.push(open_close_row(s, l, &f, &last, &archive));
     }
-    rows.extend(floors.into_iter().map(|(_, r)| r));
+    let co = format!(
+        "{} ({}, {} #{})",
+        l.label,
+        fmt_bytes(l.pick.size as f64),
+        l.pick.target,
+        l.pick.bundle
+    );
+    let where_ = s.where_(l.source);
+    for ((suffix, name, text), target) in LOADS.into_iter().zip([l.cold_target, l.warm_target]) {
+        let mut row = latency_row(
+            &format!("{}_{suffix}", l.id),
+            format!("{text}, {co}, {where_}"),
+            &f,
+            name,
+            &last,
+            l.pick.size,
+        );
+        row.floors = floor_ratios(floors, l.pick, &row);
+        row.input_resident = Some(resident_before);
+        if let (Some((text, limit)), Some(w)) = (target, row.wall()) {
+            row.targets.push(Target::at_most(text, w, limit));
+        }
+        rows.push(row);
+    }
+    Ok(rows)
+}
 
-    // kpack_get_kernel over every kernel.
-    for (id, work, archives) in [
+/// kpack_open + kpack_close of `archive`.
+fn open_close_row(s: &Setup, l: &Latency, f: &Figures, last: &str, archive: &Path) -> Row {
+    let desc = match l.source {
+        Source::All => s.all_desc.as_str(),
+        _ => "per-target archive",
+    };
+    let mut r = latency_row(
+        &format!("{}_open_close", l.id),
+        format!("kpack_open + kpack_close, {desc}"),
+        f,
+        "open_close",
+        last,
+        0,
+    );
+    r.bytes_out = None;
+    r.bytes_in = std::fs::metadata(archive).ok().map(|m| m.len());
+    r
+}
+
+/// kpack_get_kernel over every kernel: of the all-targets archive, and of
+/// the per-target archives.
+fn get_kernel_rows(exe: &Path, reps: usize, s: &Setup) -> Result<Vec<Row>> {
+    [
         (
             "get_all_all",
-            format!("kpack_get_kernel × every kernel, {all_desc}"),
-            vec![all.clone()],
+            format!("kpack_get_kernel × every kernel, {}", s.all_desc),
+            vec![s.all.clone()],
         ),
         (
             "get_all_pt",
             format!(
                 "kpack_get_kernel × every kernel, {} per-target archives",
-                pt_archives.len()
+                s.pt_archives.len()
             ),
-            pt_archives.clone(),
+            s.pt_archives.clone(),
         ),
-    ] {
+    ]
+    .into_iter()
+    .map(|(id, work, archives)| {
         eprintln!("runtime: {id}");
-        // One pass per process (a fresh kpack_open each time), `reps` processes.
-        let mut a = args!["get-all", "1"].to_vec();
-        a.extend(archives.iter().map(std::ffi::OsString::from));
-        let mut passes = Vec::new();
-        let (mut each, mut bytes) = (Vec::new(), None);
-        for _ in 0..ctx.reps {
-            let lines = parse_lines(&run_c(&exe, &a)?);
-            for (k, v) in lines {
-                match k.as_str() {
-                    "get_kernel_all" => {
-                        passes.push(v.first().copied().unwrap_or(f64::NAN) / 1e6);
-                        bytes = v.get(6).map(|b| *b as u64);
-                    }
-                    "get_kernel_each" => each = v,
-                    _ => {}
+        get_kernel_row(exe, reps, id, work, &archives)
+    })
+    .collect()
+}
+
+/// What the C program's get-all mode printed over the runs.
+#[derive(Default)]
+struct GetKernel {
+    /// Each run's pass over every kernel, seconds.
+    passes: Vec<f64>,
+    /// The last run's per-call figures (µs, see `parse_lines`).
+    each: Vec<f64>,
+    /// The bytes of the kernels got.
+    bytes: Option<u64>,
+}
+
+/// One pass per process (a fresh kpack_open each time), `reps` processes.
+fn measure_get_kernel(exe: &Path, reps: usize, archives: &[PathBuf]) -> Result<GetKernel> {
+    let mut a = args!["get-all", "1"].to_vec();
+    a.extend(archives.iter().map(std::ffi::OsString::from));
+    let mut g = GetKernel::default();
+    for _ in 0..reps {
+        for (k, v) in parse_lines(&run_c(exe, &a)?) {
+            match k.as_str() {
+                "get_kernel_all" => {
+                    g.passes.push(v.first().copied().unwrap_or(f64::NAN) / 1e6);
+                    g.bytes = v.get(6).map(|b| *b as u64);
                 }
+                "get_kernel_each" => g.each = v,
+                _ => {}
             }
         }
-        let mut row = Row::new(SECTION, id, work);
-        row.wall_s = Stats::of(passes);
-        row.bytes_in = archives
-            .iter()
-            .map(|p| std::fs::metadata(p).map(|m| m.len()).ok())
-            .sum();
-        row.bytes_out = bytes;
-        row.details = json!({
-            "kernels": each.get(6),
-            "per_call_median_us": each.first(),
-            "per_call_p10_us": each.get(1),
-            "per_call_p90_us": each.get(2),
-            "per_call_max_us": each.get(4),
-        });
-        rows.push(row);
     }
+    Ok(g)
+}
 
-    // Memory of a loader process after one load.
-    for (id, pick, meta, where_) in [
-        ("mem_all_median", &median, &meta_all, all_desc.as_str()),
-        ("mem_all_largest", &largest, &meta_all, all_desc.as_str()),
-        (
-            "mem_pt_largest",
-            &largest,
-            &meta_pt,
-            "librocsparse per-target archive",
-        ),
-    ] {
+fn get_kernel_row(
+    exe: &Path,
+    reps: usize,
+    id: &str,
+    work: String,
+    archives: &[PathBuf],
+) -> Result<Row> {
+    let g = measure_get_kernel(exe, reps, archives)?;
+    let mut row = Row::new(SECTION, id, work);
+    row.wall_s = Stats::of(g.passes);
+    row.bytes_in = archives
+        .iter()
+        .map(|p| std::fs::metadata(p).map(|m| m.len()).ok())
+        .sum();
+    row.bytes_out = g.bytes;
+    let each = g.each;
+    row.details = json!({
+        "kernels": each.get(6),
+        "per_call_median_us": each.first(),
+        "per_call_p10_us": each.get(1),
+        "per_call_p90_us": each.get(2),
+        "per_call_max_us": each.get(4),
+    });
+    Ok(row)
+}
+
+/// Memory of a loader process after one load.
+fn memory_rows(exe: &Path, reps: usize, s: &Setup) -> Result<Vec<Row>> {
+    let p = &s.picks;
+    [
+        ("mem_all_median", &p.median, Source::All),
+        ("mem_all_largest", &p.largest, Source::All),
+        ("mem_pt_largest", &p.largest, Source::SparsePerTarget),
+    ]
+    .into_iter()
+    .map(|(id, pick, source)| {
         eprintln!("runtime: {id}");
-        let (mut hwm, mut rss, mut before) = (Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..ctx.reps {
-            let out = run_c(
-                &exe,
-                &args![
-                    "memory",
-                    meta,
-                    &sparse_bin,
-                    pick.agent(),
-                    pick.bundle.to_string()
-                ],
-            )?;
-            for (k, v) in parse_lines(&out) {
-                let x = v.first().copied().unwrap_or(f64::NAN);
-                match k.as_str() {
-                    "hwm_kb" => hwm.push(x),
-                    "rss_kb" => rss.push(x),
-                    "rss_before_kb" => before.push(x),
-                    _ => {}
-                }
+        memory_row(exe, reps, s, id, pick, source)
+    })
+    .collect()
+}
+
+/// What the C program's memory mode printed over the runs (KiB).
+#[derive(Default)]
+struct Memory {
+    hwm: Vec<f64>,
+    rss: Vec<f64>,
+    rss_before: Vec<f64>,
+}
+
+/// Run the C program's memory mode `reps` times: one load of `pick`.
+fn measure_memory(
+    exe: &Path,
+    reps: usize,
+    meta: &Path,
+    binary: &Path,
+    pick: &Pick,
+) -> Result<Memory> {
+    let mut m = Memory::default();
+    for _ in 0..reps {
+        let out = run_c(
+            exe,
+            &args![
+                "memory",
+                meta,
+                binary,
+                pick.agent(),
+                pick.bundle.to_string()
+            ],
+        )?;
+        for (k, v) in parse_lines(&out) {
+            let x = v.first().copied().unwrap_or(f64::NAN);
+            match k.as_str() {
+                "hwm_kb" => m.hwm.push(x),
+                "rss_kb" => m.rss.push(x),
+                "rss_before_kb" => m.rss_before.push(x),
+                _ => {}
             }
         }
-        let mut row = Row::new(
-            SECTION,
-            id,
-            format!(
-                "loader process after one load (VmHWM), {} code object ({}), {where_}",
-                if pick.size == largest.size {
-                    "largest"
-                } else {
-                    "median"
-                },
-                fmt_bytes(pick.size as f64)
-            ),
-        );
-        row.peak_rss_kib = Stats::of(hwm);
-        row.bytes_out = Some(pick.size as u64);
-        let limit_kib = (1.5 * pick.size as f64 + 16.0 * 1024.0 * 1024.0) / 1024.0;
-        if let Some(h) = row.peak_rss_kib.as_ref().map(|s| s.median) {
-            row.targets.push(Target::at_most(
-                format!("≤ 1.5× kernel + 16 MiB ({:.1} MiB)", limit_kib / 1024.0),
-                h,
-                limit_kib,
-            ));
-        }
-        row.details = json!({
-            "vm_rss_kib": Stats::of(rss),
-            "vm_rss_before_load_kib": Stats::of(before),
-            "kernel_bytes": pick.size,
-        });
-        rows.push(row);
     }
+    Ok(m)
+}
 
+/// The peak memory of a loader of `pick` in `source`, against the
+/// issue's limit.
+fn memory_row(
+    exe: &Path,
+    reps: usize,
+    s: &Setup,
+    id: &str,
+    pick: &Pick,
+    source: Source,
+) -> Result<Row> {
+    let m = measure_memory(exe, reps, s.meta(source), &s.binary(source), pick)?;
+    let which = if pick.size == s.picks.largest.size {
+        "largest"
+    } else {
+        "median"
+    };
+    let mut row = Row::new(
+        SECTION,
+        id,
+        format!(
+            "loader process after one load (VmHWM), {which} code object ({}), {}",
+            fmt_bytes(pick.size as f64),
+            s.where_(source)
+        ),
+    );
+    row.peak_rss_kib = Stats::of(m.hwm);
+    row.bytes_out = Some(pick.size as u64);
+    let limit_kib = (1.5 * pick.size as f64 + 16.0 * 1024.0 * 1024.0) / 1024.0;
+    if let Some(h) = row.peak_rss_kib.as_ref().map(|s| s.median) {
+        row.targets.push(Target::at_most(
+            format!("≤ 1.5× kernel + 16 MiB ({:.1} MiB)", limit_kib / 1024.0),
+            h,
+            limit_kib,
+        ));
+    }
+    row.details = json!({
+        "vm_rss_kib": Stats::of(m.rss),
+        "vm_rss_before_load_kib": Stats::of(m.rss_before),
+        "kernel_bytes": pick.size,
+    });
+    Ok(row)
+}
+
+/// The row saying why nothing is measured, if a library is missing.
+fn missing_library() -> Option<Row> {
+    [ROCSPARSE.path, ROCRAND.path]
+        .into_iter()
+        .find(|p| !Path::new(p).is_file())
+        .map(|p| Row::not_installed(SECTION, "all", "runtime", p))
+}
+
+/// The section's inputs, in the details of its first row.
+fn describe_inputs(rows: &mut [Row], s: &Setup) {
     if let Some(r) = rows.first_mut() {
         r.details = json!({
-            "all_targets_archive_bytes": all_size,
-            "all_targets_archive_write_seconds": all_write_s,
-            "device_code_bytes": device_bytes,
-            "code_objects": cos.len(),
+            "all_targets_archive_bytes": s.all_size,
+            "all_targets_archive_write_seconds": s.all_write_s,
+            "device_code_bytes": s.picks.device_bytes,
+            "code_objects": s.picks.count,
             "last_run": r.details.get("last_run"),
         });
     }
+}
+
+/// The section's rows: latencies, their floors, kpack_get_kernel over
+/// every kernel, memory.
+pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
+    if let Some(row) = missing_library() {
+        return Ok(vec![row]);
+    }
+    let dir = ctx.work.join(SECTION);
+    remove(&dir)?;
+    std::fs::create_dir_all(&dir)?;
+    let exe = build_program(ctx, &dir)?;
+    let s = Setup::prepare(ctx, &dir)?;
+    let floors = floor_rows(ctx.reps, &s.picks)?;
+    let mut rows = Vec::new();
+    for l in &latencies(&s.picks) {
+        rows.extend(latency_rows(&exe, ctx.reps, &s, l, &floors)?);
+    }
+    rows.extend(floors.into_iter().map(|(_, r)| r));
+    rows.extend(get_kernel_rows(&exe, ctx.reps, &s)?);
+    rows.extend(memory_rows(&exe, ctx.reps, &s)?);
+    describe_inputs(&mut rows, &s);
     Ok(rows)
 }
