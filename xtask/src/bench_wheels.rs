@@ -184,8 +184,47 @@ fn rows(
     summary: &serde_json::Value,
     [split, unzip, zstd, zip]: [&Runs; 4],
 ) -> Result<Vec<Row>> {
-    let median = |r: &Runs| crate::bench::Stats::of(r.wall.clone()).map_or(0.0, |s| s.median);
     let device = inputs.device_bytes * COPIES as u64;
+    let floor_rows = floor_rows(wheel_size, device, content, [unzip, zstd, zip]);
+    let mut row = Row::new(
+        SECTION,
+        "split_wheels",
+        format!("split-wheels -j 2, torch-like wheel ({COPIES} × librocsparse + databases)"),
+    );
+    split.fill(&mut row);
+    row.bytes_in = Some(wheel_size);
+    row.bytes_out = Some(outputs);
+    row.compression_ratio = Some(device as f64 / outputs.max(1) as f64);
+    let floor = median(unzip) + median(zstd);
+    row.floors = split_floors(median(split), floor, [unzip, zstd, zip]);
+    row.targets = split_targets(split, floor);
+    row.details = json!({
+        "wheel_content_bytes": content,
+        "device_code_bytes": device,
+        "devices": summary["devices"].as_array().map(|d| d.len()),
+        "architectures": summary["architectures"],
+        "host_wheel_bytes": summary["host"]["size"],
+        "fat_binaries": summary["fat_binaries"],
+        "database_files": summary["database_files"],
+    });
+    let mut v = vec![row];
+    v.extend(floor_rows);
+    Ok(v)
+}
+
+/// The median wall time of `runs` (0 if none).
+fn median(runs: &Runs) -> f64 {
+    crate::bench::Stats::of(runs.wall.clone()).map_or(0.0, |s| s.median)
+}
+
+/// The floor rows: unzip of the wheel, zstd over the device code
+/// (`device` bytes), zip of the unpacked wheel (`content` bytes).
+fn floor_rows(
+    wheel_size: u64,
+    device: u64,
+    content: u64,
+    [unzip, zstd, zip]: [&Runs; 3],
+) -> Vec<Row> {
     let mut floor_rows = Vec::new();
     for (id, work, runs, bytes) in [
         (
@@ -212,18 +251,13 @@ fn rows(
         row.bytes_in = Some(bytes);
         floor_rows.push(row);
     }
-    let floor = median(unzip) + median(zstd);
-    let mut row = Row::new(
-        SECTION,
-        "split_wheels",
-        format!("split-wheels -j 2, torch-like wheel ({COPIES} × librocsparse + databases)"),
-    );
-    split.fill(&mut row);
-    row.bytes_in = Some(wheel_size);
-    row.bytes_out = Some(outputs);
-    row.compression_ratio = Some(device as f64 / outputs.max(1) as f64);
-    let wall = median(split);
-    row.floors = vec![
+    floor_rows
+}
+
+/// The split's wall time `wall` over the floors' (`floor`: unzip + zstd
+/// -T1).
+fn split_floors(wall: f64, floor: f64, [unzip, zstd, zip]: [&Runs; 3]) -> Vec<FloorRatio> {
+    vec![
         FloorRatio {
             floor: "unzip + zstd -T1".into(),
             ratio: wall / floor,
@@ -240,9 +274,15 @@ fn rows(
             floor: "unzip + zip".into(),
             ratio: wall / (median(unzip) + median(zip)),
         },
-    ];
+    ]
+}
+
+/// The split's targets: its time against the unzip + zstd -T1 `floor`, and
+/// its worst peak RSS.
+fn split_targets(split: &Runs, floor: f64) -> Vec<Target> {
+    let wall = median(split);
     let rss_mib = worst_rss_mib(split);
-    row.targets = vec![
+    vec![
         Target::at_most(
             format!(
                 "≤ {TIME_FACTOR}× the unzip + zstd -T1 floor ({:.1} s)",
@@ -256,19 +296,7 @@ fn rows(
             rss_mib,
             RSS_LIMIT_MIB,
         ),
-    ];
-    row.details = json!({
-        "wheel_content_bytes": content,
-        "device_code_bytes": device,
-        "devices": summary["devices"].as_array().map(|d| d.len()),
-        "architectures": summary["architectures"],
-        "host_wheel_bytes": summary["host"]["size"],
-        "fat_binaries": summary["fat_binaries"],
-        "database_files": summary["database_files"],
-    });
-    let mut v = vec![row];
-    v.extend(floor_rows);
-    Ok(v)
+    ]
 }
 
 /// The cached wheel with `copies` copies (built when missing) and the

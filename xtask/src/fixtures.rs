@@ -476,7 +476,58 @@ const fn compiled(arch: &'static str) -> Device {
 /// bundles (one compressed), strict, generic and SPIR-V targets, and
 /// MIOpen's per-target CK libraries (fat binaries of one target each).
 pub fn therock_fixtures() -> Vec<Fixture> {
-    let lib = |name, soname, targets, build, bundles, compressed_bundles, description| Fixture {
+    vec![
+        therock_rocblas(),
+        therock_miopen(),
+        therock_ck(
+            "therock/libMIOpenCKGroupedConv_gfx942.so",
+            "libMIOpenCKGroupedConv_gfx942.so",
+            &["gfx942"],
+        ),
+        therock_ck(
+            "therock/libMIOpenCKGroupedConv_gfx1100.so",
+            "libMIOpenCKGroupedConv_gfx1100.so",
+            &["gfx1100"],
+        ),
+    ]
+}
+
+/// The units of the TheRock tree's rocBLAS: the second compressed.
+const ROCBLAS_UNITS: &[Unit] = &[
+    Unit {
+        source: "vadd.hip",
+        compress: false,
+    },
+    Unit {
+        source: "reduce.hip",
+        compress: true,
+    },
+];
+
+/// The units of the TheRock tree's MIOpen, none compressed.
+const MIOPEN_UNITS: &[Unit] = &[
+    Unit {
+        source: "vadd.hip",
+        compress: false,
+    },
+    Unit {
+        source: "stencil.hip",
+        compress: false,
+    },
+];
+
+/// A TheRock library: an x86-64 Linux shared library with `soname`, one
+/// wrapper per bundle and vadd's host check.
+fn therock_lib(
+    name: &'static str,
+    soname: &'static str,
+    targets: &'static [&'static str],
+    build: Build,
+    bundles: usize,
+    compressed_bundles: usize,
+    description: &'static str,
+) -> Fixture {
+    Fixture {
         name,
         soname: Some(soname),
         kind: Kind::Shared,
@@ -489,86 +540,68 @@ pub fn therock_fixtures() -> Vec<Fixture> {
         relr: false,
         host_check: VADD_CHECK,
         description,
-    };
-    const TWO: &[Unit] = &[
-        Unit {
-            source: "vadd.hip",
-            compress: false,
+    }
+}
+
+/// rocBLAS: two bundles (the second compressed) by clang-offload-bundler.
+fn therock_rocblas() -> Fixture {
+    therock_lib(
+        "therock/librocblas.so.4.4",
+        "librocblas.so.4",
+        &[
+            "gfx90a:xnack-",
+            "gfx90a:xnack+",
+            "gfx942",
+            "gfx1100",
+            "gfx11-generic",
+            "gfx1201",
+        ],
+        Build::Bundled {
+            units: ROCBLAS_UNITS,
+            entries: ROCBLAS_ENTRIES,
+            bundler: Bundler::Llvm,
         },
-        Unit {
-            source: "reduce.hip",
-            compress: true,
+        2,
+        1,
+        "two bundles (the second compressed): xnack± and a generic target",
+    )
+}
+
+/// MIOpen: two bundles by our own bundler (targets clang 19 does not know).
+fn therock_miopen() -> Fixture {
+    therock_lib(
+        "therock/libMIOpen.so.1",
+        "libMIOpen.so.1",
+        &["gfx942", "gfx1250", "gfx1250-strict", "amdgcnspirv"],
+        Build::Bundled {
+            units: MIOPEN_UNITS,
+            entries: MIOPEN_ENTRIES,
+            bundler: Bundler::Own,
         },
-    ];
-    const TWO_PLAIN: &[Unit] = &[
-        Unit {
-            source: "vadd.hip",
-            compress: false,
+        2,
+        0,
+        "two bundles: gfx1250 and gfx1250-strict side by side, and amdgcnspirv",
+    )
+}
+
+/// MIOpen's per-target CK library: one bundle of `target`, from vadd.
+fn therock_ck(
+    name: &'static str,
+    soname: &'static str,
+    target: &'static [&'static str],
+) -> Fixture {
+    therock_lib(
+        name,
+        soname,
+        target,
+        Build::Single {
+            sources: &["vadd.hip"],
+            flags: &[],
         },
-        Unit {
-            source: "stencil.hip",
-            compress: false,
-        },
-    ];
-    let ck = |name, soname, target: &'static [&'static str]| {
-        lib(
-            name,
-            soname,
-            target,
-            Build::Single {
-                sources: &["vadd.hip"],
-                flags: &[],
-            },
-            1,
-            0,
-            "MIOpen's per-target CK library: a fat binary of one target",
-        )
-    };
-    vec![
-        lib(
-            "therock/librocblas.so.4.4",
-            "librocblas.so.4",
-            &[
-                "gfx90a:xnack-",
-                "gfx90a:xnack+",
-                "gfx942",
-                "gfx1100",
-                "gfx11-generic",
-                "gfx1201",
-            ],
-            Build::Bundled {
-                units: TWO,
-                entries: ROCBLAS_ENTRIES,
-                bundler: Bundler::Llvm,
-            },
-            2,
-            1,
-            "two bundles (the second compressed): xnack± and a generic target",
-        ),
-        lib(
-            "therock/libMIOpen.so.1",
-            "libMIOpen.so.1",
-            &["gfx942", "gfx1250", "gfx1250-strict", "amdgcnspirv"],
-            Build::Bundled {
-                units: TWO_PLAIN,
-                entries: MIOPEN_ENTRIES,
-                bundler: Bundler::Own,
-            },
-            2,
-            0,
-            "two bundles: gfx1250 and gfx1250-strict side by side, and amdgcnspirv",
-        ),
-        ck(
-            "therock/libMIOpenCKGroupedConv_gfx942.so",
-            "libMIOpenCKGroupedConv_gfx942.so",
-            &["gfx942"],
-        ),
-        ck(
-            "therock/libMIOpenCKGroupedConv_gfx1100.so",
-            "libMIOpenCKGroupedConv_gfx1100.so",
-            &["gfx1100"],
-        ),
-    ]
+        1,
+        0,
+        "MIOpen's per-target CK library: a fat binary of one target",
+    )
 }
 
 /// Linux hosts other than this machine's (Windows fixtures:
@@ -607,78 +640,28 @@ pub struct WinFixture {
 
 /// The Windows fixtures. Names are `windows/<file>`.
 pub fn windows_fixtures() -> Vec<WinFixture> {
-    let host = Host::X86_64Windows;
-    let dll =
-        |name, targets, build, bundles, compressed_bundles, host_check, description| Fixture {
-            name,
-            soname: None,
-            kind: Kind::Shared,
-            host,
-            targets,
-            build,
-            bundles,
-            wrappers: bundles,
-            compressed_bundles,
-            relr: false,
-            host_check,
-            description,
-        };
-    let vadd = |flags| Build::Single {
-        sources: &["vadd.hip"],
-        flags,
-    };
-    let plain = |fixture| WinFixture {
-        fixture,
-        link_flags: &[],
-        append: None,
-    };
     vec![
-        plain(dll(
+        WinFixture::plain(windows_dll(
             "windows/vadd.dll",
             &["gfx1100", "gfx942"],
-            vadd(&[]),
+            windows_vadd(&[]),
             1,
             0,
             VADD_CHECK,
             "PE32+ DLL, one bundle",
         )),
-        WinFixture {
-            link_flags: &["-Wl,-base:0x140000000"],
-            ..plain(dll(
-                "windows/multi.dll",
-                &["gfx1100", "gfx942"],
-                Build::PerObject {
-                    units: libmulti_units(),
-                },
-                4,
-                2,
-                REDUCE_CHECK,
-                "4 objects (2nd and 4th compressed): 4 bundles; its image base is the loader EXE's, so Windows relocates it",
-            ))
-        },
-        plain(dll(
+        windows_multi(),
+        WinFixture::plain(windows_dll(
             "windows/vadd_compressed.dll",
             &["gfx1100", "gfx1101", "gfx942"],
-            vadd(&["--offload-compress"]),
+            windows_vadd(&["--offload-compress"]),
             1,
             1,
             VADD_CHECK,
             "a compressed bundle (CCOB v2, zstd)",
         )),
-        WinFixture {
-            link_flags: &["-Wl,-debug:symtab"],
-            append: Some("windows/crt.c"),
-            ..plain(dll(
-                "windows/overlay.dll",
-                &["gfx1100", "gfx942"],
-                vadd(&[]),
-                1,
-                0,
-                VADD_CHECK,
-                "a COFF symbol table and appended data after the last section",
-            ))
-        },
-        plain(dll(
+        windows_overlay(),
+        WinFixture::plain(windows_dll(
             "windows/big.dll",
             MANY_TARGETS,
             Build::PerObject { units: FOUR_UNITS },
@@ -687,31 +670,105 @@ pub fn windows_fixtures() -> Vec<WinFixture> {
             VADD_CHECK,
             "four bundles of twelve targets: 48 code objects",
         )),
-        plain(dll(
+        WinFixture::plain(windows_dll(
             "windows/small.dll",
             &["gfx1100"],
-            vadd(&["--offload-compress"]),
+            windows_vadd(&["--offload-compress"]),
             1,
             1,
             VADD_CHECK,
             ".hip_fat smaller than a page",
         )),
-        plain(Fixture {
-            kind: Kind::Exec,
-            ..dll(
-                "windows/vadd.exe",
-                &["gfx1100", "gfx942"],
-                Build::Single {
-                    sources: &["vadd.hip", "windows/exemain.cpp"],
-                    flags: &[],
-                },
-                1,
-                0,
-                None,
-                "PE32+ EXE; prints what the stand-in runtime saw and exits 0",
-            )
-        }),
+        WinFixture::plain(windows_exe()),
     ]
+}
+
+/// A Windows DLL (PE32+, x86-64): one wrapper per bundle.
+fn windows_dll(
+    name: &'static str,
+    targets: &'static [&'static str],
+    build: Build,
+    bundles: usize,
+    compressed_bundles: usize,
+    host_check: Option<HostCheck>,
+    description: &'static str,
+) -> Fixture {
+    Fixture {
+        name,
+        soname: None,
+        kind: Kind::Shared,
+        host: Host::X86_64Windows,
+        targets,
+        build,
+        bundles,
+        wrappers: bundles,
+        compressed_bundles,
+        relr: false,
+        host_check,
+        description,
+    }
+}
+
+/// vadd.hip compiled and linked at once, with `flags`.
+fn windows_vadd(flags: &'static [&'static str]) -> Build {
+    Build::Single {
+        sources: &["vadd.hip"],
+        flags,
+    }
+}
+
+/// libmulti's units as a DLL whose image base is the loader EXE's.
+fn windows_multi() -> WinFixture {
+    WinFixture {
+        link_flags: &["-Wl,-base:0x140000000"],
+        ..WinFixture::plain(windows_dll(
+            "windows/multi.dll",
+            &["gfx1100", "gfx942"],
+            Build::PerObject {
+                units: libmulti_units(),
+            },
+            4,
+            2,
+            REDUCE_CHECK,
+            "4 objects (2nd and 4th compressed): 4 bundles; its image base is the loader EXE's, so Windows relocates it",
+        ))
+    }
+}
+
+/// A DLL with a COFF symbol table and data appended after its image.
+fn windows_overlay() -> WinFixture {
+    WinFixture {
+        link_flags: &["-Wl,-debug:symtab"],
+        append: Some("windows/crt.c"),
+        ..WinFixture::plain(windows_dll(
+            "windows/overlay.dll",
+            &["gfx1100", "gfx942"],
+            windows_vadd(&[]),
+            1,
+            0,
+            VADD_CHECK,
+            "a COFF symbol table and appended data after the last section",
+        ))
+    }
+}
+
+/// The EXE: vadd and a `main` that reports what the stand-in runtime saw.
+fn windows_exe() -> Fixture {
+    Fixture {
+        kind: Kind::Exec,
+        ..windows_dll(
+            "windows/vadd.exe",
+            &["gfx1100", "gfx942"],
+            Build::Single {
+                sources: &["vadd.hip", "windows/exemain.cpp"],
+                flags: &[],
+            },
+            1,
+            0,
+            None,
+            "PE32+ EXE; prints what the stand-in runtime saw and exits 0",
+        )
+    }
 }
 
 /// libmulti.so's four units, the second and fourth compressed.
@@ -733,6 +790,15 @@ fn windows_out() -> String {
 }
 
 impl WinFixture {
+    /// `fixture` with no extra link flags and nothing appended.
+    fn plain(fixture: Fixture) -> WinFixture {
+        WinFixture {
+            fixture,
+            link_flags: &[],
+            append: None,
+        }
+    }
+
     /// Compile (per object or at once) and link with lld against the
     /// support objects and the stand-in runtime's import library; append
     /// data where asked.
@@ -1067,78 +1133,59 @@ impl Fixture {
         let mut link = strings(&[CLANGXX]);
         link.extend(self.link_flags());
         link.extend(strings(&["-o", &format!("{out_dir}/{}", self.name)]));
-        let hip = ["-nogpulib", "-nogpuinc", "-I", HIP_DIR];
+        let triples: Vec<&str> = entries.iter().map(|(t, _)| *t).collect();
         for unit in units {
             let stem = unit.source.trim_end_matches(".hip");
             let mut inputs = Vec::new();
             for (i, (_, device)) in entries.iter().enumerate() {
-                let input = match device {
+                inputs.push(match device {
                     Device::Compiled { arch, flags } => {
                         let co = format!("{obj_dir}/{stem}-{i}.co");
-                        let mut c = strings(&[CLANGXX, "-x", "hip", "--cuda-device-only"]);
-                        c.extend(strings(&["--no-gpu-bundle-output", "-O2"]));
-                        c.push(format!("--offload-arch={arch}"));
-                        c.extend(strings(&hip));
-                        c.extend(strings(flags));
-                        c.extend(strings(&["-o", &co, &hip_path(unit.source)]));
-                        commands.push(c);
+                        commands.push(device_command(unit, arch, flags, &co));
                         co
                     }
                     Device::File(f) => hip_path(f),
-                };
-                inputs.push(input);
+                });
             }
-            let triples: Vec<&str> = entries.iter().map(|(t, _)| *t).collect();
             let fatbin = format!("{obj_dir}/{stem}.hipfb");
             commands.push(match bundler {
-                Bundler::Llvm => {
-                    let mut b = vec![format!("{}/clang-offload-bundler", oracle::LLVM_BIN)];
-                    b.push("-type=o".into());
-                    b.push(format!(
-                        "-targets=host-x86_64-unknown-linux--,{}",
-                        triples.join(",")
-                    ));
-                    b.push("-input=/dev/null".into());
-                    b.extend(inputs.iter().map(|i| format!("-input={i}")));
-                    if unit.compress {
-                        b.push("-compress".into());
-                    }
-                    b.push(format!("-output={fatbin}"));
-                    b
-                }
-                Bundler::Own => {
-                    let exe =
-                        std::env::current_exe().map_or("xtask".into(), |p| p.display().to_string());
-                    let mut b = vec![exe, "bundle".into(), "--triples".into(), triples.join(",")];
-                    for i in inputs {
-                        b.extend(["--input".into(), i]);
-                    }
-                    b.extend(["--output".into(), fatbin.clone()]);
-                    b
-                }
+                Bundler::Llvm => llvm_bundle_command(&triples, &inputs, unit.compress, &fatbin),
+                Bundler::Own => own_bundle_command(&triples, inputs, &fatbin),
             });
             let object = format!("{obj_dir}/{stem}.o");
-            let mut c = strings(&[CLANGXX]);
-            c.extend(strings(COMMON_FLAGS));
-            c.extend(strings(self.code_model()));
-            // A compilation unit ID of its own (the driver derives one only
-            // when it compiles both sides).
-            c.extend(strings(&["-x", "hip", "--cuda-host-only"]));
-            c.extend(["-Xclang".into(), format!("-cuid={stem}")]);
-            c.extend(strings(&hip));
-            c.extend(strings(&[
-                "-Xclang",
-                "-fcuda-include-gpubinary",
-                "-Xclang",
-                &fatbin,
-            ]));
-            c.extend(strings(&["-c", "-o", &object, &hip_path(unit.source)]));
-            commands.push(c);
+            commands.push(self.host_object_command(unit, stem, &fatbin, &object));
             link.push(object);
         }
         link.push("-lamdhip64".into());
         commands.push(link);
         commands
+    }
+
+    /// [`Build::Bundled`]'s host object of `unit`: its host code, with the
+    /// bundle `fatbin` embedded.
+    fn host_object_command(
+        &self,
+        unit: &Unit,
+        stem: &str,
+        fatbin: &str,
+        object: &str,
+    ) -> Vec<String> {
+        let mut c = strings(&[CLANGXX]);
+        c.extend(strings(COMMON_FLAGS));
+        c.extend(strings(self.code_model()));
+        // A compilation unit ID of its own (the driver derives one only
+        // when it compiles both sides).
+        c.extend(strings(&["-x", "hip", "--cuda-host-only"]));
+        c.extend(["-Xclang".into(), format!("-cuid={stem}")]);
+        c.extend(strings(BUNDLED_HIP_FLAGS));
+        c.extend(strings(&[
+            "-Xclang",
+            "-fcuda-include-gpubinary",
+            "-Xclang",
+            fatbin,
+        ]));
+        c.extend(strings(&["-c", "-o", object, &hip_path(unit.source)]));
+        c
     }
 
     /// A foreign host's build: clang-19 compiles each source for the
@@ -1242,6 +1289,56 @@ fn hip_path(file: &str) -> String {
 
 fn strings(items: &[&str]) -> Vec<String> {
     items.iter().map(|s| s.to_string()).collect()
+}
+
+/// What both sides of a [`Build::Bundled`] unit compile with: no device
+/// libraries, no HIP headers but ours.
+const BUNDLED_HIP_FLAGS: &[&str] = &["-nogpulib", "-nogpuinc", "-I", HIP_DIR];
+
+/// [`Build::Bundled`]: `unit`'s device code object `co` for `arch`.
+fn device_command(unit: &Unit, arch: &str, flags: &[&str], co: &str) -> Vec<String> {
+    let mut c = strings(&[CLANGXX, "-x", "hip", "--cuda-device-only"]);
+    c.extend(strings(&["--no-gpu-bundle-output", "-O2"]));
+    c.push(format!("--offload-arch={arch}"));
+    c.extend(strings(BUNDLED_HIP_FLAGS));
+    c.extend(strings(flags));
+    c.extend(strings(&["-o", co, &hip_path(unit.source)]));
+    c
+}
+
+/// `clang-offload-bundler` of `inputs` (one per triple, after an empty
+/// host entry) into `fatbin`, compressed if asked.
+fn llvm_bundle_command(
+    triples: &[&str],
+    inputs: &[String],
+    compress: bool,
+    fatbin: &str,
+) -> Vec<String> {
+    let mut b = vec![format!("{}/clang-offload-bundler", oracle::LLVM_BIN)];
+    b.push("-type=o".into());
+    b.push(format!(
+        "-targets=host-x86_64-unknown-linux--,{}",
+        triples.join(",")
+    ));
+    b.push("-input=/dev/null".into());
+    b.extend(inputs.iter().map(|i| format!("-input={i}")));
+    if compress {
+        b.push("-compress".into());
+    }
+    b.push(format!("-output={fatbin}"));
+    b
+}
+
+/// `xtask bundle` (our own bundler, [`write_bundle`]) of `inputs` into
+/// `fatbin`.
+fn own_bundle_command(triples: &[&str], inputs: Vec<String>, fatbin: &str) -> Vec<String> {
+    let exe = std::env::current_exe().map_or("xtask".into(), |p| p.display().to_string());
+    let mut b = vec![exe, "bundle".into(), "--triples".into(), triples.join(",")];
+    for i in inputs {
+        b.extend(["--input".into(), i]);
+    }
+    b.extend(["--output".into(), fatbin.to_owned()]);
+    b
 }
 
 /// Source paths, each group preceded by its language (`-x hip`, `-x c++`).
@@ -1358,82 +1455,29 @@ enum Outcome {
 /// checks each against its entry in [`FIXTURES`], writes `fixtures.json` and
 /// prints a summary.
 pub fn build_all(sh: &Shell, root: &Path, force: bool) -> Result<()> {
-    let compiler = compiler_version(sh)?;
-    let headers = headers(sh)?;
-    let stamps = format!("{FIXTURES_DIR}/.stamps");
-    sh.create_dir(&stamps)?;
-
-    let dlcheck = Job::dlcheck();
-    build_job(
-        sh,
-        &dlcheck,
-        &compiler,
-        &headers,
-        &stamps,
-        force,
-        |_| Ok(()),
-    )?;
-    let fixtures_dir = root.join(FIXTURES_DIR);
+    let builder = Builder::new(sh, root, force)?;
+    builder.helper(&Job::dlcheck())?;
     for host in foreign_hosts() {
-        let job = Job::crossload(host);
-        build_job(sh, &job, &compiler, &headers, &stamps, force, |_| Ok(()))?;
+        builder.helper(&Job::crossload(host))?;
     }
 
-    let mut summary = Vec::new();
-    for fixture in FIXTURES {
-        let job = Job::for_fixture(fixture, FIXTURES_DIR, fixture.name.to_owned());
-        let outcome = build_job(sh, &job, &compiler, &headers, &stamps, force, |path| {
-            verify::check(sh, &root.join(path), fixture, &fixtures_dir)
-        })?;
-        let size = std::fs::metadata(root.join(&job.output))?.len();
-        summary.push((fixture.name.to_owned(), fixture, outcome, size));
-    }
     let foreign: Vec<Fixture> = foreign_hosts().flat_map(foreign_fixtures).collect();
-    for fixture in &foreign {
-        let job = Job::for_fixture(fixture, FIXTURES_DIR, fixture.name.to_owned());
-        let outcome = build_job(sh, &job, &compiler, &headers, &stamps, force, |path| {
-            verify::check(sh, &root.join(path), fixture, &fixtures_dir)
-        })?;
-        let size = std::fs::metadata(root.join(&job.output))?.len();
-        summary.push((fixture.name.to_owned(), fixture, outcome, size));
-    }
     let therock = therock_fixtures();
-    for fixture in &therock {
+    let mut summary = Vec::new();
+    for fixture in FIXTURES.iter().chain(&foreign).chain(&therock) {
         let job = Job::for_fixture(fixture, FIXTURES_DIR, fixture.name.to_owned());
-        let outcome = build_job(sh, &job, &compiler, &headers, &stamps, force, |path| {
-            verify::check(sh, &root.join(path), fixture, &fixtures_dir)
-        })?;
-        let size = std::fs::metadata(root.join(&job.output))?.len();
-        summary.push((fixture.name.to_owned(), fixture, outcome, size));
+        summary.push(builder.fixture(&job, fixture)?);
     }
-    let support = Job::windows_support();
-    build_job(
-        sh,
-        &support,
-        &compiler,
-        &headers,
-        &stamps,
-        force,
-        |_| Ok(()),
-    )?;
+    builder.helper(&Job::windows_support())?;
     let windows = windows_fixtures();
     for wf in &windows {
-        let job = wf.job();
-        let outcome = build_job(sh, &job, &compiler, &headers, &stamps, force, |path| {
-            verify::check(sh, &root.join(path), &wf.fixture, &fixtures_dir)
-        })?;
-        let size = std::fs::metadata(root.join(&job.output))?.len();
-        summary.push((wf.fixture.name.to_owned(), &wf.fixture, outcome, size));
+        summary.push(builder.fixture(&wf.job(), &wf.fixture)?);
     }
     let shard_fixtures = shard_fixtures();
     for (shard, fixture) in &shard_fixtures {
         let name = format!("{shard}/{}", fixture.name);
-        let job = Job::for_fixture(fixture, &format!("{FIXTURES_DIR}/{shard}"), name.clone());
-        let outcome = build_job(sh, &job, &compiler, &headers, &stamps, force, |path| {
-            verify::check(sh, &root.join(path), fixture, &fixtures_dir)
-        })?;
-        let size = std::fs::metadata(root.join(&job.output))?.len();
-        summary.push((name, fixture, outcome, size));
+        let job = Job::for_fixture(fixture, &format!("{FIXTURES_DIR}/{shard}"), name);
+        summary.push(builder.fixture(&job, fixture)?);
     }
 
     let manifest = root.join(FIXTURES_DIR).join(manifest::FILE_NAME);
@@ -1442,6 +1486,70 @@ pub fn build_all(sh: &Shell, root: &Path, force: bool) -> Result<()> {
     println!("fixtures in {}", root.join(FIXTURES_DIR).display());
     println!("manifest: {}", manifest.display());
     Ok(())
+}
+
+/// One line of [`build_all`]'s summary: the fixture's name (below
+/// `target/fixtures`), what it is, what happened and its size.
+type SummaryLine<'a> = (String, &'a Fixture, Outcome, u64);
+
+/// What every [`build_job`] of one [`build_all`] shares.
+struct Builder<'a> {
+    sh: &'a Shell,
+    root: &'a Path,
+    compiler: String,
+    headers: Vec<String>,
+    /// The stamps' directory.
+    stamps: String,
+    force: bool,
+}
+
+impl<'a> Builder<'a> {
+    /// Reads the compiler's version and the headers; makes the stamps'
+    /// directory.
+    fn new(sh: &'a Shell, root: &'a Path, force: bool) -> Result<Builder<'a>> {
+        let compiler = compiler_version(sh)?;
+        let headers = headers(sh)?;
+        let stamps = format!("{FIXTURES_DIR}/.stamps");
+        sh.create_dir(&stamps)?;
+        Ok(Builder {
+            sh,
+            root,
+            compiler,
+            headers,
+            stamps,
+            force,
+        })
+    }
+
+    /// Builds `job` with `check` run on its output.
+    fn build(&self, job: &Job, check: impl Fn(&str) -> Result<()>) -> Result<Outcome> {
+        let (sh, stamps) = (self.sh, &self.stamps);
+        build_job(
+            sh,
+            job,
+            &self.compiler,
+            &self.headers,
+            stamps,
+            self.force,
+            check,
+        )
+    }
+
+    /// Builds a helper (nothing to check).
+    fn helper(&self, job: &Job) -> Result<()> {
+        self.build(job, |_| Ok(())).map(drop)
+    }
+
+    /// Builds `fixture`'s `job`, checks the output against it; its summary
+    /// line.
+    fn fixture<'f>(&self, job: &Job, fixture: &'f Fixture) -> Result<SummaryLine<'f>> {
+        let fixtures_dir = self.root.join(FIXTURES_DIR);
+        let outcome = self.build(job, |path| {
+            verify::check(self.sh, &self.root.join(path), fixture, &fixtures_dir)
+        })?;
+        let size = std::fs::metadata(self.root.join(&job.output))?.len();
+        Ok((job.name.clone(), fixture, outcome, size))
+    }
 }
 
 /// Regenerates `integration/sample/libkpack_sample.so` (always: it is a
@@ -1572,7 +1680,7 @@ pub fn fixtures_manifest() -> Manifest {
     }
 }
 
-fn print_summary(summary: &[(String, &Fixture, Outcome, u64)]) {
+fn print_summary(summary: &[SummaryLine]) {
     println!(
         "\n{:<40} {:<6} {:>8} {:>7} {:>8}  {:<10} targets",
         "fixture", "kind", "bytes", "bundles", "wrappers", "status"
