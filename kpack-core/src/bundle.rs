@@ -505,57 +505,78 @@ fn read_ccob_header(
     r.take(4, "CCOB magic")?;
     let version = r.u16("CCOB version")?;
     let method_raw = r.u16("CCOB compression method")?;
-    let (total, uncompressed, hash) = match version {
+    let (total, uncompressed, hash) = read_ccob_sizes(&mut r, version)?;
+    let h = CcobHeader {
+        version,
+        method: ccob_method(method_raw, offset)?,
+        total,
+        uncompressed,
+        hash,
+        header_len: r.pos as u64,
+    };
+    check_ccob_sizes(&h, data.len() as u64, offset)?;
+    Ok(h)
+}
+
+/// The fields after a CCOB's version and method, as `(total, uncompressed,
+/// hash)`: v1 stores no total size (it is the rest of the data), v2 stores
+/// 32-bit sizes and v3 64-bit ones.
+fn read_ccob_sizes(r: &mut Reader, version: u16) -> Result<(u64, u64, u64), BundleError> {
+    match version {
         1 => {
             let u = r.u32("CCOB uncompressed size")?;
-            (data.len() as u64, u, r.u64("CCOB hash")?)
+            Ok((r.data.len() as u64, u, r.u64("CCOB hash")?))
         }
         2 => {
             let t = r.u32("CCOB total size")?;
             let u = r.u32("CCOB uncompressed size")?;
-            (t, u, r.u64("CCOB hash")?)
+            Ok((t, u, r.u64("CCOB hash")?))
         }
         3 => {
             let t = r.u64("CCOB total size")?;
             let u = r.u64("CCOB uncompressed size")?;
-            (t, u, r.u64("CCOB hash")?)
+            Ok((t, u, r.u64("CCOB hash")?))
         }
-        v => return Err(BundleError::UnsupportedVersion { offset, version: v }),
-    };
-    let method = match method_raw {
-        0 => Method::Zlib,
-        1 => Method::Zstd,
-        m => return Err(BundleError::UnsupportedMethod { offset, method: m }),
-    };
-    let header_len = r.pos as u64;
-    let have = data.len() as u64;
+        v => Err(BundleError::UnsupportedVersion {
+            offset: r.offset,
+            version: v,
+        }),
+    }
+}
+
+/// A CCOB's compression method from its stored number.
+fn ccob_method(raw: u16, offset: usize) -> Result<Method, BundleError> {
+    match raw {
+        0 => Ok(Method::Zlib),
+        1 => Ok(Method::Zstd),
+        m => Err(BundleError::UnsupportedMethod { offset, method: m }),
+    }
+}
+
+/// Check a CCOB header's sizes against the `have` bytes of data: the total
+/// size must cover the header and fit in the data, and the uncompressed
+/// size must be at most [`MAX_UNCOMPRESSED`].
+fn check_ccob_sizes(h: &CcobHeader, have: u64, offset: usize) -> Result<(), BundleError> {
     let bad_total = |problem| BundleError::BadTotalSize {
         offset,
-        total,
+        total: h.total,
         have,
         problem,
     };
-    if total < header_len {
+    if h.total < h.header_len {
         return Err(bad_total("smaller than the header"));
     }
-    if total > have {
+    if h.total > have {
         return Err(bad_total("past the end of the data"));
     }
-    if uncompressed > MAX_UNCOMPRESSED {
+    if h.uncompressed > MAX_UNCOMPRESSED {
         return Err(BundleError::TooLarge {
             offset,
-            size: uncompressed,
+            size: h.uncompressed,
             limit: MAX_UNCOMPRESSED,
         });
     }
-    Ok(CcobHeader {
-        version,
-        method,
-        total,
-        uncompressed,
-        hash,
-        header_len,
-    })
+    Ok(())
 }
 
 /// The plain bundles the decompressed data of a CCOB holds (zero padding

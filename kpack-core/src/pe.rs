@@ -132,64 +132,101 @@ pub fn machine_name(machine: u16) -> String {
     format!("{name}, {machine:#06x}")
 }
 
+/// Where the NT headers of an image are: the offset of the `PE\0\0`
+/// signature (checked) and the COFF file header after it.
+fn nt_headers(data: &[u8]) -> Result<(u64, &ImageFileHeader), PeError> {
+    let dos: &ImageDosHeader = data
+        .read_at(0)
+        .map_err(|_| malformed("truncated DOS header"))?;
+    let nt_offset = u64::from(dos.e_lfanew.get(LE));
+    let sig: &object::U32<LE> = data
+        .read_at(nt_offset)
+        .map_err(|_| malformed(format!("NT headers at {nt_offset:#x} lie outside the file")))?;
+    if sig.get(LE) != object::pe::IMAGE_NT_SIGNATURE {
+        return Err(malformed("no PE\\0\\0 signature"));
+    }
+    let file: &ImageFileHeader = data
+        .read_at(nt_offset + 4)
+        .map_err(|_| malformed("truncated COFF file header"))?;
+    Ok((nt_offset, file))
+}
+
+/// Refuse all but PE32+ images for x86-64: the optional header's magic at
+/// `opt_offset`, then the machine of `file`.
+fn check_pe32_plus_amd64(
+    data: &[u8],
+    file: &ImageFileHeader,
+    opt_offset: u64,
+) -> Result<(), PeError> {
+    let magic: &object::U16<LE> = data
+        .read_at(opt_offset)
+        .map_err(|_| malformed("truncated optional header"))?;
+    match magic.get(LE) {
+        object::pe::IMAGE_NT_OPTIONAL_HDR64_MAGIC => {}
+        object::pe::IMAGE_NT_OPTIONAL_HDR32_MAGIC => {
+            return Err(PeError::Unsupported("a PE32 (32-bit) image".into()))
+        }
+        m => return Err(malformed(format!("unknown optional header magic {m:#x}"))),
+    }
+    let machine = file.machine.get(LE);
+    if machine != object::pe::IMAGE_FILE_MACHINE_AMD64 {
+        return Err(PeError::Unsupported(format!(
+            "machine {}",
+            machine_name(machine)
+        )));
+    }
+    Ok(())
+}
+
+/// The data directories after the fixed part of the optional header at
+/// `opt_offset`: as many as it claims, fit in `SizeOfOptionalHeader`
+/// (`opt_size`) and at most 16.
+fn data_directories<'a>(
+    data: &'a [u8],
+    opt: &ImageOptionalHeader64,
+    opt_offset: u64,
+    opt_size: u64,
+) -> Result<&'a [ImageDataDirectory], PeError> {
+    let fixed = std::mem::size_of::<ImageOptionalHeader64>() as u64;
+    let room = opt_size
+        .checked_sub(fixed)
+        .ok_or_else(|| malformed(format!("SizeOfOptionalHeader {opt_size} is too small")))?
+        / 8;
+    let ndirs = u64::from(opt.number_of_rva_and_sizes.get(LE))
+        .min(room)
+        .min(16);
+    data.read_slice_at(opt_offset + fixed, ndirs as usize)
+        .map_err(|_| malformed("data directories lie outside the file"))
+}
+
+/// The section table at `table`, `file`'s `NumberOfSections` entries.
+fn section_table<'a>(
+    data: &'a [u8],
+    file: &ImageFileHeader,
+    table: u64,
+) -> Result<&'a [ImageSectionHeader], PeError> {
+    let nsec = usize::from(file.number_of_sections.get(LE));
+    data.read_slice_at(table, nsec).map_err(|_| {
+        malformed(format!(
+            "section table ({nsec} sections at {table:#x}) lies outside the file"
+        ))
+    })
+}
+
 impl<'a> PeView<'a> {
     pub fn parse(data: &'a [u8]) -> Result<Self, PeError> {
         if !is_pe(data) {
             return Err(PeError::NotPe);
         }
-        let dos: &ImageDosHeader = data
-            .read_at(0)
-            .map_err(|_| malformed("truncated DOS header"))?;
-        let nt_offset = u64::from(dos.e_lfanew.get(LE));
-        let sig: &object::U32<LE> = data
-            .read_at(nt_offset)
-            .map_err(|_| malformed(format!("NT headers at {nt_offset:#x} lie outside the file")))?;
-        if sig.get(LE) != object::pe::IMAGE_NT_SIGNATURE {
-            return Err(malformed("no PE\\0\\0 signature"));
-        }
-        let file: &ImageFileHeader = data
-            .read_at(nt_offset + 4)
-            .map_err(|_| malformed("truncated COFF file header"))?;
+        let (nt_offset, file) = nt_headers(data)?;
         let opt_offset = nt_offset + 4 + std::mem::size_of::<ImageFileHeader>() as u64;
-        let magic: &object::U16<LE> = data
-            .read_at(opt_offset)
-            .map_err(|_| malformed("truncated optional header"))?;
-        match magic.get(LE) {
-            object::pe::IMAGE_NT_OPTIONAL_HDR64_MAGIC => {}
-            object::pe::IMAGE_NT_OPTIONAL_HDR32_MAGIC => {
-                return Err(PeError::Unsupported("a PE32 (32-bit) image".into()))
-            }
-            m => return Err(malformed(format!("unknown optional header magic {m:#x}"))),
-        }
-        let machine = file.machine.get(LE);
-        if machine != object::pe::IMAGE_FILE_MACHINE_AMD64 {
-            return Err(PeError::Unsupported(format!(
-                "machine {}",
-                machine_name(machine)
-            )));
-        }
+        check_pe32_plus_amd64(data, file, opt_offset)?;
         let opt: &ImageOptionalHeader64 = data
             .read_at(opt_offset)
             .map_err(|_| malformed("truncated optional header"))?;
         let opt_size = u64::from(file.size_of_optional_header.get(LE));
-        let fixed = std::mem::size_of::<ImageOptionalHeader64>() as u64;
-        let room = opt_size
-            .checked_sub(fixed)
-            .ok_or_else(|| malformed(format!("SizeOfOptionalHeader {opt_size} is too small")))?
-            / 8;
-        let ndirs = u64::from(opt.number_of_rva_and_sizes.get(LE))
-            .min(room)
-            .min(16);
-        let dirs = data
-            .read_slice_at(opt_offset + fixed, ndirs as usize)
-            .map_err(|_| malformed("data directories lie outside the file"))?;
-        let table = opt_offset + opt_size;
-        let nsec = usize::from(file.number_of_sections.get(LE));
-        let sections = data.read_slice_at(table, nsec).map_err(|_| {
-            malformed(format!(
-                "section table ({nsec} sections at {table:#x}) lies outside the file"
-            ))
-        })?;
+        let dirs = data_directories(data, opt, opt_offset, opt_size)?;
+        let sections = section_table(data, file, opt_offset + opt_size)?;
         Ok(PeView {
             data,
             nt_offset,

@@ -51,17 +51,42 @@ pub struct Options {
 }
 
 pub fn run(sh: &Shell, root: &Path, opts: Options) -> Result<()> {
-    let targets: Vec<&str> = if opts.targets.is_empty() {
-        TARGETS.iter().map(|(t, _)| *t).collect()
-    } else {
-        for t in &opts.targets {
-            if !TARGETS.iter().any(|(n, _)| n == t) {
-                let known: Vec<&str> = TARGETS.iter().map(|(n, _)| *n).collect();
-                bail!("unknown fuzz target {t} (known: {})", known.join(", "));
-            }
+    let targets = select_targets(&opts)?;
+    let (nightly, sanitizer) = pick_sanitizer(sh, &opts)?;
+    let toolchain: &[&str] = if nightly { &["+nightly"] } else { &[] };
+    ensure_cargo_fuzz(sh)?;
+
+    fixtures::build_all(sh, root, false)?;
+    let seeds = make_seeds(sh, root)?;
+
+    let out = root.join("target/fuzz");
+    let fuzz_dir = root.join("fuzz");
+    build_targets(toolchain, &sanitizer, &fuzz_dir)?;
+    let results = run_targets(
+        &targets, &opts, &sanitizer, toolchain, &out, &fuzz_dir, &seeds,
+    )?;
+    report(results, &targets)
+}
+
+/// The targets asked for (all when none is), each checked against
+/// [`TARGETS`].
+fn select_targets(opts: &Options) -> Result<Vec<&str>> {
+    if opts.targets.is_empty() {
+        return Ok(TARGETS.iter().map(|(t, _)| *t).collect());
+    }
+    for t in &opts.targets {
+        if !TARGETS.iter().any(|(n, _)| n == t) {
+            let known: Vec<&str> = TARGETS.iter().map(|(n, _)| *n).collect();
+            bail!("unknown fuzz target {t} (known: {})", known.join(", "));
         }
-        opts.targets.iter().map(String::as_str).collect()
-    };
+    }
+    Ok(opts.targets.iter().map(String::as_str).collect())
+}
+
+/// Whether a nightly toolchain is there, and the sanitizer to build with:
+/// the one asked for (only `none` without nightly), else AddressSanitizer
+/// on nightly and none on stable.
+fn pick_sanitizer(sh: &Shell, opts: &Options) -> Result<(bool, String)> {
     let nightly = cmd!(sh, "rustup run nightly rustc --version")
         .quiet()
         .ignore_stdout()
@@ -76,7 +101,11 @@ pub fn run(sh: &Shell, root: &Path, opts: Options) -> Result<()> {
         (None, true) => "address".into(),
         (None, false) => "none".into(),
     };
-    let toolchain: &[&str] = if nightly { &["+nightly"] } else { &[] };
+    Ok((nightly, sanitizer))
+}
+
+/// Install cargo-fuzz when it is missing.
+fn ensure_cargo_fuzz(sh: &Shell) -> Result<()> {
     let has_cargo_fuzz = cmd!(sh, "cargo fuzz --version")
         .quiet()
         .ignore_stdout()
@@ -87,20 +116,18 @@ pub fn run(sh: &Shell, root: &Path, opts: Options) -> Result<()> {
         println!("installing cargo-fuzz (cargo install cargo-fuzz)");
         cmd!(sh, "cargo install cargo-fuzz").run()?;
     }
+    Ok(())
+}
 
-    fixtures::build_all(sh, root, false)?;
-    let seeds = make_seeds(sh, root)?;
-
-    let out = root.join("target/fuzz");
-    let fuzz_dir = root.join("fuzz");
-    // Build every target once, before running any (runs may overlap).
+/// Build every target once, before running any (runs may overlap).
+fn build_targets(toolchain: &[&str], sanitizer: &str, fuzz_dir: &Path) -> Result<()> {
     println!("== building fuzz targets (sanitizer {sanitizer})");
     let mut build = Command::new("cargo");
     build
         .args(toolchain)
         .args(["fuzz", "build", "--release", "--debug-assertions", "-s"])
-        .arg(&sanitizer)
-        .current_dir(&fuzz_dir)
+        .arg(sanitizer)
+        .current_dir(fuzz_dir)
         .env_remove("CARGO")
         .env_remove("RUSTUP_TOOLCHAIN")
         .env_remove("CARGO_TARGET_DIR");
@@ -111,7 +138,21 @@ pub fn run(sh: &Shell, root: &Path, opts: Options) -> Result<()> {
     {
         bail!("cargo fuzz build failed");
     }
-    let queue = std::sync::Mutex::new(targets.clone().into_iter());
+    Ok(())
+}
+
+/// Run the targets, `opts.parallel` at a time ([`run_one`] each); their
+/// results in the order they finished.
+fn run_targets<'t>(
+    targets: &[&'t str],
+    opts: &Options,
+    sanitizer: &str,
+    toolchain: &[&str],
+    out: &Path,
+    fuzz_dir: &Path,
+    seeds: &Path,
+) -> Result<Vec<(&'t str, u64, bool)>> {
+    let queue = std::sync::Mutex::new(targets.iter().copied());
     let results = std::sync::Mutex::new(Vec::new());
     std::thread::scope(|scope| {
         for _ in 0..opts.parallel.max(1) {
@@ -119,18 +160,17 @@ pub fn run(sh: &Shell, root: &Path, opts: Options) -> Result<()> {
                 let Some(target) = queue.lock().unwrap().next() else {
                     break;
                 };
-                let r = run_one(
-                    target, &opts, &sanitizer, toolchain, &out, &fuzz_dir, &seeds,
-                );
+                let r = run_one(target, opts, sanitizer, toolchain, out, fuzz_dir, seeds);
                 results.lock().unwrap().push(r);
             });
         }
     });
-    let mut results: Vec<(&str, u64, bool)> = results
-        .into_inner()
-        .unwrap()
-        .into_iter()
-        .collect::<Result<_>>()?;
+    results.into_inner().unwrap().into_iter().collect()
+}
+
+/// Print the executions and result of every target, in `targets` order;
+/// an error naming the targets that failed.
+fn report(mut results: Vec<(&str, u64, bool)>, targets: &[&str]) -> Result<()> {
     results.sort_by_key(|r| targets.iter().position(|t| *t == r.0));
     println!("\n{:<10} {:>14}  result", "target", "executions");
     for (t, runs, ok) in &results {
@@ -157,17 +197,7 @@ fn run_one<'t>(
     let log = out.join("logs").join(format!("{target}.log"));
     fs::create_dir_all(&corpus)?;
     fs::create_dir_all(log.parent().expect("logs dir"))?;
-    let mut args: Vec<String> = vec![
-        format!("-max_len={MAX_LEN}"),
-        format!("-max_total_time={}", opts.seconds),
-        "-timeout=20".into(),
-        "-rss_limit_mb=4096".into(),
-        "-print_final_stats=1".into(),
-    ];
-    if let Some(r) = opts.runs {
-        args.push(format!("-runs={r}"));
-    }
-    args.extend(opts.extra.iter().cloned());
+    let args = libfuzzer_args(opts);
     println!(
         "== fuzz {target} (sanitizer {sanitizer}{})",
         match opts.runs {
@@ -199,24 +229,46 @@ fn run_one<'t>(
         .or_else(|| done_runs(&text))
         .unwrap_or(0);
     let corpus_size = fs::read_dir(&corpus).map(|d| d.count()).unwrap_or(0);
+    println!(
+        "   {target}: {runs} executions in {:.0} s, corpus {corpus_size} inputs, {}",
+        clock.elapsed().as_secs_f64(),
+        outcome(status.success(), &text, &log)
+    );
+    Ok((target, runs, status.success()))
+}
+
+/// libFuzzer's flags for one run: the input cap, the time budget, limits,
+/// `-runs` when asked, then the extra flags.
+fn libfuzzer_args(opts: &Options) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        format!("-max_len={MAX_LEN}"),
+        format!("-max_total_time={}", opts.seconds),
+        "-timeout=20".into(),
+        "-rss_limit_mb=4096".into(),
+        "-print_final_stats=1".into(),
+    ];
+    if let Some(r) = opts.runs {
+        args.push(format!("-runs={r}"));
+    }
+    args.extend(opts.extra.iter().cloned());
+    args
+}
+
+/// How a run ended, for its summary line: nothing found, or what failed
+/// (the crash libFuzzer wrote, from its log `text`) and where the log is.
+fn outcome(success: bool, text: &str, log: &Path) -> String {
+    if success {
+        return "nothing found".to_string();
+    }
     let crash = text
         .lines()
         .find(|l| l.contains("Test unit written to"))
         .map(str::to_owned);
-    println!(
-        "   {target}: {runs} executions in {:.0} s, corpus {corpus_size} inputs, {}",
-        clock.elapsed().as_secs_f64(),
-        if status.success() {
-            "nothing found".to_string()
-        } else {
-            format!(
-                "FAILED ({}; log {})",
-                crash.as_deref().unwrap_or("see the log"),
-                log.display()
-            )
-        }
-    );
-    Ok((target, runs, status.success()))
+    format!(
+        "FAILED ({}; log {})",
+        crash.as_deref().unwrap_or("see the log"),
+        log.display()
+    )
 }
 
 fn stat(text: &str, key: &str) -> Option<u64> {
@@ -235,50 +287,91 @@ fn done_runs(text: &str) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// Writes seed inputs below the seeds directory, one directory per target.
+struct Seeds {
+    root: PathBuf,
+}
+
+impl Seeds {
+    /// Write `bytes` as seed `name` of target `t`, unless it is longer than
+    /// [`MAX_LEN`].
+    fn put(&self, t: &str, name: &str, bytes: &[u8]) -> Result<()> {
+        if bytes.len() <= MAX_LEN {
+            let d = self.root.join(t);
+            fs::create_dir_all(&d)?;
+            fs::write(d.join(name), bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Print how many seeds each target has.
+    fn print_counts(&self) {
+        let count = |t: &str| {
+            fs::read_dir(self.root.join(t))
+                .map(|d| d.count())
+                .unwrap_or(0)
+        };
+        let summary: Vec<String> = TARGETS
+            .iter()
+            .map(|(t, _)| format!("{t} {}", count(t)))
+            .collect();
+        println!("seeds: {}", summary.join(", "));
+    }
+}
+
 /// Build `target/fuzz/seeds/<target>/` from the fixtures: small real inputs
 /// of each format. Returns the seeds directory.
 fn make_seeds(sh: &Shell, root: &Path) -> Result<PathBuf> {
-    let seeds = root.join("target/fuzz/seeds");
-    if seeds.exists() {
-        fs::remove_dir_all(&seeds)?;
+    let seeds = Seeds {
+        root: root.join("target/fuzz/seeds"),
+    };
+    if seeds.root.exists() {
+        fs::remove_dir_all(&seeds.root)?;
     }
-    let dir = |t: &str| -> Result<PathBuf> {
-        let d = seeds.join(t);
-        fs::create_dir_all(&d)?;
-        Ok(d)
-    };
-    let put = |t: &str, name: &str, bytes: &[u8]| -> Result<()> {
-        if bytes.len() <= MAX_LEN {
-            fs::write(dir(t)?.join(name), bytes)?;
-        }
-        Ok(())
-    };
-    let fixtures_dir = root.join(FIXTURES_DIR);
-    let reference = root.join("tests/data/reference-kpack");
+    let elf_fixtures = elf_seeds(&seeds, &root.join(FIXTURES_DIR))?;
+    let scratch = root.join("target/fuzz/scratch");
+    let archives = archives_for_seeds(sh, root, &seeds, &elf_fixtures, &scratch)?;
+    archive_seeds(&seeds, archives)?;
+    fs::remove_dir_all(&scratch)?;
+    target_id_seeds(&seeds)?;
+    seeds.print_counts();
+    Ok(seeds.root)
+}
 
-    // ELF fixtures: whole binaries for the transform, .hip_fatbin sections
-    // for the bundle parser.
+/// ELF fixtures: whole binaries for the transform, .hip_fatbin sections
+/// for the bundle parser. Returns the fixtures that have device code.
+fn elf_seeds(seeds: &Seeds, fixtures_dir: &Path) -> Result<Vec<PathBuf>> {
     let mut elf_fixtures = Vec::new();
-    for e in fs::read_dir(&fixtures_dir)? {
+    for e in fs::read_dir(fixtures_dir)? {
         let p = e?.path();
         let Ok(bytes) = fs::read(&p) else { continue };
         if !bytes.starts_with(b"\x7fELF") || p.file_name().is_some_and(|n| n == "dlcheck") {
             continue;
         }
         let name = p.file_name().unwrap().to_string_lossy().into_owned();
-        put("offload", &name, &bytes)?;
+        seeds.put("offload", &name, &bytes)?;
         if let Some(section) = section(&bytes, ".hip_fatbin") {
-            put("bundle", &format!("{name}.hip_fatbin"), &section)?;
+            seeds.put("bundle", &format!("{name}.hip_fatbin"), &section)?;
             elf_fixtures.push(p.clone());
         }
     }
+    Ok(elf_fixtures)
+}
 
-    // Archives: the reference ones, and kpack's own from offloading the
-    // small fixtures (both schemes); their TOCs and HIPK metadata.
+/// Archives: the reference ones, and kpack's own from offloading
+/// `elf_fixtures` (both schemes, in `scratch`, which the caller removes);
+/// the offloaded binaries and their HIPK metadata become seeds on the way.
+fn archives_for_seeds(
+    sh: &Shell,
+    root: &Path,
+    seeds: &Seeds,
+    elf_fixtures: &[PathBuf],
+    scratch: &Path,
+) -> Result<Vec<(String, Vec<u8>)>> {
+    let reference = root.join("tests/data/reference-kpack");
     let kpack = crate::debug_kpack(sh)?;
-    let scratch = root.join("target/fuzz/scratch");
     if scratch.exists() {
-        fs::remove_dir_all(&scratch)?;
+        fs::remove_dir_all(scratch)?;
     }
     let mut archives: Vec<(String, Vec<u8>)> = Vec::new();
     for name in ["test_noop.kpack", "test_zstd.kpack"] {
@@ -287,22 +380,8 @@ fn make_seeds(sh: &Shell, root: &Path) -> Result<PathBuf> {
     for (i, fixture) in elf_fixtures.iter().enumerate() {
         for compression in ["zstd", "none"] {
             let out = scratch.join(format!("{i}-{compression}"));
-            let host = out.join("lib").join(fixture.file_name().unwrap());
-            let archive_dir = out.join(".kpack");
-            cmd!(
-                sh,
-                "{kpack} offload {fixture} -o {host} --archive-dir {archive_dir} --compression {compression}"
-            )
-            .quiet()
-            .ignore_stdout()
-            .run()?;
-            let host_bytes = fs::read(&host)?;
-            put("offload", &format!("offloaded-{i}"), &host_bytes)?;
-            if let Some(meta) = section(&host_bytes, ".rocm_kpack_ref") {
-                put("hipk", &format!("{i}.hipk"), &meta)?;
-                put("msgpack", &format!("{i}.hipk"), &meta)?;
-            }
-            for e in fs::read_dir(&archive_dir)? {
+            offload_seeds(sh, &kpack, seeds, fixture, &out, i, compression)?;
+            for e in fs::read_dir(out.join(".kpack"))? {
                 let p = e?.path();
                 archives.push((
                     format!(
@@ -314,19 +393,57 @@ fn make_seeds(sh: &Shell, root: &Path) -> Result<PathBuf> {
             }
         }
     }
+    Ok(archives)
+}
+
+/// Offload fixture number `i` into `out` (`lib/` and `.kpack/`) with
+/// `compression`; its host binary and HIPK metadata become seeds.
+fn offload_seeds(
+    sh: &Shell,
+    kpack: &Path,
+    seeds: &Seeds,
+    fixture: &Path,
+    out: &Path,
+    i: usize,
+    compression: &str,
+) -> Result<()> {
+    let host = out.join("lib").join(fixture.file_name().unwrap());
+    let archive_dir = out.join(".kpack");
+    cmd!(
+        sh,
+        "{kpack} offload {fixture} -o {host} --archive-dir {archive_dir} --compression {compression}"
+    )
+    .quiet()
+    .ignore_stdout()
+    .run()?;
+    let host_bytes = fs::read(&host)?;
+    seeds.put("offload", &format!("offloaded-{i}"), &host_bytes)?;
+    if let Some(meta) = section(&host_bytes, ".rocm_kpack_ref") {
+        seeds.put("hipk", &format!("{i}.hipk"), &meta)?;
+        seeds.put("msgpack", &format!("{i}.hipk"), &meta)?;
+    }
+    Ok(())
+}
+
+/// The 24 smallest archives, for the archive reader and the C API; their
+/// TOCs for the MessagePack decoder.
+fn archive_seeds(seeds: &Seeds, mut archives: Vec<(String, Vec<u8>)>) -> Result<()> {
     archives.sort_by_key(|(_, b)| b.len());
     for (name, bytes) in archives.iter().take(24) {
-        put("archive", name, bytes)?;
-        put("capi", name, bytes)?;
+        seeds.put("archive", name, bytes)?;
+        seeds.put("capi", name, bytes)?;
         if bytes.len() >= 16 {
             let toc = u64::from_le_bytes(bytes[8..16].try_into().unwrap()) as usize;
             if toc <= bytes.len() {
-                put("msgpack", &format!("{name}.toc"), &bytes[toc..])?;
+                seeds.put("msgpack", &format!("{name}.toc"), &bytes[toc..])?;
             }
         }
     }
-    fs::remove_dir_all(&scratch)?;
+    Ok(())
+}
 
+/// Target IDs and bundle entry IDs, valid and not, for target-ID parsing.
+fn target_id_seeds(seeds: &Seeds) -> Result<()> {
     for (i, t) in [
         "gfx942:sramecc+:xnack-",
         "gfx90a:xnack+",
@@ -342,15 +459,9 @@ fn make_seeds(sh: &Shell, root: &Path) -> Result<PathBuf> {
     .iter()
     .enumerate()
     {
-        put("target_id", &format!("{i}"), t.as_bytes())?;
+        seeds.put("target_id", &format!("{i}"), t.as_bytes())?;
     }
-    let count = |t: &str| fs::read_dir(seeds.join(t)).map(|d| d.count()).unwrap_or(0);
-    let summary: Vec<String> = TARGETS
-        .iter()
-        .map(|(t, _)| format!("{t} {}", count(t)))
-        .collect();
-    println!("seeds: {}", summary.join(", "));
-    Ok(seeds)
+    Ok(())
 }
 
 /// The bytes of an ELF section, if the file has it with contents.

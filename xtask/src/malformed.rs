@@ -303,18 +303,43 @@ fn with_entry(toc: &Value, key: &str, v: Value) -> Value {
     toc
 }
 
+/// A version-1 archive of `blob` and the TOC `toc`.
+fn archive(blob: &[u8], toc: &Value) -> Vec<u8> {
+    kpak(1, blob, &encode(toc))
+}
+
+/// `archive/`: broken copies of two valid archives (zstd per kernel, and
+/// uncompressed), and an empty file.
 fn archives(c: &Corpus) -> Result<()> {
     let (zblob, ztoc) = valid(Scheme::ZstdPerKernel)?;
     let (nblob, ntoc) = valid(Scheme::None)?;
-    let z = |toc: &Value| kpak(1, &zblob, &encode(toc));
-    let n = |toc: &Value| kpak(1, &nblob, &encode(toc));
-    let good_z = z(&ztoc);
+    header_archives(c, &zblob, &ztoc)?;
+    toc_field_archives(c, &zblob, &ztoc)?;
+    frames(c, &zblob, &ztoc)?;
+    entry_archives(c, &zblob, &ztoc)?;
+    noop_archives(c, &nblob, &ntoc)?;
+    // The same key twice in the TOC map, with the same target.
+    let mut dup = ztoc.clone();
+    let keys = kernels(&mut dup);
+    let first = keys[0].clone();
+    keys.push(first);
+    c.put("archive/duplicate-kernel.kpack", &archive(&zblob, &dup))?;
+    // A TOC nested deeper than the decoder allows.
+    let mut deep = vec![0x91u8; 100];
+    deep.push(0xc0);
+    c.put("archive/toc-too-deep.kpack", &kpak(1, &zblob, &deep))?;
+    c.put("archive/empty.kpack", b"")
+}
+
+/// Archives whose header, or the TOC's place and framing, is broken.
+fn header_archives(c: &Corpus, zblob: &[u8], ztoc: &Value) -> Result<()> {
+    let good_z = archive(zblob, ztoc);
     c.put(
         "archive/bad-magic.kpack",
         &[b"KPAX".as_slice(), &good_z[4..]].concat(),
     )?;
     c.put("archive/truncated-header.kpack", &good_z[..40])?;
-    c.put("archive/version-2.kpack", &kpak(2, &zblob, &encode(&ztoc)))?;
+    c.put("archive/version-2.kpack", &kpak(2, zblob, &encode(ztoc)))?;
     let mut b = good_z.clone();
     b[8..16].copy_from_slice(&le64(good_z.len() as u64 + 1));
     c.put("archive/toc-offset-past-end.kpack", &b)?;
@@ -323,7 +348,7 @@ fn archives(c: &Corpus) -> Result<()> {
     c.put("archive/toc-offset-in-header.kpack", &b)?;
     c.put(
         "archive/toc-not-msgpack.kpack",
-        &kpak(1, &zblob, &[0xc1, 0x00]),
+        &kpak(1, zblob, &[0xc1, 0x00]),
     )?;
     c.put(
         "archive/toc-trailing-bytes.kpack",
@@ -332,31 +357,39 @@ fn archives(c: &Corpus) -> Result<()> {
     c.put("archive/toc-truncated.kpack", &good_z[..good_z.len() - 3])?;
     c.put(
         "archive/toc-not-a-map.kpack",
-        &kpak(1, &zblob, &encode(&Value::from(7u64))),
-    )?;
+        &archive(zblob, &Value::from(7u64)),
+    )
+}
+
+/// Archives with a top-level TOC field missing or wrong.
+fn toc_field_archives(c: &Corpus, zblob: &[u8], ztoc: &Value) -> Result<()> {
     let toc_cases = [
-        ("toc-missing-group", set(&ztoc, "group_name", None)),
+        ("toc-missing-group", set(ztoc, "group_name", None)),
         (
             "toc-arches-not-array",
-            set(&ztoc, "gfx_arches", Some(Value::from(3u64))),
+            set(ztoc, "gfx_arches", Some(Value::from(3u64))),
         ),
         (
             "toc-unknown-scheme",
-            set(&ztoc, "compression_scheme", Some(Value::from("lz4"))),
+            set(ztoc, "compression_scheme", Some(Value::from("lz4"))),
         ),
         (
             "toc-format-version-2",
-            set(&ztoc, "format_version", Some(Value::from(2u64))),
+            set(ztoc, "format_version", Some(Value::from(2u64))),
         ),
         (
             "zstd-blob-outside",
-            set(&ztoc, "zstd_size", Some(Value::from(1u64 << 20))),
+            set(ztoc, "zstd_size", Some(Value::from(1u64 << 20))),
         ),
     ];
     for (name, toc) in &toc_cases {
-        c.put(&format!("archive/{name}.kpack"), &z(toc))?;
+        c.put(&format!("archive/{name}.kpack"), &archive(zblob, toc))?;
     }
-    frames(c, &zblob, &ztoc)?;
+    Ok(())
+}
+
+/// Zstd archives whose first kernel's entry has a wrong field.
+fn entry_archives(c: &Corpus, zblob: &[u8], ztoc: &Value) -> Result<()> {
     let entry_cases = [
         ("ordinal-out-of-range", "ordinal", Value::from(5u64)),
         ("ordinal-over-u32", "ordinal", Value::from(1u64 << 33)),
@@ -375,35 +408,32 @@ fn archives(c: &Corpus) -> Result<()> {
     for (name, key, v) in entry_cases {
         c.put(
             &format!("archive/{name}.kpack"),
-            &z(&with_entry(&ztoc, key, v)),
+            &archive(zblob, &with_entry(ztoc, key, v)),
         )?;
     }
+    Ok(())
+}
+
+/// Uncompressed archives whose blobs or sizes do not match.
+fn noop_archives(c: &Corpus, nblob: &[u8], ntoc: &Value) -> Result<()> {
     let blob = |offset: u64, size: u64| {
         str_map([("offset", Value::from(offset)), ("size", Value::from(size))])
     };
     c.put(
         "archive/blob-outside.kpack",
-        &n(&set(
-            &ntoc,
-            "blobs",
-            Some(Value::Array(vec![blob(64, 1 << 30), blob(64, 1)])),
-        )),
+        &archive(
+            nblob,
+            &set(
+                ntoc,
+                "blobs",
+                Some(Value::Array(vec![blob(64, 1 << 30), blob(64, 1)])),
+            ),
+        ),
     )?;
     c.put(
         "archive/noop-size-mismatch.kpack",
-        &n(&with_entry(&ntoc, "original_size", Value::from(2u64))),
-    )?;
-    // The same key twice in the TOC map, with the same target.
-    let mut dup = ztoc.clone();
-    let keys = kernels(&mut dup);
-    let first = keys[0].clone();
-    keys.push(first);
-    c.put("archive/duplicate-kernel.kpack", &z(&dup))?;
-    // A TOC nested deeper than the decoder allows.
-    let mut deep = vec![0x91u8; 100];
-    deep.push(0xc0);
-    c.put("archive/toc-too-deep.kpack", &kpak(1, &zblob, &deep))?;
-    c.put("archive/empty.kpack", b"")
+        &archive(nblob, &with_entry(ntoc, "original_size", Value::from(2u64))),
+    )
 }
 
 /// Archives whose zstd frames (in the blob) are damaged.
@@ -411,7 +441,7 @@ fn frames(c: &Corpus, zblob: &[u8], ztoc: &Value) -> Result<()> {
     let with_blob = |edit: &dyn Fn(&mut Vec<u8>)| {
         let mut b = zblob.to_vec();
         edit(&mut b);
-        kpak(1, &b, &encode(ztoc))
+        archive(&b, ztoc)
     };
     c.put(
         "archive/too-many-frames.kpack",

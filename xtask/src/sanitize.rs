@@ -37,6 +37,36 @@ pub struct Options {
 
 const THREADS: &str = "32";
 
+/// What one stress run is handed: the compiled C program, the offloaded
+/// binary, its metadata and the archives.
+struct Stress {
+    program: PathBuf,
+    multi: PathBuf,
+    meta: PathBuf,
+    archives: Vec<PathBuf>,
+}
+
+impl Stress {
+    /// The program's arguments for `iters` rounds in `mode` (`cold` or
+    /// `steady`).
+    fn args(&self, mode: &str, iters: u32) -> Vec<String> {
+        let mut v = vec![
+            mode.to_string(),
+            THREADS.to_string(),
+            iters.to_string(),
+            self.multi.display().to_string(),
+            self.meta.display().to_string(),
+            "4".into(),
+            "gfx1100,gfx942,gfx1101".into(),
+        ];
+        v.extend(self.archives.iter().map(|a| a.display().to_string()));
+        v
+    }
+}
+
+/// Each run: what it was, and its summary or why it failed.
+type Results = Vec<(String, Result<String>)>;
+
 pub fn run(sh: &Shell, root: &Path, opts: Options) -> Result<()> {
     fixtures::build_all(sh, root, false)?;
     let out = root.join("target/sanitize");
@@ -45,8 +75,32 @@ pub fn run(sh: &Shell, root: &Path, opts: Options) -> Result<()> {
         fs::remove_dir_all(&work)?;
     }
     fs::create_dir_all(&work)?;
-    let cargo = cargo();
+    let stress = prepare(sh, root, &out, &work)?;
 
+    let mut results: Results = Vec::new();
+    // Natively first: the stress itself must pass.
+    results.push((
+        "native, 32 threads x 400 rounds".into(),
+        run_checked(Command::new(&stress.program).args(stress.args("cold", 400))),
+    ));
+    valgrind_runs(&stress, opts.iters, &mut results);
+
+    // The Rust stress test under TSan and ASan (nightly, build-std).
+    if opts.valgrind_only {
+        println!("note: --valgrind-only: ThreadSanitizer/AddressSanitizer skipped");
+    } else {
+        match nightly_with_rust_src(sh) {
+            Err(why) => println!("note: ThreadSanitizer/AddressSanitizer skipped: {why}"),
+            Ok(()) => sanitizer_runs(root, &out, &mut results),
+        }
+    }
+    report(&results)
+}
+
+/// Build kpack and the C library, make the archives and offloaded binary
+/// to stress in `work`, and compile the C program into `out`.
+fn prepare(sh: &Shell, root: &Path, out: &Path, work: &Path) -> Result<Stress> {
+    let cargo = cargo();
     // Archives and an offloaded binary to stress.
     cmd!(
         sh,
@@ -76,18 +130,33 @@ pub fn run(sh: &Shell, root: &Path, opts: Options) -> Result<()> {
     .ignore_stdout()
     .run()?;
     let meta = work.join("libmulti.hipk");
-    let bytes = fs::read(&multi)?;
-    let file = object::File::parse(&*bytes)?;
-    let section = file
-        .section_by_name(".rocm_kpack_ref")
-        .context("offloaded binary without .rocm_kpack_ref")?;
-    fs::write(&meta, section.data()?)?;
+    fs::write(&meta, metadata_section(&multi)?)?;
     let mut archives: Vec<PathBuf> = fs::read_dir(&ar)?
         .map(|e| e.map(|e| e.path()))
         .collect::<std::io::Result<_>>()?;
     archives.sort();
+    let program = compile_program(root, out)?;
+    Ok(Stress {
+        program,
+        multi,
+        meta,
+        archives,
+    })
+}
 
-    // The C program, against the static library.
+/// The bytes of the `.rocm_kpack_ref` section of the offloaded binary at
+/// `path`.
+fn metadata_section(path: &Path) -> Result<Vec<u8>> {
+    let bytes = fs::read(path)?;
+    let file = object::File::parse(&*bytes)?;
+    let section = file
+        .section_by_name(".rocm_kpack_ref")
+        .context("offloaded binary without .rocm_kpack_ref")?;
+    Ok(section.data()?.to_vec())
+}
+
+/// The C program (`out/capi_stress`), against the static library.
+fn compile_program(root: &Path, out: &Path) -> Result<PathBuf> {
     let program = out.join("capi_stress");
     let src = root.join("tests/robustness/capi_stress.c");
     let include = root.join("kpack-cxx/include");
@@ -95,100 +164,75 @@ pub fn run(sh: &Shell, root: &Path, opts: Options) -> Result<()> {
     let mut c = Program::c("c11");
     c.strict().cc().flag("-pthread").include(include);
     c.input(src).static_runtime(&lib).link(&program)?;
+    Ok(program)
+}
 
-    let stress = |mode: &str, iters: u32| -> Vec<String> {
-        let mut v = vec![
-            mode.to_string(),
-            THREADS.to_string(),
-            iters.to_string(),
-            multi.display().to_string(),
-            meta.display().to_string(),
-            "4".into(),
-            "gfx1100,gfx942,gfx1101".into(),
-        ];
-        v.extend(archives.iter().map(|a| a.display().to_string()));
-        v
-    };
-
-    let mut results: Vec<(String, Result<String>)> = Vec::new();
-    // Natively first: the stress itself must pass.
-    results.push((
-        "native, 32 threads x 400 rounds".into(),
-        run_checked(Command::new(&program).args(stress("cold", 400))),
-    ));
+/// The stress under valgrind memcheck (cold), helgrind and DRD (steady),
+/// `iters` rounds per thread; one failed result when valgrind is missing.
+fn valgrind_runs(stress: &Stress, iters: u32, results: &mut Results) {
     let valgrind = |tool: &str, extra: &[&str], mode: &str| -> Result<String> {
         let mut c = Command::new("valgrind");
         c.arg(format!("--tool={tool}"))
             .arg("--error-exitcode=99")
             .args(extra)
-            .arg(&program)
-            .args(stress(mode, opts.iters));
+            .arg(&stress.program)
+            .args(stress.args(mode, iters));
         run_checked(&mut c)
     };
     let have_valgrind = Command::new("valgrind")
         .arg("--version")
         .output()
         .is_ok_and(|o| o.status.success());
-    if have_valgrind {
-        results.push((
-            format!(
-                "valgrind memcheck, cold, 32 threads x {} rounds",
-                opts.iters
-            ),
-            valgrind(
-                "memcheck",
-                &[
-                    "--leak-check=full",
-                    "--errors-for-leak-kinds=definite,indirect",
-                    "--track-origins=yes",
-                ],
-                "cold",
-            ),
-        ));
-        results.push((
-            format!(
-                "valgrind helgrind, steady, 32 threads x {} rounds",
-                opts.iters
-            ),
-            valgrind("helgrind", &[], "steady"),
-        ));
-        results.push((
-            format!("valgrind drd, steady, 32 threads x {} rounds", opts.iters),
-            valgrind("drd", &[], "steady"),
-        ));
-    } else {
+    if !have_valgrind {
         results.push((
             "valgrind".into(),
             Err(anyhow::anyhow!(
                 "valgrind is not installed (apt-get install valgrind)"
             )),
         ));
+        return;
     }
+    results.push((
+        format!("valgrind memcheck, cold, 32 threads x {iters} rounds"),
+        valgrind(
+            "memcheck",
+            &[
+                "--leak-check=full",
+                "--errors-for-leak-kinds=definite,indirect",
+                "--track-origins=yes",
+            ],
+            "cold",
+        ),
+    ));
+    results.push((
+        format!("valgrind helgrind, steady, 32 threads x {iters} rounds"),
+        valgrind("helgrind", &[], "steady"),
+    ));
+    results.push((
+        format!("valgrind drd, steady, 32 threads x {iters} rounds"),
+        valgrind("drd", &[], "steady"),
+    ));
+}
 
-    // The Rust stress test under TSan and ASan (nightly, build-std).
-    if opts.valgrind_only {
-        println!("note: --valgrind-only: ThreadSanitizer/AddressSanitizer skipped");
-    } else {
-        match nightly_with_rust_src(sh) {
-            Err(why) => println!("note: ThreadSanitizer/AddressSanitizer skipped: {why}"),
-            Ok(()) => {
-                for (san, name) in [
-                    ("thread", "ThreadSanitizer"),
-                    ("address", "AddressSanitizer"),
-                ] {
-                    let r = sanitizer_test(root, &out, san);
-                    results.push((
-                        format!("{name} (-Zsanitizer={san} -Zbuild-std), robustness_threads"),
-                        r,
-                    ));
-                }
-            }
-        }
+/// The Rust stress test under ThreadSanitizer, then AddressSanitizer.
+fn sanitizer_runs(root: &Path, out: &Path, results: &mut Results) {
+    for (san, name) in [
+        ("thread", "ThreadSanitizer"),
+        ("address", "AddressSanitizer"),
+    ] {
+        let r = sanitizer_test(root, out, san);
+        results.push((
+            format!("{name} (-Zsanitizer={san} -Zbuild-std), robustness_threads"),
+            r,
+        ));
     }
+}
 
+/// Print every result; an error when any run failed.
+fn report(results: &Results) -> Result<()> {
     println!("\n== sanitize results");
     let mut failed = 0;
-    for (what, r) in &results {
+    for (what, r) in results {
         match r {
             Ok(summary) => println!("ok      {what}: {summary}"),
             Err(e) => {

@@ -136,16 +136,7 @@ pub fn recombine(
     let mut components = collect_components(&shards, &mut s, observer)?;
     check_missing_architectures(&components, config, &mut s, observer)?;
     select_components(&mut components, &opts.components, input)?;
-    let mut plans = Vec::new();
-    for (name, c) in &components {
-        let (plan, generic_from) = plan_component(name, c, config, input, &mut s, observer)?;
-        plans.push(plan);
-        s.components.push(ComponentSummary {
-            component: name.clone(),
-            generic_from,
-            groups: Vec::new(),
-        });
-    }
+    let plans = plan_components(&components, config, input, &mut s, observer)?;
     let mut outputs = check_outputs(&plans, &opts.output_dir)?;
     observer.add_work(
         plans
@@ -153,12 +144,51 @@ pub fn recombine(
             .map(|p| tree_bytes(&p.generic).unwrap_or(0))
             .sum(),
     );
+    write_outputs(&plans, &outputs, &opts.output_dir, &mut s, observer)?;
+    outputs.sort();
+    s.outputs = outputs;
+    s.seconds = start.elapsed().as_secs_f64();
+    Ok(s)
+}
 
-    let stage = StagedDir::in_dir(&opts.output_dir)?;
+/// Step 4: every component's plan ([`plan_component`]), each component
+/// entered in the summary with the shard its generic artifact comes from.
+fn plan_components(
+    components: &BTreeMap<String, Component>,
+    config: &PackagingConfig,
+    input: &Path,
+    s: &mut RecombineSummary,
+    observer: &dyn Observer,
+) -> Result<Vec<Planned>> {
+    let mut plans = Vec::new();
+    for (name, c) in components {
+        let (plan, generic_from) = plan_component(name, c, config, input, s, observer)?;
+        plans.push(plan);
+        s.components.push(ComponentSummary {
+            component: name.clone(),
+            generic_from,
+            groups: Vec::new(),
+        });
+    }
+    Ok(plans)
+}
+
+/// The writing, once every check has passed: the `outputs` assembled in a
+/// staging directory in `out_dir` (staging directories a killed run left
+/// removed first), then renamed into place, group artifacts first and
+/// generic artifacts last. Fills in the groups and bytes of the summary.
+fn write_outputs(
+    plans: &[Planned],
+    outputs: &[String],
+    out_dir: &Path,
+    s: &mut RecombineSummary,
+    observer: &dyn Observer,
+) -> Result<()> {
+    let stage = StagedDir::in_dir(out_dir)?;
     for leftover in stage.swept() {
         s.note(observer, leftover_removed(leftover));
     }
-    let built = assemble(&plans, stage.path(), observer);
+    let built = assemble(plans, stage.path(), observer);
     for (c, r) in s.components.iter_mut().zip(built) {
         let (groups, bytes) = r?;
         c.groups = groups;
@@ -169,16 +199,13 @@ pub fn recombine(
     let order: Vec<&String> = devices.into_iter().chain(generics).collect();
     stage.commit_entries(&order)?;
     // Renamed into place: the generic artifacts take their input's mode.
-    for p in &plans {
-        copy_mode(&p.generic, &opts.output_dir.join(generic_name(&p.name)))?;
+    for p in plans {
+        copy_mode(&p.generic, &out_dir.join(generic_name(&p.name)))?;
     }
     for o in &order {
-        observer.note(&format!("wrote {}", opts.output_dir.join(o).display()));
+        observer.note(&format!("wrote {}", out_dir.join(o).display()));
     }
-    outputs.sort();
-    s.outputs = outputs;
-    s.seconds = start.elapsed().as_secs_f64();
-    Ok(s)
+    Ok(())
 }
 
 /// Step 1: the shard directories (the primary shard must be one).

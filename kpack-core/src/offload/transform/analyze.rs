@@ -5,11 +5,11 @@ use object::elf;
 use object::read::elf::{ProgramHeader as _, SectionHeader as _};
 
 use super::{TransformError, WrapperChange};
-use crate::binary::HostBinary;
+use crate::binary::{HostBinary, WrapperSlot, WrapperTable};
 use crate::bundle::parse_fatbin;
 use crate::elf::{
-    file_size, ElfError, ElfView, PhdrExt, ProgramHeader, RelocKinds, Relocations, SectionHeader,
-    FATBIN_SECTION, LE, METADATA_SECTION,
+    file_size, ElfError, ElfView, PhdrExt, Pointer, ProgramHeader, RelocKinds, Relocations,
+    SectionHeader, FATBIN_SECTION, LE, METADATA_SECTION,
 };
 use crate::hipk::{HIPF_MAGIC, HIPK_MAGIC};
 
@@ -63,6 +63,21 @@ pub struct Wrappers {
     /// Per wrapper (fat binaries): the offset in `.hip_fatbin` of the
     /// bundle its pointer names.
     pub targets: Vec<u64>,
+}
+
+impl Wrappers {
+    /// Record the wrapper of `slot`, whose pointer resolved to `p`, as
+    /// naming code object `co_index`.
+    fn push(&mut self, slot: &WrapperSlot, p: &Pointer, co_index: u32) {
+        self.offsets.push(slot.offset);
+        self.changes.push(WrapperChange {
+            index: slot.index,
+            co_index,
+            pointer: p.kind,
+        });
+        self.relas.push(p.rela);
+        self.pointer_addrs.push(slot.addr + 8);
+    }
 }
 
 /// What restore fills in an offloaded binary: the metadata section, the
@@ -233,7 +248,7 @@ fn page_unit(elf: &ElfView) -> Result<u64, TransformError> {
 /// Every wrapper must be HIPF and point at the start of a bundle; its
 /// `co_index` is that bundle's index.
 fn resolve_wrappers(
-    table: &crate::binary::WrapperTable,
+    table: &WrapperTable,
     f: &Fatbin,
     bundle_starts: &[(usize, usize)],
 ) -> Result<Wrappers, TransformError> {
@@ -257,14 +272,7 @@ fn resolve_wrappers(
                 start: f.addr,
                 end: f.end(),
             })? as u32;
-        out.offsets.push(slot.offset);
-        out.changes.push(WrapperChange {
-            index,
-            co_index,
-            pointer: p.kind,
-        });
-        out.relas.push(p.rela);
-        out.pointer_addrs.push(slot.addr + 8);
+        out.push(slot, &p, co_index);
         out.targets.push(p.value - f.addr);
     }
     Ok(out)
@@ -318,46 +326,14 @@ fn check_relocations(
 /// range the bundles may take ([`Hole`]).
 pub fn analyze_offloaded(b: &[u8]) -> Result<(Input<'_>, Hole), TransformError> {
     let (elf, kinds) = parse_rewritable(b)?;
-    let refuse = |why: &str| TransformError::NotRestorable(why.to_owned());
     let (fatbin, meta) = offloaded_sections(&elf)?;
     let (xi, x) = holding_segment(&elf, &meta)?;
     let unit = page_unit(&elf)?;
-    let (x_end, x_file_end) = (
-        x.p_vaddr(LE) + x.p_memsz(LE),
-        x.p_vaddr(LE) + x.p_filesz(LE),
-    );
-    if !(x.p_memsz(LE) - x.p_filesz(LE)).is_multiple_of(unit) {
-        return Err(refuse("the zero-filled tail of the segment holding the metadata is not a whole number of pages"));
-    }
-    let x2 = (x_end > x_file_end)
-        .then(|| {
-            elf.phdrs().iter().position(|p| {
-                p.is_load()
-                    && p.p_vaddr(LE) == x_end
-                    && p.p_offset(LE) == x.p_offset(LE) + x.p_filesz(LE)
-                    && p.p_align(LE) == x.p_align(LE)
-            })
-        })
-        .flatten();
+    let x2 = segment_after_tail(&elf, &x, unit)?;
+    let x_end = x.p_vaddr(LE) + x.p_memsz(LE);
     let (start, end) = free_range(&elf, &fatbin, &meta, x_end)?;
     let table = HostBinary::Elf(elf).wrappers()?;
-    if !table.all_hipk() {
-        return Err(refuse("its wrappers are not all HIPK"));
-    }
-    let mut wrappers = Wrappers::default();
-    for slot in &table.slots {
-        let p = slot.pointer.clone()?;
-        let co_index = u32::try_from(slot.wrapper.reserved1)
-            .map_err(|_| refuse("a wrapper's code object index does not fit in 32 bits"))?;
-        wrappers.offsets.push(slot.offset);
-        wrappers.changes.push(WrapperChange {
-            index: slot.index,
-            co_index,
-            pointer: p.kind,
-        });
-        wrappers.relas.push(p.rela);
-        wrappers.pointer_addrs.push(slot.addr + 8);
-    }
+    let wrappers = hipk_wrappers(&table)?;
     let hole = Hole {
         meta,
         start,
@@ -376,6 +352,55 @@ pub fn analyze_offloaded(b: &[u8]) -> Result<(Input<'_>, Hole), TransformError> 
         wrappers,
     };
     Ok((input, hole))
+}
+
+/// Why an offloaded binary cannot be restored.
+fn not_restorable(why: &str) -> TransformError {
+    TransformError::NotRestorable(why.to_owned())
+}
+
+/// X2 of an offloaded binary: the `PT_LOAD` right after the zero-filled
+/// tail of X1 (`x`) in memory and right after X1's bytes in the file, with
+/// X1's alignment; none when X1 has no tail. The tail (the removed pages)
+/// must be whole pages of `unit`.
+fn segment_after_tail(
+    elf: &ElfView,
+    x: &ProgramHeader,
+    unit: u64,
+) -> Result<Option<usize>, TransformError> {
+    let (x_end, x_file_end) = (
+        x.p_vaddr(LE) + x.p_memsz(LE),
+        x.p_vaddr(LE) + x.p_filesz(LE),
+    );
+    if !(x.p_memsz(LE) - x.p_filesz(LE)).is_multiple_of(unit) {
+        return Err(not_restorable("the zero-filled tail of the segment holding the metadata is not a whole number of pages"));
+    }
+    Ok((x_end > x_file_end)
+        .then(|| {
+            elf.phdrs().iter().position(|p| {
+                p.is_load()
+                    && p.p_vaddr(LE) == x_end
+                    && p.p_offset(LE) == x.p_offset(LE) + x.p_filesz(LE)
+                    && p.p_align(LE) == x.p_align(LE)
+            })
+        })
+        .flatten())
+}
+
+/// The wrappers of an offloaded binary: every one HIPK, its code object
+/// index (in `reserved1`) fitting in 32 bits.
+fn hipk_wrappers(table: &WrapperTable) -> Result<Wrappers, TransformError> {
+    if !table.all_hipk() {
+        return Err(not_restorable("its wrappers are not all HIPK"));
+    }
+    let mut wrappers = Wrappers::default();
+    for slot in &table.slots {
+        let p = slot.pointer.clone()?;
+        let co_index = u32::try_from(slot.wrapper.reserved1)
+            .map_err(|_| not_restorable("a wrapper's code object index does not fit in 32 bits"))?;
+        wrappers.push(slot, &p, co_index);
+    }
+    Ok(wrappers)
 }
 
 /// The NOBITS `.hip_fatbin` and the `.rocm_kpack_ref` of an offloaded
