@@ -17,7 +17,6 @@ use kpack_core::hipk::HipkMetadata;
 use kpack_core::msgpack::Value;
 use kpack_testkit::cprog::Program;
 use serde_json::json;
-use xshell::Shell;
 
 use crate::args;
 use crate::bench::{fmt_bytes, remove, resident, timed, warm, Ctx, FloorRatio, Row, Stats, Target};
@@ -170,23 +169,14 @@ fn run_c(exe: &Path, args: &[std::ffi::OsString]) -> Result<String> {
 }
 
 /// The C program, built against the release static library as it is
-/// installed: prelinked (`rocm-kpack-prelink`, as `cargo xtask dist` does),
-/// so a C program links it without the C++ runtime the raw cargo archive
-/// (with cxx's glue) needs.
+/// installed (prelinked, as `cargo xtask dist` does).
 fn build_program(ctx: &Ctx, dir: &Path) -> Result<PathBuf> {
     let exe = dir.join("kpack_bench");
-    let release = ctx.root.join("target/release");
-    let raw = release.join("librocm_kpack.a");
-    if !raw.is_file() {
-        bail!("{} missing", raw.display());
-    }
-    let (libdir, include) = (dir.join("lib"), dir.join("include"));
-    let prelink = release.join("rocm-kpack-prelink");
-    let sh = Shell::new()?;
-    xshell::cmd!(sh, "{prelink} {raw} {libdir} {include}")
-        .quiet()
-        .run()?;
-    let lib = libdir.join("librocm_kpack.a");
+    let lib = crate::dist::prelinked(
+        &ctx.root.join("target/release"),
+        &dir.join("lib"),
+        &dir.join("include"),
+    )?;
     let mut c = Program::c("c11");
     c.strict()
         .cc()

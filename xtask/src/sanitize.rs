@@ -160,7 +160,12 @@ fn compile_program(root: &Path, out: &Path) -> Result<PathBuf> {
     let program = out.join("capi_stress");
     let src = root.join("tests/robustness/capi_stress.c");
     let include = root.join("kpack-cxx/include");
-    let lib = root.join("target/debug/librocm_kpack.a");
+    // As installed: prelinked, linked without the C++ runtime.
+    let lib = crate::dist::prelinked(
+        &root.join("target/debug"),
+        &out.join("lib"),
+        &out.join("include"),
+    )?;
     let mut c = Program::c("c11");
     c.strict().cc().flag("-pthread").include(include);
     c.input(src).static_runtime(&lib).link(&program)?;
