@@ -62,9 +62,15 @@ pub fn run(sh: &Shell, root: &Path, opts: Options) -> Result<()> {
     let out = root.join("target/fuzz");
     let fuzz_dir = root.join("fuzz");
     build_targets(toolchain, &sanitizer, &fuzz_dir)?;
-    let results = run_targets(
-        &targets, &opts, &sanitizer, toolchain, &out, &fuzz_dir, &seeds,
-    )?;
+    let fuzz = Fuzz {
+        opts: &opts,
+        sanitizer: &sanitizer,
+        toolchain,
+        out: &out,
+        fuzz_dir: &fuzz_dir,
+        seeds: &seeds,
+    };
+    let results = fuzz.run_targets(&targets)?;
     report(results, &targets)
 }
 
@@ -141,31 +147,91 @@ fn build_targets(toolchain: &[&str], sanitizer: &str, fuzz_dir: &Path) -> Result
     Ok(())
 }
 
-/// Run the targets, `opts.parallel` at a time ([`run_one`] each); their
-/// results in the order they finished.
-fn run_targets<'t>(
-    targets: &[&'t str],
-    opts: &Options,
-    sanitizer: &str,
-    toolchain: &[&str],
-    out: &Path,
-    fuzz_dir: &Path,
-    seeds: &Path,
-) -> Result<Vec<(&'t str, u64, bool)>> {
-    let queue = std::sync::Mutex::new(targets.iter().copied());
-    let results = std::sync::Mutex::new(Vec::new());
-    std::thread::scope(|scope| {
-        for _ in 0..opts.parallel.max(1) {
-            scope.spawn(|| loop {
-                let Some(target) = queue.lock().unwrap().next() else {
-                    break;
-                };
-                let r = run_one(target, opts, sanitizer, toolchain, out, fuzz_dir, seeds);
-                results.lock().unwrap().push(r);
-            });
-        }
-    });
-    results.into_inner().unwrap().into_iter().collect()
+/// What every fuzz run shares: the options, the sanitizer, the toolchain
+/// arguments, where corpora and logs go, the fuzz crate and the seeds.
+struct Fuzz<'a> {
+    opts: &'a Options,
+    sanitizer: &'a str,
+    toolchain: &'a [&'a str],
+    out: &'a Path,
+    fuzz_dir: &'a Path,
+    seeds: &'a Path,
+}
+
+impl Fuzz<'_> {
+    /// Run the targets, `opts.parallel` at a time ([`Fuzz::run_one`] each);
+    /// their results in the order they finished.
+    fn run_targets<'t>(&self, targets: &[&'t str]) -> Result<Vec<(&'t str, u64, bool)>> {
+        let Fuzz { opts, .. } = self;
+        let queue = std::sync::Mutex::new(targets.iter().copied());
+        let results = std::sync::Mutex::new(Vec::new());
+        std::thread::scope(|scope| {
+            for _ in 0..opts.parallel.max(1) {
+                scope.spawn(|| loop {
+                    let Some(target) = queue.lock().unwrap().next() else {
+                        break;
+                    };
+                    let r = self.run_one(target);
+                    results.lock().unwrap().push(r);
+                });
+            }
+        });
+        results.into_inner().unwrap().into_iter().collect()
+    }
+
+    /// Run one target; returns (target, executions, passed).
+    fn run_one<'t>(&self, target: &'t str) -> Result<(&'t str, u64, bool)> {
+        let Fuzz {
+            opts,
+            sanitizer,
+            toolchain,
+            out,
+            fuzz_dir,
+            seeds,
+        } = *self;
+        let corpus = out.join("corpus").join(target);
+        let log = out.join("logs").join(format!("{target}.log"));
+        fs::create_dir_all(&corpus)?;
+        fs::create_dir_all(log.parent().expect("logs dir"))?;
+        let args = libfuzzer_args(opts);
+        println!(
+            "== fuzz {target} (sanitizer {sanitizer}{})",
+            match opts.runs {
+                Some(r) => format!(", up to {r} runs or {} s", opts.seconds),
+                None => format!(", {} s", opts.seconds),
+            }
+        );
+        let clock = Instant::now();
+        let status = Command::new("cargo")
+            .args(toolchain)
+            .args(["fuzz", "run", "--release", "--debug-assertions", "-s"])
+            .arg(sanitizer)
+            .arg(target)
+            .arg(&corpus)
+            .arg(seeds.join(target))
+            .arg("--")
+            .args(&args)
+            .current_dir(fuzz_dir)
+            // Let `+nightly` pick the toolchain: not the cargo that runs us.
+            .env_remove("CARGO")
+            .env_remove("RUSTUP_TOOLCHAIN")
+            .env_remove("CARGO_TARGET_DIR")
+            .stdout(fs::File::create(&log)?)
+            .stderr(fs::File::options().append(true).open(&log)?)
+            .status()
+            .context("running cargo fuzz")?;
+        let text = fs::read_to_string(&log).unwrap_or_default();
+        let runs = stat(&text, "stat::number_of_executed_units:")
+            .or_else(|| done_runs(&text))
+            .unwrap_or(0);
+        let corpus_size = fs::read_dir(&corpus).map(|d| d.count()).unwrap_or(0);
+        println!(
+            "   {target}: {runs} executions in {:.0} s, corpus {corpus_size} inputs, {}",
+            clock.elapsed().as_secs_f64(),
+            outcome(status.success(), &text, &log)
+        );
+        Ok((target, runs, status.success()))
+    }
 }
 
 /// Print the executions and result of every target, in `targets` order;
@@ -181,60 +247,6 @@ fn report(mut results: Vec<(&str, u64, bool)>, targets: &[&str]) -> Result<()> {
         bail!("fuzz targets failed: {}", failed.join(", "));
     }
     Ok(())
-}
-
-/// Run one target; returns (target, executions, passed).
-fn run_one<'t>(
-    target: &'t str,
-    opts: &Options,
-    sanitizer: &str,
-    toolchain: &[&str],
-    out: &Path,
-    fuzz_dir: &Path,
-    seeds: &Path,
-) -> Result<(&'t str, u64, bool)> {
-    let corpus = out.join("corpus").join(target);
-    let log = out.join("logs").join(format!("{target}.log"));
-    fs::create_dir_all(&corpus)?;
-    fs::create_dir_all(log.parent().expect("logs dir"))?;
-    let args = libfuzzer_args(opts);
-    println!(
-        "== fuzz {target} (sanitizer {sanitizer}{})",
-        match opts.runs {
-            Some(r) => format!(", up to {r} runs or {} s", opts.seconds),
-            None => format!(", {} s", opts.seconds),
-        }
-    );
-    let clock = Instant::now();
-    let status = Command::new("cargo")
-        .args(toolchain)
-        .args(["fuzz", "run", "--release", "--debug-assertions", "-s"])
-        .arg(sanitizer)
-        .arg(target)
-        .arg(&corpus)
-        .arg(seeds.join(target))
-        .arg("--")
-        .args(&args)
-        .current_dir(fuzz_dir)
-        // Let `+nightly` pick the toolchain: not the cargo that runs us.
-        .env_remove("CARGO")
-        .env_remove("RUSTUP_TOOLCHAIN")
-        .env_remove("CARGO_TARGET_DIR")
-        .stdout(fs::File::create(&log)?)
-        .stderr(fs::File::options().append(true).open(&log)?)
-        .status()
-        .context("running cargo fuzz")?;
-    let text = fs::read_to_string(&log).unwrap_or_default();
-    let runs = stat(&text, "stat::number_of_executed_units:")
-        .or_else(|| done_runs(&text))
-        .unwrap_or(0);
-    let corpus_size = fs::read_dir(&corpus).map(|d| d.count()).unwrap_or(0);
-    println!(
-        "   {target}: {runs} executions in {:.0} s, corpus {corpus_size} inputs, {}",
-        clock.elapsed().as_secs_f64(),
-        outcome(status.success(), &text, &log)
-    );
-    Ok((target, runs, status.success()))
 }
 
 /// libFuzzer's flags for one run: the input cap, the time budget, limits,
