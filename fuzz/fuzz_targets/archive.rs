@@ -7,7 +7,8 @@
 //! same.
 #![no_main]
 
-use kpack_core::archive::{Archive, ArchiveWriter, Scheme};
+use kpack_format::archive::{Archive, Scheme};
+use kpack_host::ArchiveWriter;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -6,7 +6,7 @@
 //! parsed entries and parsing it again gives the same triples and bytes.
 #![no_main]
 
-use kpack_core::bundle::{parse_fatbin, write_bundle};
+use kpack_bundle::{parse_fatbin, write_bundle};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::ptr;
 use std::sync::OnceLock;
 
-use kpack_core::hipk::{HipkMetadata, MAX_METADATA_SIZE};
+use kpack_format::hipk::{HipkMetadata, MAX_METADATA_SIZE};
 use libfuzzer_sys::fuzz_target;
 use rocm_kpack::*;
 

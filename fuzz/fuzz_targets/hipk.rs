@@ -9,8 +9,8 @@
 
 use std::io::Read;
 
-use kpack_core::hipk::{HipkMetadata, MAX_METADATA_SIZE};
-use kpack_core::msgpack;
+use kpack_format::hipk::{HipkMetadata, MAX_METADATA_SIZE};
+use kpack_format::msgpack;
 use libfuzzer_sys::fuzz_target;
 
 /// The bytes of `data`, handed out as asked; remembers how far it was read.

@@ -6,7 +6,7 @@
 //! `decode` succeeds exactly when `decode_prefix` uses every byte.
 #![no_main]
 
-use kpack_core::msgpack::{decode, decode_prefix, encode};
+use kpack_format::msgpack::{decode, decode_prefix, encode};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -23,10 +23,10 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
-use kpack_core::hipk::HipkMetadata;
-use kpack_core::offload::verify::VerifyError;
-use kpack_core::binary::{classify, Class};
-use kpack_core::offload::{code_objects, transform, verify_elf};
+use kpack_format::hipk::HipkMetadata;
+use kpack_host::offload::verify::VerifyError;
+use kpack_host::binary::{classify, Class};
+use kpack_host::offload::{code_objects, transform, verify_elf};
 use libfuzzer_sys::fuzz_target;
 
 fn metadata() -> &'static [u8] {

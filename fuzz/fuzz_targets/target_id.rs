@@ -7,7 +7,7 @@
 //! and the first one is itself.
 #![no_main]
 
-use kpack_core::target::{is_host_triple, target_of_triple, TargetId};
+use kpack_format::target::{is_host_triple, target_of_triple, TargetId};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

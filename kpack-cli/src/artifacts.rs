@@ -8,16 +8,16 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
-use kpack_core::archive::Scheme;
-use kpack_core::artifact::pack_tree::PackTreeSummary;
-use kpack_core::artifact::recombine::RecombineSummary;
-use kpack_core::artifact::split::SplitSummary;
-use kpack_core::artifact::verify::VerifyReport;
-use kpack_core::artifact::{
+use kpack_engine::artifact::pack_tree::PackTreeSummary;
+use kpack_engine::artifact::recombine::RecombineSummary;
+use kpack_engine::artifact::split::SplitSummary;
+use kpack_engine::artifact::verify::VerifyReport;
+use kpack_engine::artifact::{
     self, with_jobs, ArtifactError, Database, GpuTargets, Observer, PackTreeOptions,
     PackagingConfig, RecombineOptions, SplitOptions, VerifyOptions,
 };
-use kpack_core::bytes::format_size;
+use kpack_format::archive::Scheme;
+use kpack_format::bytes::format_size;
 use serde::Serialize;
 
 type CliResult = Result<(), Box<dyn std::error::Error>>;

@@ -13,15 +13,16 @@ macro_rules! outln {
 }
 
 mod artifacts;
+mod svg;
 mod wheels;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use kpack_core::archive::Scheme;
-use kpack_core::inspect::{self, Listing};
-use kpack_core::offload::{self, OffloadOptions};
+use kpack_format::archive::Scheme;
+use kpack_host::inspect::{self, Listing};
+use kpack_host::offload::{self, OffloadOptions};
 
 #[derive(Parser)]
 #[command(
@@ -211,8 +212,8 @@ enum RestoreCompression {
 }
 
 impl RestoreCompression {
-    fn restore(self) -> kpack_core::restore::Compression {
-        use kpack_core::restore::Compression as C;
+    fn restore(self) -> kpack_host::restore::Compression {
+        use kpack_host::restore::Compression as C;
         match self {
             RestoreCompression::Auto => C::Auto,
             RestoreCompression::None => C::None,
@@ -246,7 +247,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("kpack: error: {}", kpack_core::error::report(e.as_ref()));
+            eprintln!("kpack: error: {}", kpack_host::report(e.as_ref()));
             ExitCode::FAILURE
         }
     }
@@ -267,7 +268,7 @@ fn write_stdout_line(args: std::fmt::Arguments) {
 
 /// Run a subcommand other than `artifact` and `split-wheels` (dispatched in
 /// [`main`]).
-fn run(cli: Cli) -> kpack_core::Result<()> {
+fn run(cli: Cli) -> kpack_host::Result<()> {
     match cli.command {
         c @ (Command::Offload { .. } | Command::Prune { .. } | Command::Restore { .. }) => {
             run_rewrite(c)
@@ -278,7 +279,7 @@ fn run(cli: Cli) -> kpack_core::Result<()> {
 }
 
 /// The commands that write a rewritten binary: offload, prune, restore.
-fn run_rewrite(command: Command) -> kpack_core::Result<()> {
+fn run_rewrite(command: Command) -> kpack_host::Result<()> {
     match command {
         Command::Offload {
             input,
@@ -318,7 +319,7 @@ fn run_rewrite(command: Command) -> kpack_core::Result<()> {
             compression,
             json,
         } => {
-            let opts = kpack_core::restore::RestoreOptions {
+            let opts = kpack_host::restore::RestoreOptions {
                 targets,
                 keep_generic,
                 compression: compression.restore(),
@@ -331,7 +332,7 @@ fn run_rewrite(command: Command) -> kpack_core::Result<()> {
 
 /// The commands that read and report: ls, extract, verify-elf, why, size,
 /// diff.
-fn run_inspect(command: Command) -> kpack_core::Result<()> {
+fn run_inspect(command: Command) -> kpack_host::Result<()> {
     match command {
         Command::Ls { file, json } => ls(&file, json),
         Command::Extract {
@@ -363,7 +364,7 @@ fn print_json(v: &impl serde::Serialize) {
     );
 }
 
-fn ls(file: &Path, json: bool) -> kpack_core::Result<()> {
+fn ls(file: &Path, json: bool) -> kpack_host::Result<()> {
     let listing = inspect::list(file)?;
     if json {
         print_json(&listing);
@@ -373,8 +374,8 @@ fn ls(file: &Path, json: bool) -> kpack_core::Result<()> {
     Ok(())
 }
 
-fn extract(file: &Path, output: &Path, target: Option<&str>, json: bool) -> kpack_core::Result<()> {
-    let files = kpack_core::extract::extract(file, output, target)?;
+fn extract(file: &Path, output: &Path, target: Option<&str>, json: bool) -> kpack_host::Result<()> {
+    let files = kpack_host::extract::extract(file, output, target)?;
     if json {
         print_json(&files);
     } else {
@@ -390,7 +391,7 @@ fn offload(
     output: &Path,
     opts: &OffloadOptions,
     json: bool,
-) -> kpack_core::Result<()> {
+) -> kpack_host::Result<()> {
     let s = offload::offload(input, output, opts)?;
     if json {
         print_json(&s);
@@ -428,12 +429,12 @@ fn prune(
     targets: Vec<String>,
     keep_generic: bool,
     json: bool,
-) -> kpack_core::Result<()> {
-    let selection = kpack_core::prune::Selection {
+) -> kpack_host::Result<()> {
+    let selection = kpack_host::prune::Selection {
         targets,
         keep_generic,
     };
-    let s = kpack_core::prune::prune(input, output, &selection)?;
+    let s = kpack_host::prune::prune(input, output, &selection)?;
     if json {
         print_json(&s);
         return Ok(());
@@ -470,10 +471,10 @@ fn prune(
 fn restore(
     input: &Path,
     output: &Path,
-    opts: &kpack_core::restore::RestoreOptions,
+    opts: &kpack_host::restore::RestoreOptions,
     json: bool,
-) -> kpack_core::Result<()> {
-    let s = kpack_core::restore::restore(input, output, opts)?;
+) -> kpack_host::Result<()> {
+    let s = kpack_host::restore::restore(input, output, opts)?;
     if json {
         print_json(&s);
         return Ok(());
@@ -499,9 +500,9 @@ fn restore(
     Ok(())
 }
 
-fn why(binary: &Path, archs: &[String], json: bool) -> kpack_core::Result<()> {
-    use kpack_core::why::Outcome;
-    let w = kpack_core::why::why(binary, archs)?;
+fn why(binary: &Path, archs: &[String], json: bool) -> kpack_host::Result<()> {
+    use kpack_host::why::Outcome;
+    let w = kpack_host::why::why(binary, archs)?;
     if json {
         print_json(&w);
     } else {
@@ -524,7 +525,7 @@ fn why(binary: &Path, archs: &[String], json: bool) -> kpack_core::Result<()> {
         .iter()
         .filter(|x| !matches!(x.result, Outcome::Loaded { .. }))
         .count();
-    Err(kpack_core::Error::Request {
+    Err(kpack_host::Error::Request {
         path: binary.into(),
         what: format!(
             "{failing} of {} wrapper(s) do not resolve for {}",
@@ -536,8 +537,8 @@ fn why(binary: &Path, archs: &[String], json: bool) -> kpack_core::Result<()> {
 
 /// One wrapper of `kpack why`: the targets each agent tries, the candidate
 /// archives with what each gave, and the result.
-fn print_wrapper_why(x: &kpack_core::why::WrapperWhy) {
-    use kpack_core::why::Outcome;
+fn print_wrapper_why(x: &kpack_host::why::WrapperWhy) {
+    use kpack_host::why::Outcome;
     outln!("wrapper {}: key {}", x.wrapper, x.trace.key);
     for a in &x.trace.agents {
         outln!("  {} tries {}", a.arch, a.targets.join(", "));
@@ -571,8 +572,8 @@ fn print_wrapper_why(x: &kpack_core::why::WrapperWhy) {
 }
 
 /// What a candidate archive gave the loader, in words.
-fn candidate_status(status: &kpack_core::loader::CandidateStatus) -> String {
-    use kpack_core::loader::CandidateStatus;
+fn candidate_status(status: &kpack_loader::CandidateStatus) -> String {
+    use kpack_loader::CandidateStatus;
     match status {
         CandidateStatus::NotReached => "not reached (found before it)".to_string(),
         CandidateStatus::Missing { error } => format!("missing ({error})"),
@@ -587,8 +588,8 @@ fn candidate_status(status: &kpack_core::loader::CandidateStatus) -> String {
 }
 
 /// What looking up the key for one target of a candidate gave, in words.
-fn attempt_outcome(outcome: &kpack_core::loader::AttemptOutcome) -> String {
-    use kpack_core::loader::AttemptOutcome;
+fn attempt_outcome(outcome: &kpack_loader::AttemptOutcome) -> String {
+    use kpack_loader::AttemptOutcome;
     match outcome {
         AttemptOutcome::KeyMissing => "listed, but no entry for the key".to_string(),
         AttemptOutcome::ReadFailed { error } => format!("has the key, read failed: {error}"),
@@ -596,11 +597,11 @@ fn attempt_outcome(outcome: &kpack_core::loader::AttemptOutcome) -> String {
     }
 }
 
-fn size(paths: &[PathBuf], json: bool, svg: Option<&Path>) -> kpack_core::Result<()> {
-    let report = kpack_core::size::size(paths)?;
+fn size(paths: &[PathBuf], json: bool, svg: Option<&Path>) -> kpack_host::Result<()> {
+    let report = kpack_engine::size::size(paths)?;
     if let Some(file) = svg {
-        let doc = kpack_core::svg::treemap(&report.roots);
-        kpack_core::output::write_atomically(file, |f| {
+        let doc = crate::svg::treemap(&report.roots);
+        kpack_host::output::write_atomically(file, |f| {
             std::io::Write::write_all(f, doc.as_bytes())
         })?;
     }
@@ -616,8 +617,8 @@ fn size(paths: &[PathBuf], json: bool, svg: Option<&Path>) -> kpack_core::Result
 
 /// One path of `kpack size`: its totals, a table of its targets, and its
 /// binaries, largest first.
-fn print_size_root(r: &kpack_core::size::Root) {
-    use kpack_core::bytes::format_size as fs;
+fn print_size_root(r: &kpack_engine::size::Root) {
+    use kpack_format::bytes::format_size as fs;
     outln!(
         "{}: {}, {} file(s), {}{}: host {}, device {} (stored), headers/padding/TOCs {}, other files {}",
         r.path,
@@ -657,9 +658,9 @@ fn print_size_root(r: &kpack_core::size::Root) {
 
 /// The binaries of one path of `kpack size`, largest (host and stored
 /// device bytes) first, then by name.
-fn print_size_binaries(binaries: &[kpack_core::size::BinaryBytes]) {
-    use kpack_core::bytes::format_size as fs;
-    use kpack_core::size::BinaryBytes;
+fn print_size_binaries(binaries: &[kpack_engine::size::BinaryBytes]) {
+    use kpack_engine::size::BinaryBytes;
+    use kpack_format::bytes::format_size as fs;
     let device = |b: &BinaryBytes| -> u64 { b.targets.values().map(|t| t.stored).sum() };
     let total = |b: &BinaryBytes| b.host_bytes + device(b);
     let mut bins: Vec<&BinaryBytes> = binaries.iter().collect();
@@ -676,9 +677,9 @@ fn print_size_binaries(binaries: &[kpack_core::size::BinaryBytes]) {
     }
 }
 
-fn diff(a: &Path, b: &Path, json: bool) -> kpack_core::Result<()> {
-    use kpack_core::bytes::format_size as fs;
-    let d = kpack_core::size::diff(a, b)?;
+fn diff(a: &Path, b: &Path, json: bool) -> kpack_host::Result<()> {
+    use kpack_format::bytes::format_size as fs;
+    let d = kpack_engine::size::diff(a, b)?;
     if json {
         print_json(&d);
         return Ok(());
@@ -724,9 +725,9 @@ fn diff(a: &Path, b: &Path, json: bool) -> kpack_core::Result<()> {
     Ok(())
 }
 
-fn verify_elf(file: &Path, offloaded_only: bool, json: bool) -> kpack_core::Result<()> {
-    let mapped = kpack_core::input::map_file(file)?;
-    if !offloaded_only && kpack_core::binary::classify(&mapped) == kpack_core::binary::Class::Fat {
+fn verify_elf(file: &Path, offloaded_only: bool, json: bool) -> kpack_host::Result<()> {
+    let mapped = kpack_loader::map_file(file)?;
+    if !offloaded_only && kpack_host::binary::classify(&mapped) == kpack_host::binary::Class::Fat {
         let v = offload::verify_fat_file(file)?;
         if json {
             print_json(&serde_json::json!({"kind": "fat", "verified": v}));

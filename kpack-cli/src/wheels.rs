@@ -4,9 +4,9 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use kpack_core::archive::Scheme;
-use kpack_core::artifact::{with_jobs, Database, Observer};
-use kpack_core::wheel::{self, OutputFormat, SplitWheelOptions, WheelError, WheelSummary};
+use kpack_engine::artifact::{with_jobs, Database, Observer};
+use kpack_engine::wheel::{self, OutputFormat, SplitWheelOptions, WheelError, WheelSummary};
+use kpack_format::archive::Scheme;
 
 use crate::artifacts::Reporter;
 

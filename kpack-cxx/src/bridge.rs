@@ -20,14 +20,11 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use kpack_core::archive::ArchiveError;
-use kpack_core::hipk::HipkMetadata;
-use kpack_core::loader::{self, DiscoverError, Loader};
+use kpack_format::archive::ArchiveError;
+use kpack_format::hipk::HipkMetadata;
+use kpack_loader::Loader;
 
-use crate::{
-    cstr_path_bytes, load_error_code, read_error_code, KpackArchive, KpackCache, KpackError,
-    MetadataReader, PANIC_ERROR,
-};
+use crate::{cstr_path_bytes, KpackArchive, KpackCache, KpackError, MetadataReader, PANIC_ERROR};
 
 #[cxx::bridge(namespace = "kpack::bridge")]
 pub mod ffi {
@@ -164,12 +161,12 @@ impl KpackArchive {
     /// An archive error as the CLI reports it: the archive's path, then
     /// what is wrong.
     fn failure(&self, source: ArchiveError) -> Failure {
-        let code = read_error_code(&source);
-        let e = kpack_core::Error::Archive {
+        let code = KpackError::of_read(&source);
+        let e = kpack_loader::OpenError::Archive {
             path: self.path.clone(),
             source,
         };
-        Failure::new(code, kpack_core::error::report(&e))
+        Failure::new(code, kpack_loader::report(&e))
     }
 
     fn path(&self) -> Vec<u8> {
@@ -202,7 +199,7 @@ impl KpackArchive {
         &self,
         binary: &[u8],
         arch: &[u8],
-    ) -> Result<&kpack_core::archive::Entry, Failure> {
+    ) -> Result<&kpack_format::archive::Entry, Failure> {
         let not_found = || {
             self.failure(ArchiveError::KernelNotFound {
                 key: String::from_utf8_lossy(binary).into_owned(),
@@ -225,7 +222,7 @@ impl KpackArchive {
         })
     }
 
-    fn size_of(&self, entry: &kpack_core::archive::Entry) -> Result<usize, Failure> {
+    fn size_of(&self, entry: &kpack_format::archive::Entry) -> Result<usize, Failure> {
         usize::try_from(entry.original_size).map_err(|_| {
             Failure::new(
                 KpackError::OutOfMemory,
@@ -350,8 +347,8 @@ impl KpackCache {
                 )
                 .map_err(|e| {
                     Failure::new(
-                        load_error_code(&e),
-                        format!("{}: {}", path.display(), kpack_core::error::report(&e)),
+                        e.code(),
+                        format!("{}: {}", path.display(), kpack_loader::report(&e)),
                     )
                 })
         })
@@ -381,14 +378,9 @@ fn discover_binary_path(address: usize, failure: &mut ffi::Failure) -> ffi::Mapp
                 "kpack::discover_binary_path: the address is NULL",
             ));
         }
-        let found = loader::discover_binary_path(address).map_err(|e| {
-            let code = match e {
-                DiscoverError::Unsupported => KpackError::NotImplemented,
-                DiscoverError::Io(_) | DiscoverError::NotMapped(_) => {
-                    KpackError::PathDiscoveryFailed
-                }
-            };
-            Failure::new(code, kpack_core::error::report(&e))
+        let found = kpack_loader::discover_binary_path(address).map_err(|e| {
+            let code = KpackError::of_discover(&e);
+            Failure::new(code, kpack_loader::report(&e))
         })?;
         Ok(ffi::MappedFile {
             path: crate::path_bytes_lossy(&found.path),

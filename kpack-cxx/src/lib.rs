@@ -6,7 +6,7 @@
 //! its own archive, `librocm_kpack_cxx.a`, so that C programs link no C++.
 //!
 //! This layer is thin and mechanical: check pointers, convert strings, call
-//! [`kpack_core::archive::Archive`] or [`kpack_core::loader::Loader`], map
+//! [`kpack_format::archive::Archive`] or [`kpack_loader::Loader`], map
 //! the error to a [`KpackError`] code, write outputs only on success. Every
 //! entry point runs inside `catch_unwind`, so no panic crosses the C
 //! boundary; a caught panic (a bug) is reported as
@@ -29,47 +29,17 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::ptr::NonNull;
 
-use kpack_core::archive::{Archive, ArchiveError};
-use kpack_core::hipk::HipkMetadata;
-use kpack_core::loader::{self, DiscoverError, LoadError, Loader};
+use kpack_format::archive::Archive;
+use kpack_format::hipk::HipkMetadata;
+use kpack_loader::Loader;
 
 /// `kpack_error_t`: kpack-core's code, value for value (`repr(C)`).
-pub use kpack_core::loader::ErrorCode as KpackError;
+pub use kpack_loader::ErrorCode as KpackError;
 
 use KpackError as E;
 
 /// What a caught panic is reported as.
 const PANIC_ERROR: KpackError = E::InvalidFormat;
-
-/// The code of a failure to open an archive.
-pub fn open_error_code(e: &kpack_core::Error) -> KpackError {
-    match e {
-        kpack_core::Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
-            E::FileNotFound
-        }
-        kpack_core::Error::Archive { source, .. } => match source {
-            ArchiveError::UnsupportedVersion { .. } => E::UnsupportedVersion,
-            ArchiveError::TocFieldValue { field, .. } if field == "format_version" => {
-                E::UnsupportedVersion
-            }
-            ArchiveError::TocParse { .. } => E::MsgpackParseFailed,
-            ArchiveError::Io(_) => E::IoError,
-            _ => E::InvalidFormat,
-        },
-        _ => E::IoError,
-    }
-}
-
-/// The code of a failure to read a code object from an open archive.
-pub fn read_error_code(e: &ArchiveError) -> KpackError {
-    KpackError::of_read(e)
-}
-
-/// The code of a failed load (kpack-core decides it: `kpack why` reports
-/// the same).
-pub fn load_error_code(e: &LoadError) -> KpackError {
-    e.code()
-}
 
 /// What a `kpack_archive_t` points to: the archive, its path and the C
 /// strings the query functions hand out (stable until `kpack_close`). The
@@ -88,8 +58,8 @@ impl KpackArchive {
 
     /// The archive at `path`, or the error code and kpack's message.
     fn open_path(path: PathBuf) -> Result<KpackArchive, (KpackError, String)> {
-        let archive = Archive::open(&path)
-            .map_err(|e| (open_error_code(&e), kpack_core::error::report(&e)))?;
+        let archive = kpack_loader::open_archive(&path)
+            .map_err(|e| (KpackError::of_open(&e), kpack_loader::report(&e)))?;
         // TOC strings are MessagePack str: a NUL inside one cannot be
         // handed to C.
         let c = |s: &str| {
@@ -385,12 +355,14 @@ pub unsafe extern "C" fn kpack_get_kernel(
         };
         let entry = a.archive.entry(key, target).ok_or(E::KernelNotFound)?;
         // Validate before allocating original_size bytes.
-        a.archive.check(entry).map_err(|e| read_error_code(&e))?;
+        a.archive
+            .check(entry)
+            .map_err(|e| KpackError::of_read(&e))?;
         let len = usize::try_from(entry.original_size).map_err(|_| E::OutOfMemory)?;
         let mut buf = CBuffer::zeroed(len).ok_or(E::OutOfMemory)?;
         a.archive
             .read_into(entry, buf.as_mut())
-            .map_err(|e| read_error_code(&e))?;
+            .map_err(|e| KpackError::of_read(&e))?;
         let (ptr, len) = buf.into_raw();
         // SAFETY: checked non-NULL; writable (caller's contract).
         unsafe {
@@ -465,11 +437,8 @@ pub unsafe extern "C" fn kpack_discover_binary_path(
         #[cfg(windows)]
         let found = windows::discover_binary_path(address_in_binary as usize);
         #[cfg(not(windows))]
-        let found = loader::discover_binary_path(address_in_binary as usize);
-        let found = found.map_err(|e| match e {
-            DiscoverError::Unsupported => E::NotImplemented,
-            DiscoverError::Io(_) | DiscoverError::NotMapped(_) => E::PathDiscoveryFailed,
-        })?;
+        let found = kpack_loader::discover_binary_path(address_in_binary as usize);
+        let found = found.map_err(|e| E::of_discover(&e))?;
         let bytes = path_bytes(&found.path).ok_or(E::PathDiscoveryFailed)?;
         if bytes.len() >= path_out_size {
             return Err(E::InvalidArgument);
@@ -558,7 +527,7 @@ pub unsafe extern "C" fn kpack_load_code_object(
         let decode = || HipkMetadata::read(metadata);
         let buf = loader
             .load_with(decode, &path, co_index, &archs, CBuffer::zeroed)
-            .map_err(|e| load_error_code(&e))?;
+            .map_err(|e| e.code())?;
         let (ptr, len) = buf.into_raw();
         // SAFETY: checked non-NULL; writable (caller's contract).
         unsafe {

@@ -13,7 +13,7 @@ use std::ffi::c_void;
 use std::os::windows::ffi::OsStringExt;
 use std::path::PathBuf;
 
-use kpack_core::loader::{DiscoverError, MappedFile};
+use kpack_loader::{DiscoverError, MappedFile};
 
 /// `GET_MODULE_HANDLE_EX_FLAG_FROM_ADDRESS`.
 const FROM_ADDRESS: u32 = 0x4;

@@ -3,7 +3,7 @@
 use std::ffi::{c_char, c_void, CString};
 use std::ptr;
 
-use kpack_core::hipk::HipkMetadata;
+use kpack_format::hipk::HipkMetadata;
 use rocm_kpack::*;
 
 fn cpath(p: &std::path::Path) -> CString {

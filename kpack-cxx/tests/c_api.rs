@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use common::*;
-use kpack_core::archive::ArchiveWriter;
+use kpack_host::ArchiveWriter;
 
 /// The C test program, built once per test run.
 fn program() -> &'static Path {

@@ -497,7 +497,7 @@ pub struct Registered {
     pub magic: u32,
     pub version: u32,
     pub co_index: u64,
-    pub metadata: kpack_core::hipk::HipkMetadata,
+    pub metadata: kpack_format::hipk::HipkMetadata,
 }
 
 /// The wrappers logged by the stand-in HIP runtime (`integration/hip`'s
@@ -510,7 +510,7 @@ pub fn read_registrations(log: &Path) -> Vec<Registered> {
             magic: r.magic,
             version: r.version,
             co_index: r.reserved1,
-            metadata: kpack_core::hipk::HipkMetadata::decode(&r.bytes)
+            metadata: kpack_format::hipk::HipkMetadata::decode(&r.bytes)
                 .expect("wrapper points at HIPK metadata"),
         })
         .collect()
@@ -522,7 +522,7 @@ pub fn read_registrations(log: &Path) -> Vec<Registered> {
 /// Returns dwz's output for the rewritten binary, to be checked further.
 pub fn dwz_accepts(original: &Path, rewritten: &Path, scratch: &Path) -> Option<PathBuf> {
     let data = std::fs::read(original).unwrap();
-    let elf = kpack_core::elf::ElfView::parse(&data).unwrap();
+    let elf = kpack_host::elf::ElfView::parse(&data).unwrap();
     elf.section(".debug_info").unwrap()?;
     let dwz = |input: &Path, out: &Path| {
         let o = Command::new("dwz")

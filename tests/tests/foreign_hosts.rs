@@ -10,9 +10,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kpack_core::archive::Archive;
-use kpack_core::hipk::HIPK_MAGIC;
 use kpack_e2e::*;
+use kpack_format::hipk::HIPK_MAGIC;
 use kpack_testkit::manifest::{Host, Kind};
 use serde_json::Value;
 
@@ -86,7 +85,11 @@ fn check(name: &str) {
     // The archives hold every code object.
     let n: usize = std::fs::read_dir(&archives)
         .unwrap()
-        .map(|e| Archive::open(e.unwrap().path()).unwrap().kernel_count())
+        .map(|e| {
+            kpack_loader::open_archive(e.unwrap().path())
+                .unwrap()
+                .kernel_count()
+        })
         .sum();
     assert_eq!(n, truth.len(), "{name}: archived code objects");
 }
@@ -96,7 +99,7 @@ fn check(name: &str) {
 /// `.hip_fatbin` only to 4 KiB, so it does not start on a unit).
 fn assert_removed_whole_units(input: &Path, output: &Path) {
     let b = std::fs::read(input).unwrap();
-    let elf = kpack_core::elf::ElfView::parse(&b).unwrap();
+    let elf = kpack_host::elf::ElfView::parse(&b).unwrap();
     let fat = elf.section(".hip_fatbin").unwrap().unwrap();
     assert_ne!(fat.addr % UNIT, 0, "the fixture must not start on a unit");
     let first_unit = fat.addr.next_multiple_of(UNIT);
@@ -143,7 +146,7 @@ fn check_runs_and_resolves(
         assert_eq!(r.metadata.kernel_name, kernel_name);
         for t in &f.targets {
             let rel = r.metadata.search_paths[0].replace("@GFXARCH@", t);
-            let a = Archive::open(out.parent().unwrap().join(rel)).unwrap();
+            let a = kpack_loader::open_archive(out.parent().unwrap().join(rel)).unwrap();
             let got = a.kernel(&format!("{kernel_name}#{i}"), t).unwrap();
             assert!(
                 got == truth[&(i, t.clone())],

@@ -11,11 +11,12 @@ use std::fs::File;
 use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
 
-use kpack_core::archive::{Archive, ArchiveError, ArchiveWriter, Scheme, MAX_KERNEL_SIZE};
-use kpack_core::hipk::HipkMetadata;
-use kpack_core::loader::{Config, Loader};
-use kpack_core::msgpack::{self, Value};
 use kpack_e2e::*;
+use kpack_format::archive::{ArchiveError, Scheme, MAX_KERNEL_SIZE};
+use kpack_format::hipk::HipkMetadata;
+use kpack_format::msgpack::{self, Value};
+use kpack_host::ArchiveWriter;
+use kpack_loader::{Config, Loader};
 use rocm_kpack::*;
 
 const GIB: u64 = 1 << 30;
@@ -215,12 +216,12 @@ fn archives_over_4_gib_both_schemes() {
     }
 
     // The library.
-    let a = Archive::open(&none).unwrap();
+    let a = kpack_loader::open_archive(&none).unwrap();
     assert_eq!(a.scheme(), Scheme::None);
     let e = a.entry(&format!("{KEY}#0"), "gfx1100").unwrap();
     assert_eq!(e.original_size, ZERO_KERNEL as u64);
     assert_eq!(a.kernel(&format!("{KEY}#2"), "gfx942").unwrap(), tail);
-    let z = Archive::open(&zstd).unwrap();
+    let z = kpack_loader::open_archive(&zstd).unwrap();
     assert_eq!(z.scheme(), Scheme::ZstdPerKernel);
     assert_eq!(z.kernel(&format!("{KEY}#0"), "gfx942").unwrap(), tail);
     assert_eq!(

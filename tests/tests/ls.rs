@@ -2,8 +2,8 @@
 
 use std::path::Path;
 
-use kpack_core::target::TargetId;
 use kpack_e2e::*;
+use kpack_format::target::TargetId;
 use serde_json::Value;
 
 fn ls_json(path: &Path) -> Value {

@@ -280,7 +280,7 @@ fn check_capi(case: &Case, path: &Path, kind: &str, code: i32) {
                 let (mut nb, mut na) = (0usize, 0usize);
                 assert_eq!(kpack_get_binary_count(a, &mut nb) as i32, 0);
                 assert_eq!(kpack_get_architecture_count(a, &mut na) as i32, 0);
-                let archive = kpack_core::archive::Archive::open(path).unwrap();
+                let archive = kpack_loader::open_archive(path).unwrap();
                 for (key, target) in archive.keys_and_targets() {
                     let (k, t) = (CString::new(key).unwrap(), CString::new(target).unwrap());
                     let mut p: *mut c_void = std::ptr::null_mut();

@@ -6,9 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kpack_core::archive::Archive;
-use kpack_core::hipk::HIPK_MAGIC;
 use kpack_e2e::*;
+use kpack_format::hipk::HIPK_MAGIC;
 use serde_json::Value;
 
 struct Offloaded {
@@ -72,7 +71,8 @@ fn check_fixture(name: &str) {
                 .parent()
                 .unwrap()
                 .join(r.metadata.search_paths[0].replace("@GFXARCH@", t));
-            let a = Archive::open(&archive_path).expect("archive named by the metadata");
+            let a =
+                kpack_loader::open_archive(&archive_path).expect("archive named by the metadata");
             let got = a
                 .kernel(&format!("{kernel_name}#{}", r.co_index), t)
                 .unwrap();
@@ -101,7 +101,7 @@ fn check_fixture(name: &str) {
             "{name}: wrapper {i} reserved1"
         );
         for t in &f.targets {
-            let a = Archive::open(o.archives.join(format!(
+            let a = kpack_loader::open_archive(o.archives.join(format!(
                 "{}_{t}.kpack",
                 kernel_name.split('.').next().unwrap()
             )))
@@ -123,7 +123,9 @@ fn check_fixture(name: &str) {
     // Every code object is in an archive.
     let mut n = 0;
     for e in std::fs::read_dir(&o.archives).unwrap() {
-        n += Archive::open(e.unwrap().path()).unwrap().kernel_count();
+        n += kpack_loader::open_archive(e.unwrap().path())
+            .unwrap()
+            .kernel_count();
     }
     assert_eq!(n, truth.len(), "{name}: archived code objects");
 
@@ -262,7 +264,8 @@ fn librocrand_shrinks_loads_and_keeps_its_code_objects() {
     let truth = code_objects(input);
     let mut n = 0;
     for ((bundle, target), bytes) in &truth {
-        let a = Archive::open(o.archives.join(format!("librocrand_{target}.kpack"))).unwrap();
+        let a = kpack_loader::open_archive(o.archives.join(format!("librocrand_{target}.kpack")))
+            .unwrap();
         assert!(
             a.kernel(&format!("librocrand.so.1.1#{bundle}"), target)
                 .unwrap()
@@ -343,7 +346,7 @@ fn fatbin_ending_on_a_page_boundary() {
     );
     let o = offload(&lib);
     assert_tools_accept(&lib, &o.out);
-    let a = Archive::open(o.archives.join("libpage_gfx1100.kpack")).unwrap();
+    let a = kpack_loader::open_archive(o.archives.join("libpage_gfx1100.kpack")).unwrap();
     let truth = code_objects(&lib);
     assert!(a.kernel("libpage.so#0", "gfx1100").unwrap() == truth[&(0, "gfx1100".to_string())]);
 }
@@ -480,7 +483,7 @@ fn refuses(bytes: &[u8], needle: &str) {
 }
 
 fn wrapper_offset(bytes: &[u8]) -> usize {
-    let elf = kpack_core::elf::ElfView::parse(bytes).unwrap();
+    let elf = kpack_host::elf::ElfView::parse(bytes).unwrap();
     elf.section(".hipFatBinSegment").unwrap().unwrap().offset as usize
 }
 
@@ -506,7 +509,7 @@ fn refuses_pointer_not_at_a_bundle() {
 fn refuses_relocation_into_removed_bytes() {
     // Another RELATIVE relocation made to point into .hip_fatbin.
     let mut b = std::fs::read(fixture("libvadd.so").path).unwrap();
-    let h = kpack_core::elf::ElfView::parse(&b).unwrap();
+    let h = kpack_host::elf::ElfView::parse(&b).unwrap();
     let relas = h.relas().unwrap();
     let fat = h.section(".hip_fatbin").unwrap().unwrap().addr;
     let w = h.section(".hipFatBinSegment").unwrap().unwrap().addr;

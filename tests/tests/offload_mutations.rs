@@ -2,9 +2,9 @@
 //! errors, never panics; and whatever the transform produces passes the
 //! verifier.
 
-use kpack_core::hipk::HipkMetadata;
-use kpack_core::offload::{transform, verify_elf};
 use kpack_e2e::*;
+use kpack_format::hipk::HipkMetadata;
+use kpack_host::offload::{transform, verify_elf};
 
 #[test]
 fn mutated_fixtures_never_panic() {

@@ -8,9 +8,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kpack_core::bundle::{BUNDLE_MAGIC, CCOB_MAGIC};
-use kpack_core::hipk::HIPF_MAGIC;
+use kpack_bundle::{BUNDLE_MAGIC, CCOB_MAGIC};
 use kpack_e2e::*;
+use kpack_format::hipk::HIPF_MAGIC;
 use serde_json::Value;
 
 type CodeObjects = BTreeMap<(usize, String), Vec<u8>>;

@@ -262,7 +262,7 @@ fn check_offload_output(out: &Path) -> usize {
     if out.join(".kpack").exists() {
         for name in names(&out.join(".kpack")) {
             if !name.starts_with(".kpack-tmp-") {
-                kpack_core::archive::Archive::open(out.join(".kpack").join(&name))
+                kpack_loader::open_archive(out.join(".kpack").join(&name))
                     .unwrap_or_else(|e| panic!("partial archive {name}: {e}"));
                 checks += 1;
             }

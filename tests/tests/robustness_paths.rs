@@ -12,10 +12,10 @@ use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
-use kpack_core::archive::{Archive, ArchiveWriter};
-use kpack_core::bundle::write_bundle;
-use kpack_core::extract::parse_archive_file_name;
+use kpack_bundle::write_bundle;
 use kpack_e2e::*;
+use kpack_host::extract::parse_archive_file_name;
+use kpack_host::ArchiveWriter;
 
 struct Scene {
     tmp: tempfile::TempDir,
@@ -167,7 +167,7 @@ fn extract_offloaded_binary_through_hostile_archive() {
     // Replace one archive by one serving a "target" that is a path.
     let evil = "../../../outside/evil";
     let good = s.root().join(".kpack/libvadd_compressed_gfx1100.kpack");
-    let bytes = Archive::open(&good)
+    let bytes = kpack_loader::open_archive(&good)
         .unwrap()
         .kernel("lib/libvadd_compressed.so#0", "gfx1100")
         .unwrap();
@@ -222,7 +222,7 @@ fn split_copies_outside_symlinks_as_links() {
     for t in ["gfx1100", "gfx1101", "gfx942"] {
         let a = out.join(format!("foo_lib_{t}/stage/.kpack/foo_lib_{t}.kpack"));
         assert!(fs::symlink_metadata(a.parent().unwrap()).unwrap().is_dir());
-        Archive::open(&a).unwrap();
+        kpack_loader::open_archive(&a).unwrap();
     }
     s.check_outside();
     // Installed together, the generic artifact's `.kpack` link and the

@@ -5,13 +5,14 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use kpack_core::archive::{Archive, ArchiveWriter, Scheme};
-use kpack_core::elf::{ElfView, PhdrExt, LE, PHDR_SIZE, SHDR_SIZE};
-use kpack_core::hipk::HipkMetadata;
-use kpack_core::loader::{Config, Loader};
-use kpack_core::offload::{transform, TransformError};
-use kpack_core::target::TargetId;
 use kpack_e2e::*;
+use kpack_format::archive::{Archive, Scheme};
+use kpack_format::hipk::HipkMetadata;
+use kpack_format::target::TargetId;
+use kpack_host::elf::{ElfView, PhdrExt, LE, PHDR_SIZE, SHDR_SIZE};
+use kpack_host::offload::{transform, TransformError};
+use kpack_host::ArchiveWriter;
+use kpack_loader::{Config, Loader};
 use object::read::elf::FileHeader as _;
 
 fn meta() -> Vec<u8> {
@@ -52,7 +53,7 @@ fn transform_fuzz_regressions_never_panic() {
     for p in regression_inputs("offload") {
         let b = fs::read(&p).unwrap();
         if let Ok(t) = transform::transform(&b, &meta()) {
-            let _ = kpack_core::offload::verify_elf(&t.bytes, Some(t.bundles));
+            let _ = kpack_host::offload::verify_elf(&t.bytes, Some(t.bundles));
         }
         let out = kpack_dir.path().join("out.so");
         let o = kpack(&[
@@ -212,7 +213,7 @@ fn claimed_sizes_are_checked_before_allocating() {
     w.add("k#0", "gfx1100", &b"123456789"[..], None).unwrap();
     let good = w.to_vec().unwrap();
     let toc_offset = u64::from_le_bytes(good[8..16].try_into().unwrap()) as usize;
-    let mut toc = kpack_core::msgpack::decode(&good[toc_offset..]).unwrap();
+    let mut toc = kpack_format::msgpack::decode(&good[toc_offset..]).unwrap();
     let mut b = good[..64].to_vec();
     b.extend(1u32.to_le_bytes());
     b.extend((frame.len() as u32).to_le_bytes());
@@ -223,7 +224,7 @@ fn claimed_sizes_are_checked_before_allocating() {
     for (size, ok) in [(9u64, true), (3 << 30, false)] {
         set(&mut toc, &["toc", "k#0", "gfx1100", "original_size"], size);
         let mut bytes = b.clone();
-        bytes.extend(kpack_core::msgpack::encode(&toc));
+        bytes.extend(kpack_format::msgpack::encode(&toc));
         let a = Archive::from_bytes(bytes.clone()).unwrap();
         let e = a.entry("k#0", "gfx1100").unwrap();
         assert_eq!(a.check(e).is_ok(), ok, "original_size {size}");
@@ -252,8 +253,8 @@ fn claimed_sizes_are_checked_before_allocating() {
     }
 }
 
-fn set(v: &mut kpack_core::msgpack::Value, path: &[&str], n: u64) {
-    use kpack_core::msgpack::Value;
+fn set(v: &mut kpack_format::msgpack::Value, path: &[&str], n: u64) {
+    use kpack_format::msgpack::Value;
     let mut cur = v;
     for key in path {
         let Value::Map(m) = cur else {

@@ -18,10 +18,10 @@ use std::path::Path;
 use std::ptr;
 use std::sync::Barrier;
 
-use kpack_core::archive::{Archive, Scheme};
-use kpack_core::hipk::MAX_METADATA_SIZE;
-use kpack_core::offload::{offload, verify_file, OffloadOptions};
 use kpack_e2e::*;
+use kpack_format::archive::Scheme;
+use kpack_format::hipk::MAX_METADATA_SIZE;
+use kpack_host::offload::{offload, verify_file, OffloadOptions};
 use rocm_kpack::*;
 
 const THREADS: usize = 32;
@@ -64,7 +64,7 @@ fn setup() -> Setup {
         window[..meta.len()].copy_from_slice(&meta);
         let mut expected = BTreeMap::new();
         for a in &s.archives {
-            let archive = Archive::open(&a.path).unwrap();
+            let archive = kpack_loader::open_archive(&a.path).unwrap();
             let mut kernels = BTreeMap::new();
             for (key, target) in archive.keys_and_targets() {
                 let bytes = archive.kernel(key, target).unwrap();

@@ -9,7 +9,6 @@ use std::path::Path;
 use std::process::Command;
 use std::ptr;
 
-use kpack_core::archive::Archive;
 use kpack_e2e::*;
 use rocm_kpack::*;
 use serde_json::Value;
@@ -80,7 +79,7 @@ fn identical_code_objects_are_stored_once() {
     assert_eq!(s["bytes_saved"], saved);
     for ((bundle, target), bytes) in &vadd {
         let path = out.join(format!(".kpack/pkg_{target}.kpack"));
-        let a = Archive::open(&path).unwrap();
+        let a = kpack_loader::open_archive(&path).unwrap();
         let x = a
             .entry(&format!("lib/libvadd.so#{bundle}"), target)
             .unwrap();
@@ -195,7 +194,7 @@ fn size_figures_are_those_of_ls_and_extract() {
         assert_eq!(got, extracted, "{name} offloaded");
         // Stored bytes are the archives' frames.
         for (t, v) in root["targets"].as_object().unwrap() {
-            let a = Archive::open(dir.path().join(format!(
+            let a = kpack_loader::open_archive(dir.path().join(format!(
                 ".kpack/{}_{t}.kpack",
                 f.file_name().split('.').next().unwrap()
             )))

@@ -19,9 +19,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use kpack_core::loader::{Config, Loader};
-use kpack_core::offload::verify_file;
 use kpack_e2e::*;
+use kpack_host::offload::verify_file;
+use kpack_loader::{Config, Loader};
 use kpack_testkit::tree::{copy, symlink, write};
 
 /// The family part of the input artifacts' names.
@@ -884,7 +884,7 @@ fn therock_tree_split_by_gpu_targets_recombined_and_installed() {
 
 /// The processor of a target or key (SPEC §6 `base_arch`).
 fn base(t: &str) -> String {
-    kpack_core::target::base_arch(t)
+    kpack_format::target::base_arch(t)
 }
 
 /// Split as a non-root user (setpriv) an input tree that a second user

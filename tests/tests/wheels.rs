@@ -16,9 +16,9 @@ use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use kpack_core::loader::{Config, Loader};
-use kpack_core::offload::verify_file;
 use kpack_e2e::*;
+use kpack_host::offload::verify_file;
+use kpack_loader::{Config, Loader};
 use wheel_common::*;
 
 fn split(input: &Path, out: &Path, extra: &[&str]) -> String {
@@ -226,8 +226,8 @@ fn check_host_wheel(host: &Path) {
         let bytes = &m[&format!("torch/{rel}")];
         fs::write(&p, bytes).unwrap();
         assert_eq!(
-            kpack_core::binary::classify(bytes),
-            kpack_core::binary::Class::Offloaded,
+            kpack_host::binary::classify(bytes),
+            kpack_host::binary::Class::Offloaded,
             "{rel}"
         );
         verify_file(&p).unwrap_or_else(|e| panic!("{rel}: {e}"));

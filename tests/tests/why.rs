@@ -8,9 +8,9 @@ use std::path::Path;
 use std::process::Command;
 use std::ptr;
 
-use kpack_core::archive::{Archive, ArchiveWriter};
-use kpack_core::hipk::MAX_METADATA_SIZE;
 use kpack_e2e::*;
+use kpack_format::hipk::MAX_METADATA_SIZE;
+use kpack_host::ArchiveWriter;
 use rocm_kpack::*;
 use serde_json::Value;
 
@@ -19,7 +19,7 @@ use serde_json::Value;
 /// process is the C runtime's.
 fn c_runtime_load(binary: &Path, archs: &[&str]) -> Result<Vec<u8>, KpackError> {
     let bytes = std::fs::read(binary).unwrap();
-    let elf = kpack_core::elf::ElfView::parse(&bytes).unwrap();
+    let elf = kpack_host::elf::ElfView::parse(&bytes).unwrap();
     let meta = elf.section(".rocm_kpack_ref").unwrap().unwrap();
     let mut window = meta.data.to_vec();
     window.resize(MAX_METADATA_SIZE, 0);
@@ -85,7 +85,7 @@ fn xnack_fall_through_and_missing_archives_match_the_runtime() {
     // The PyTorch layout: the xnack- archive without this binary's kernel,
     // a plain gfx90a archive with it.
     let minus = archives.join("libwide_gfx90a:xnack-.kpack");
-    let code = Archive::open(&minus)
+    let code = kpack_loader::open_archive(&minus)
         .unwrap()
         .kernel("libwide.so#0", "gfx90a:xnack-")
         .unwrap();

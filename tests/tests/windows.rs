@@ -14,11 +14,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use kpack_core::archive::Archive;
-use kpack_core::bytes::{put_u16, put_u64, u32_at};
-use kpack_core::hipk::{HipkMetadata, HIPK_MAGIC};
-use kpack_core::pe::PeView;
 use kpack_e2e::*;
+use kpack_format::bytes::{put_u16, put_u64, u32_at};
+use kpack_format::hipk::{HipkMetadata, HIPK_MAGIC};
+use kpack_host::pe::PeView;
 use kpack_testkit::manifest::{wine_path, Host, Kind};
 use serde_json::Value;
 
@@ -169,7 +168,7 @@ fn check(name: &str) {
         assert_eq!(meta.kernel_name, kernel_name);
         for t in &f.targets {
             let rel = meta.search_paths[0].replace("@GFXARCH@", t);
-            let a = Archive::open(out.parent().unwrap().join(rel)).unwrap();
+            let a = kpack_loader::open_archive(out.parent().unwrap().join(rel)).unwrap();
             let got = a.kernel(&format!("{kernel_name}#{i}"), t).unwrap();
             assert!(
                 got == truth[&(i, t.clone())],
@@ -179,7 +178,11 @@ fn check(name: &str) {
     }
     let n: usize = fs::read_dir(&archives)
         .unwrap()
-        .map(|e| Archive::open(e.unwrap().path()).unwrap().kernel_count())
+        .map(|e| {
+            kpack_loader::open_archive(e.unwrap().path())
+                .unwrap()
+                .kernel_count()
+        })
         .sum();
     assert_eq!(n, truth.len(), "{name}: archived code objects");
     assert_rerun_is_a_no_op(&out, dir.path());
@@ -457,7 +460,7 @@ fn artifact_pipelines_take_dlls() {
     let split = tmp.path().join("split/gfx110X-build");
     kpack_ok(&[&"split", &"--artifact-dir", &art, &"--output-dir", &split]);
     let generic = split.join("hip_lib_generic").join(prefix);
-    let v = kpack_core::offload::verify_file(&generic.join("bin/multi.dll")).unwrap();
+    let v = kpack_host::offload::verify_file(&generic.join("bin/multi.dll")).unwrap();
     assert_eq!(v.metadata.kernel_name, format!("{prefix}/bin/multi.dll"));
     assert_eq!(
         v.metadata.search_paths,
@@ -469,7 +472,7 @@ fn artifact_pipelines_take_dlls() {
             .join(format!("hip_lib_{t}"))
             .join(prefix)
             .join(format!(".kpack/hip_lib_{t}.kpack"));
-        let a = Archive::open(&a).unwrap();
+        let a = kpack_loader::open_archive(&a).unwrap();
         assert!(a.entry(&format!("{prefix}/bin/vadd.exe#0"), t).is_some());
         assert!(a.entry(&format!("{prefix}/bin/multi.dll#3"), t).is_some());
     }
@@ -488,13 +491,13 @@ fn artifact_pipelines_take_dlls() {
         &"rocm",
     ]);
     let out = packed.join("bin/multi.dll");
-    let v = kpack_core::offload::verify_file(&out).unwrap();
+    let v = kpack_host::offload::verify_file(&out).unwrap();
     assert_eq!(v.metadata.kernel_name, "bin/multi.dll");
     assert_eq!(v.metadata.search_paths, ["../.kpack/rocm_@GFXARCH@.kpack"]);
     let run = run_host(&f, &out);
     assert_eq!(run.registered.len(), 4);
     let truth = code_objects(&f.path);
-    let loader = kpack_core::loader::Loader::new(kpack_core::loader::Config::default());
+    let loader = kpack_loader::Loader::new(kpack_loader::Config::default());
     for (_, _, co, meta) in &run.registered {
         let got: PathBuf = out.clone();
         let bytes = loader
@@ -510,7 +513,7 @@ fn artifact_pipelines_take_dlls() {
 /// transform produces passes the verifier (the driver checks it).
 #[test]
 fn mutated_images_never_panic() {
-    use kpack_core::offload::pe::{transform, verify_pe};
+    use kpack_host::offload::pe::{transform, verify_pe};
     let meta = HipkMetadata {
         kernel_name: "bin/x.dll".into(),
         search_paths: vec!["../.kpack/x_@GFXARCH@.kpack".into()],
@@ -539,9 +542,9 @@ fn mutated_images_never_panic() {
                 };
             }
             let r = std::panic::catch_unwind(|| {
-                let _ = kpack_core::binary::classify(&b);
-                let _ = kpack_core::offload::code_objects(Path::new("x.dll"), &b);
-                let _ = kpack_core::fatbin::read_device_code(Path::new("x.dll"), &b);
+                let _ = kpack_host::binary::classify(&b);
+                let _ = kpack_host::offload::code_objects(Path::new("x.dll"), &b);
+                let _ = kpack_host::fatbin::read_device_code(Path::new("x.dll"), &b);
                 transform(&b, &meta)
             });
             let r = r.unwrap_or_else(|_| panic!("{name}: panicked on mutation round {round}"));

@@ -36,7 +36,8 @@ pub struct ArchiveArgs {
 
 /// The child: write or read, print a JSON line.
 pub fn child(a: &ArchiveArgs) -> Result<()> {
-    use kpack_core::archive::{Archive, ArchiveWriter, Scheme};
+    use kpack_format::archive::Scheme;
+    use kpack_host::ArchiveWriter;
     let start = Instant::now();
     match a.action.as_str() {
         "write" => {
@@ -46,11 +47,12 @@ pub fn child(a: &ArchiveArgs) -> Result<()> {
                 "zstd" => Scheme::ZstdPerKernel,
                 s => bail!("--scheme {s}: none or zstd"),
             };
-            let input = kpack_core::input::map_file(&a.input)?;
+            let input = kpack_loader::map_file(&a.input)?;
             let data: &[u8] = &input;
             let mut w = ArchiveWriter::new("big", "gfx942", vec!["gfx942".into()]).scheme(scheme);
             for (i, k) in data.chunks(KERNEL as usize).enumerate() {
-                let range = input.file_range(k).context("a chunk of the input")?;
+                let range =
+                    kpack_host::FileRange::of_slice(&input, k).context("a chunk of the input")?;
                 w.add(format!("lib/libbig.so#{i}"), "gfx942", range, None)?;
             }
             let s = w.write(out)?;
@@ -61,7 +63,7 @@ pub fn child(a: &ArchiveArgs) -> Result<()> {
             );
         }
         "read" => {
-            let archive = Archive::open(&a.input)?;
+            let archive = kpack_loader::open_archive(&a.input)?;
             let (mut bytes, mut sum, mut anon) = (0u64, 0u64, 0u64);
             for e in archive.entries() {
                 let k = archive.read(e)?;

@@ -96,8 +96,8 @@ pub fn make_artifact(lib: &Lib, dir: &Path) -> Result<PathBuf> {
 /// (`<target>#<bundle>.hsaco`, as `kpack extract` names them). Returns
 /// its size and the file names.
 pub fn write_device_code(input: &Path, out: &Path, files: &Path) -> Result<(u64, Vec<String>)> {
-    let mapped = kpack_core::input::map_file(input)?;
-    let mut cos = kpack_core::offload::code_objects(input, &mapped)?;
+    let mapped = kpack_loader::map_file(input)?;
+    let mut cos = kpack_host::offload::code_objects(input, &mapped)?;
     cos.sort_by(|a, b| (&a.target, a.bundle).cmp(&(&b.target, b.bundle)));
     std::fs::create_dir_all(files)?;
     let mut w = BufWriter::with_capacity(8 << 20, File::create(out)?);

@@ -12,9 +12,9 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use kpack_core::archive::ArchiveWriter;
-use kpack_core::hipk::HipkMetadata;
-use kpack_core::msgpack::Value;
+use kpack_format::hipk::HipkMetadata;
+use kpack_format::msgpack::Value;
+use kpack_host::ArchiveWriter;
 use kpack_testkit::cprog::Program;
 use serde_json::json;
 
@@ -49,8 +49,8 @@ impl Pick {
 /// The code objects of a fat binary: (bundle, target, size), sorted by
 /// size (then bundle, target).
 fn sizes(path: &Path) -> Result<Vec<Pick>> {
-    let mapped = kpack_core::input::map_file(path)?;
-    let cos = kpack_core::offload::code_objects(path, &mapped)?;
+    let mapped = kpack_loader::map_file(path)?;
+    let cos = kpack_host::offload::code_objects(path, &mapped)?;
     let mut v: Vec<Pick> = cos
         .iter()
         .map(|c| Pick {
@@ -65,8 +65,8 @@ fn sizes(path: &Path) -> Result<Vec<Pick>> {
 
 /// One archive with every code object of `input`, keys `<name>#N`.
 fn write_all_targets(input: &Path, name: &str, out: &Path) -> Result<(u64, f64)> {
-    let mapped = kpack_core::input::map_file(input)?;
-    let cos = kpack_core::offload::code_objects(input, &mapped)?;
+    let mapped = kpack_loader::map_file(input)?;
+    let cos = kpack_host::offload::code_objects(input, &mapped)?;
     let mut targets: Vec<String> = cos.iter().map(|c| c.target.clone()).collect();
     targets.sort();
     targets.dedup();
@@ -74,7 +74,7 @@ fn write_all_targets(input: &Path, name: &str, out: &Path) -> Result<(u64, f64)>
     let mut w = ArchiveWriter::new(group, "all", targets);
     for c in &cos {
         w.add(
-            kpack_core::offload::archive_key(name, c.bundle),
+            kpack_host::offload::archive_key(name, c.bundle),
             c.target.clone(),
             c.source(&mapped),
             Some(vec![("target".to_string(), Value::from(c.triple.as_str()))]),
@@ -87,8 +87,8 @@ fn write_all_targets(input: &Path, name: &str, out: &Path) -> Result<(u64, f64)>
 
 /// The bytes of code object (bundle, target) of `path`.
 fn code_object(path: &Path, pick: &Pick) -> Result<Vec<u8>> {
-    let mapped = kpack_core::input::map_file(path)?;
-    let cos = kpack_core::offload::code_objects(path, &mapped)?;
+    let mapped = kpack_loader::map_file(path)?;
+    let cos = kpack_host::offload::code_objects(path, &mapped)?;
     cos.iter()
         .find(|c| c.bundle == pick.bundle && c.target == pick.target)
         .map(|c| c.data.to_vec())
@@ -475,7 +475,7 @@ fn offload(ctx: &Ctx, dir: &Path, input: &Path, out_dir: &Path, name: &str) -> R
 fn per_target(offload_dir: &Path, group: &str, target: &str) -> PathBuf {
     offload_dir
         .join("arch")
-        .join(kpack_core::offload::archive_file_name(group, target))
+        .join(kpack_host::offload::archive_file_name(group, target))
 }
 
 /// The `.kpack` files in `dir`, sorted.

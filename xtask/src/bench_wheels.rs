@@ -341,8 +341,8 @@ fn write_copy(lib: &Path, dst: &Path, i: usize) -> Result<()> {
         return link_or_copy(lib, dst);
     }
     std::fs::copy(lib, dst)?;
-    let mapped = kpack_core::input::map_file(lib)?;
-    let cos = kpack_core::offload::code_objects(lib, &mapped)?;
+    let mapped = kpack_loader::map_file(lib)?;
+    let cos = kpack_host::offload::code_objects(lib, &mapped)?;
     let f = std::fs::OpenOptions::new().write(true).open(dst)?;
     for co in cos.iter().filter(|co| !co.data.is_empty()) {
         let at = mapped

@@ -13,7 +13,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{ensure, Context, Result};
-use kpack_core::archive::{ArchiveWriter, Scheme};
+use kpack_format::archive::Scheme;
+use kpack_host::ArchiveWriter;
 use object::elf::{FileHeader64, SectionHeader64, SHT_NOBITS};
 use object::read::elf::{FileHeader as _, SectionTable};
 use object::LittleEndian as LE;

@@ -1,13 +1,13 @@
 //! Archives and metadata the runtime's C and C++ test programs read:
-//! kpack_core and std only, so that kpack-e2e's CMake tests include this
+//! kpack-host and std only, so that kpack-e2e's CMake tests include this
 //! file too (`#[path]`).
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 
-use kpack_core::archive::ArchiveWriter;
-use kpack_core::hipk::HipkMetadata;
-use kpack_core::msgpack::{self, Value};
+use kpack_format::hipk::HipkMetadata;
+use kpack_format::msgpack::{self, Value};
+use kpack_host::ArchiveWriter;
 
 /// The code object the loader tests store for (key, target).
 pub fn code(key: &str, target: &str) -> Vec<u8> {
@@ -109,7 +109,7 @@ pub fn write_bad_archives(dir: &Path, fixtures: &Path) {
 
     // The reference's three kernels, written by kpack (with checksums),
     // the first frame damaged.
-    let reference = kpack_core::archive::Archive::open(fixtures.join("test_zstd.kpack")).unwrap();
+    let reference = kpack_loader::open_archive(fixtures.join("test_zstd.kpack")).unwrap();
     let mut w = ArchiveWriter::new("test", "gfx110X", reference.gfx_arches().to_vec());
     for (key, target, _) in reference.entries_by_ordinal() {
         w.add(key, target, reference.kernel(key, target).unwrap(), None)

@@ -1,0 +1,428 @@
+//! The engine shared by split and pack-tree: offload many files in
+//! parallel, then write one archive per target.
+//!
+//! Phase 1 handles every file on its own (in parallel): a fat binary is
+//! rewritten into its host-only form at its destination and its code objects
+//! are recorded, not copied: a code object stored plainly in the input is
+//! recorded as a range of the input file, and one that had to be
+//! decompressed is spilled to a scratch file (in `--tmp-dir`) and recorded
+//! as a range of that. Phase 2 writes one archive per target, its code
+//! objects in the order of (kernel name, bundle index): the output does not
+//! depend on which thread did what. It reads each code object with `pread`
+//! when it compresses it (no maps: the pages stay in the page cache, not in
+//! the process), so memory use does not grow with the input. The inputs
+//! must stay as they are until the run ends (they are read twice).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use super::tree::{copy_file, make_dirs, write_file};
+use super::{ArchiveInfo, ArtifactError, Observer, Result};
+use crate::archive::Scheme;
+use crate::hipk::HipkMetadata;
+use crate::input::{map_file, Mapped};
+use crate::msgpack::Value;
+use kpack_host::binary::{classify, could_be_binary, Class};
+use kpack_host::offload::{archive_key, code_objects, rewrite, CodeObject};
+use kpack_host::{ArchiveWriter, FileRange};
+
+/// One regular file to handle.
+#[derive(Debug, Clone)]
+pub struct FileJob {
+    pub src: PathBuf,
+    pub size: u64,
+    pub mode: u32,
+    /// Where the file (or its host-only form) goes.
+    pub dst: PathBuf,
+    /// The binary's key, if it turns out to be a fat binary (`None`: its
+    /// path is not UTF-8, which is then an error).
+    pub kernel_name: Option<String>,
+    /// The one search path written into its metadata.
+    pub search_path: String,
+    /// Recorded in the archive entries' metadata (`source_prefix`).
+    pub source_prefix: Option<String>,
+    /// A database handler claimed the file for this target: it goes, as
+    /// it is, to this destination instead (whatever it holds).
+    pub database: Option<(String, PathBuf)>,
+}
+
+/// A code object recorded by phase 1: where its bytes are.
+pub struct CodeRef {
+    pub target: String,
+    pub triple: String,
+    pub bundle: usize,
+    pub bytes: FileRange,
+}
+
+/// An offloaded binary.
+pub struct Offloaded {
+    pub kernel_name: String,
+    pub source_prefix: Option<String>,
+    pub code_objects: Vec<CodeRef>,
+    pub dropped: usize,
+    pub wrappers: usize,
+}
+
+/// What happened to one file.
+pub enum Outcome {
+    Copied,
+    Database {
+        target: String,
+    },
+    Offloaded(Box<Offloaded>),
+    /// Already offloaded: copied as it is.
+    AlreadyOffloaded,
+    /// A relocatable object or static archive: copied as it is.
+    LinkInput {
+        note: Option<String>,
+    },
+    /// A debug-info file (`objcopy --only-keep-debug`): no device code,
+    /// copied as it is.
+    DebugOnly,
+}
+
+impl Outcome {
+    /// The note a summary gets for this outcome of the file `src`, if any
+    /// (files copied as they are although they look like binaries).
+    pub fn note(&self, src: &Path) -> Option<String> {
+        let src = src.display();
+        match self {
+            Outcome::DebugOnly => Some(format!(
+                "{src}: a debug-info file (NOBITS .hip_fatbin): copied as it is"
+            )),
+            Outcome::AlreadyOffloaded => Some(format!("{src}: already offloaded: copied as it is")),
+            Outcome::LinkInput { note } => note.clone(),
+            Outcome::Copied | Outcome::Database { .. } | Outcome::Offloaded(_) => None,
+        }
+    }
+}
+
+pub struct Done {
+    pub outcome: Outcome,
+    pub bytes_out: u64,
+}
+
+/// Where the archive of a target goes, given the sorted source prefixes
+/// that contributed to it: the absolute path, and the path to report.
+pub type Place<'a> = dyn Fn(&str, &[String]) -> (PathBuf, String) + Sync + 'a;
+
+pub struct Packer<'a> {
+    pub scheme: Scheme,
+    pub level: i32,
+    /// Where decompressed code objects are spilled.
+    pub scratch: &'a Path,
+    pub observer: &'a dyn Observer,
+    /// Keep only code objects of targets this accepts (pack-tree's
+    /// `--gfx-arches`).
+    pub keep_target: Option<&'a (dyn Fn(&str) -> bool + Sync)>,
+}
+
+impl Packer<'_> {
+    /// Phase 1: every job, in parallel; results in job order. The first
+    /// error in job order is returned, so that the error reported does not
+    /// depend on scheduling either.
+    pub fn run(&self, jobs: &[FileJob]) -> Result<Vec<Done>> {
+        let results: Vec<Result<Done>> = jobs
+            .par_iter()
+            .enumerate()
+            .map(|(i, job)| {
+                let r = self.process(i, job);
+                self.observer.advance(job.size);
+                r
+            })
+            .collect();
+        results.into_iter().collect()
+    }
+
+    fn process(&self, index: usize, job: &FileJob) -> Result<Done> {
+        // A database claim comes before the binary rules: MIOpen's
+        // per-target CK libraries are fat binaries that belong, as they
+        // are, in their target's artifact.
+        if let Some((target, dst)) = &job.database {
+            let n = copy_file(&job.src, dst, job.mode)?;
+            return Ok(Done {
+                outcome: Outcome::Database {
+                    target: target.clone(),
+                },
+                bytes_out: n,
+            });
+        }
+        if could_be_binary(&read_head(&job.src)?) {
+            let mapped = map_file(&job.src)?;
+            let unchanged = |outcome| -> Result<Done> {
+                let bytes_out = copy_file(&job.src, &job.dst, job.mode)?;
+                Ok(Done { outcome, bytes_out })
+            };
+            match classify(&mapped) {
+                // Device code with something wrong: offloading reports what.
+                Class::Fat | Class::Inconsistent(_) => return self.offload(index, job, mapped),
+                Class::Offloaded => return unchanged(Outcome::AlreadyOffloaded),
+                Class::DebugOnly => return unchanged(Outcome::DebugOnly),
+                Class::Relocatable { device_code } => {
+                    let note = device_code.then(|| {
+                        format!(
+                            "{}: a link input (relocatable object) with device code: copied unchanged",
+                            job.src.display()
+                        )
+                    });
+                    return unchanged(Outcome::LinkInput { note });
+                }
+                Class::StaticArchive => return unchanged(Outcome::LinkInput { note: None }),
+                _ => {}
+            }
+        }
+        let n = copy_file(&job.src, &job.dst, job.mode)?;
+        Ok(Done {
+            outcome: Outcome::Copied,
+            bytes_out: n,
+        })
+    }
+
+    /// A fat binary: its host-only form written to the destination, its
+    /// code objects (those `keep_target` takes) recorded where their bytes
+    /// are.
+    fn offload(&self, index: usize, job: &FileJob, mapped: Mapped) -> Result<Done> {
+        let kernel_name = job
+            .kernel_name
+            .clone()
+            .ok_or_else(|| ArtifactError::input(&job.src, "file name is not valid UTF-8"))?;
+        let bytes: &[u8] = &mapped;
+        let cos = code_objects(&job.src, bytes)?;
+        let metadata = HipkMetadata {
+            kernel_name: kernel_name.clone(),
+            search_paths: vec![job.search_path.clone()],
+        };
+        let t = rewrite(&job.src, bytes, &metadata)?;
+        write_file(&job.dst, &t.bytes, job.mode)?;
+        let (kept, dropped, spill) = self.locate(index, &cos, &mapped)?;
+        drop(cos);
+        // Phase 2 reads the code objects through the files, not this map.
+        drop(mapped);
+        let code_objects = refs(kept, &job.src, spill);
+        Ok(Done {
+            outcome: Outcome::Offloaded(Box::new(Offloaded {
+                kernel_name,
+                source_prefix: job.source_prefix.clone(),
+                code_objects,
+                dropped,
+                wrappers: t.wrappers.len(),
+            })),
+            bytes_out: t.bytes.len() as u64,
+        })
+    }
+
+    /// Where the bytes of each code object to keep are: in the input (a
+    /// slice of its map), or, when they had to be decompressed, appended to
+    /// this job's spill file in the scratch directory. Returns the kept code
+    /// objects, how many were left out, and the spill file if any.
+    fn locate(
+        &self,
+        index: usize,
+        cos: &[CodeObject<'_>],
+        input: &Mapped,
+    ) -> Result<(Vec<Kept>, usize, Option<PathBuf>)> {
+        let mut spill: Option<(BufWriter<File>, PathBuf, usize)> = None;
+        let mut kept = Vec::new();
+        let mut dropped = 0;
+        for co in cos {
+            if self.keep_target.is_some_and(|keep| !keep(&co.target)) {
+                dropped += 1;
+                continue;
+            }
+            let data: &[u8] = &co.data;
+            let at = match input.offset_of(data) {
+                Some(off) => At::Input(off),
+                None => {
+                    if spill.is_none() {
+                        let path = self.scratch.join(format!("code-objects-{index}.bin"));
+                        let f = File::create(&path).map_err(|e| ArtifactError::io(&path, e))?;
+                        spill = Some((BufWriter::with_capacity(1 << 20, f), path, 0));
+                    }
+                    let (w, path, pos) = spill.as_mut().expect("spill file");
+                    w.write_all(data)
+                        .map_err(|e| ArtifactError::io(&*path, e))?;
+                    let at = At::Scratch(*pos);
+                    *pos += data.len();
+                    at
+                }
+            };
+            kept.push(Kept {
+                target: co.target.clone(),
+                triple: co.triple.clone(),
+                bundle: co.bundle,
+                len: data.len(),
+                at,
+            });
+        }
+        let spilled = match spill {
+            Some((mut w, path, _)) => {
+                w.flush().map_err(|e| ArtifactError::io(&path, e))?;
+                Some(path)
+            }
+            None => None,
+        };
+        Ok((kept, dropped, spilled))
+    }
+
+    /// Phase 2: one archive per target. `place(target, prefixes)` says
+    /// where the archive of `target` goes (absolute path, and the path to
+    /// report) given the sorted source prefixes that contributed to it;
+    /// `family(target)` gives its `gfx_arch_family`.
+    pub fn write_archives(
+        &self,
+        binaries: &[&Offloaded],
+        group: &str,
+        family: &(dyn Fn(&str) -> String + Sync),
+        place: &Place<'_>,
+    ) -> Result<Vec<ArchiveInfo>> {
+        let targets = by_target(binaries);
+        let work: u64 = targets
+            .iter()
+            .flat_map(|(_, list)| list)
+            .map(|(_, co)| co.bytes.len as u64)
+            .sum();
+        self.observer.add_work(work);
+        let results: Vec<Result<ArchiveInfo>> = targets
+            .par_iter()
+            .map(|(target, list)| self.write_archive(target, list, group, family, place))
+            .collect();
+        results.into_iter().collect()
+    }
+
+    /// The archive of one target: its code objects in the order given.
+    fn write_archive(
+        &self,
+        target: &str,
+        list: &[(&Offloaded, &CodeRef)],
+        group: &str,
+        family: &(dyn Fn(&str) -> String + Sync),
+        place: &Place<'_>,
+    ) -> Result<ArchiveInfo> {
+        let mut prefixes: Vec<String> = list
+            .iter()
+            .filter_map(|(b, _)| b.source_prefix.clone())
+            .collect();
+        prefixes.sort();
+        prefixes.dedup();
+        let (path, shown) = place(target, &prefixes);
+        let mut w = ArchiveWriter::new(group, family(target), vec![target.to_string()])
+            .scheme(self.scheme)
+            .zstd_level(self.level);
+        for (b, co) in list {
+            let mut meta = vec![("target".to_string(), Value::from(co.triple.as_str()))];
+            if let Some(p) = &b.source_prefix {
+                meta.push(("source_prefix".to_string(), Value::from(p.as_str())));
+            }
+            w.add(
+                archive_key(&b.kernel_name, co.bundle),
+                target.to_string(),
+                co.bytes.clone(),
+                Some(meta),
+            )
+            .map_err(|source| kpack_host::Error::Archive {
+                path: path.clone(),
+                source,
+            })?;
+        }
+        if path.exists() {
+            return Err(ArtifactError::input(
+                &path,
+                "an archive of this name is already in the output (the input has one at the same path)",
+            ));
+        }
+        if let Some(dir) = path.parent() {
+            make_dirs(dir)?;
+        }
+        let s = w.write(&path)?;
+        self.observer.advance(s.bytes_in);
+        Ok(ArchiveInfo {
+            target: target.to_string(),
+            path: shown,
+            prefix: prefixes.first().cloned(),
+            code_objects: s.kernels,
+            bytes_in: s.bytes_in,
+            bytes_out: s.bytes_out,
+            shared_code_objects: s.shared,
+            bytes_saved: s.bytes_saved,
+        })
+    }
+}
+
+/// An archive's code objects, each with its binary.
+type Entries<'b> = Vec<(&'b Offloaded, &'b CodeRef)>;
+
+/// The code objects of `binaries` by target (sorted), each target's in the
+/// order of (kernel name, bundle index): the archives do not depend on
+/// which thread offloaded what.
+fn by_target<'b>(binaries: &[&'b Offloaded]) -> Vec<(&'b str, Entries<'b>)> {
+    let mut sorted: Vec<&Offloaded> = binaries.to_vec();
+    sorted.sort_by(|a, b| a.kernel_name.cmp(&b.kernel_name));
+    let mut by_target: BTreeMap<&str, Entries<'b>> = BTreeMap::new();
+    for b in &sorted {
+        for co in &b.code_objects {
+            by_target.entry(&co.target).or_default().push((b, co));
+        }
+    }
+    for list in by_target.values_mut() {
+        list.sort_by(|x, y| {
+            (x.0.kernel_name.as_str(), x.1.bundle).cmp(&(y.0.kernel_name.as_str(), y.1.bundle))
+        });
+    }
+    by_target.into_iter().collect()
+}
+
+/// Where a kept code object's bytes are.
+enum At {
+    /// At this offset in the input.
+    Input(u64),
+    /// At this offset in the job's spill file.
+    Scratch(usize),
+}
+
+/// A code object to keep, before its bytes are mapped.
+struct Kept {
+    target: String,
+    triple: String,
+    bundle: usize,
+    len: usize,
+    at: At,
+}
+
+/// The kept code objects as ranges of the input file `src` or of the spill
+/// file.
+fn refs(kept: Vec<Kept>, src: &Path, spill: Option<PathBuf>) -> Vec<CodeRef> {
+    let input: Arc<Path> = Arc::from(src);
+    let spill: Option<Arc<Path>> = spill.map(Arc::from);
+    kept.into_iter()
+        .map(|k| {
+            let (path, offset) = match k.at {
+                At::Input(off) => (input.clone(), off),
+                At::Scratch(off) => (spill.clone().expect("spill file"), off as u64),
+            };
+            CodeRef {
+                target: k.target,
+                triple: k.triple,
+                bundle: k.bundle,
+                bytes: FileRange {
+                    path,
+                    offset,
+                    len: k.len,
+                },
+            }
+        })
+        .collect()
+}
+
+/// The first 8 bytes of a file (fewer if it is shorter).
+fn read_head(path: &Path) -> Result<Vec<u8>> {
+    let mut head = Vec::with_capacity(8);
+    File::open(path)
+        .and_then(|f| f.take(8).read_to_end(&mut head))
+        .map_err(|e| ArtifactError::io(path, e))?;
+    Ok(head)
+}

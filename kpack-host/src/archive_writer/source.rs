@@ -1,0 +1,267 @@
+//! Where the bytes of a kernel being written come from: memory, or a range
+//! of a file read when needed.
+//!
+//! A range of a file is read with `pread` into bounded buffers, never
+//! mapped: its pages then stay in the page cache, out of the writing
+//! process. (Pages of a map that a writer touches count in its resident
+//! size; with large page-cache folios, touching one code object maps its
+//! neighbours too, which other archives may not write for a long time.)
+
+use std::borrow::Cow;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::archive::ArchiveError;
+use crate::input::Mapped;
+
+/// Bytes read from a file per step when comparing or copying a range.
+const CHUNK: usize = 1 << 20;
+
+/// A kernel's bytes, as given to [`super::ArchiveWriter::add`].
+#[derive(Debug, Clone)]
+pub enum KernelData<'a> {
+    /// In memory (or in a map the caller manages).
+    Bytes(Cow<'a, [u8]>),
+    /// A range of a file, read when the kernel is compared or written.
+    File(FileRange),
+}
+
+/// `len` bytes at `offset` of the file at `path`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileRange {
+    pub path: Arc<Path>,
+    pub offset: u64,
+    pub len: usize,
+}
+
+impl<'a> From<&'a [u8]> for KernelData<'a> {
+    fn from(b: &'a [u8]) -> Self {
+        KernelData::Bytes(Cow::Borrowed(b))
+    }
+}
+
+impl From<Vec<u8>> for KernelData<'_> {
+    fn from(b: Vec<u8>) -> Self {
+        KernelData::Bytes(Cow::Owned(b))
+    }
+}
+
+impl<'a> From<Cow<'a, [u8]>> for KernelData<'a> {
+    fn from(b: Cow<'a, [u8]>) -> Self {
+        KernelData::Bytes(b)
+    }
+}
+
+impl From<FileRange> for KernelData<'_> {
+    fn from(r: FileRange) -> Self {
+        KernelData::File(r)
+    }
+}
+
+impl KernelData<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            KernelData::Bytes(b) => b.len(),
+            KernelData::File(r) => r.len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes: borrowed when in memory, read otherwise.
+    pub(super) fn load(&self) -> Result<Cow<'_, [u8]>, ArchiveError> {
+        match self {
+            KernelData::Bytes(b) => Ok(Cow::Borrowed(b)),
+            KernelData::File(r) => {
+                let mut buf = vec![0; r.len];
+                r.read(&r.open()?, 0, &mut buf)?;
+                Ok(Cow::Owned(buf))
+            }
+        }
+    }
+
+    /// Pass the bytes to `f` in order, at most [`CHUNK`] at a time.
+    pub(super) fn for_each_chunk(
+        &self,
+        mut f: impl FnMut(&[u8]) -> Result<(), ArchiveError>,
+    ) -> Result<(), ArchiveError> {
+        let mut chunks = Chunks::new(self)?;
+        while let Some(c) = chunks.next()? {
+            f(c)?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether two kernels hold the same bytes (compared chunk by chunk: two
+/// ranges of files need two [`CHUNK`] buffers, not their sizes).
+pub(super) fn same_bytes(a: &KernelData<'_>, b: &KernelData<'_>) -> Result<bool, ArchiveError> {
+    if a.len() != b.len() {
+        return Ok(false);
+    }
+    if let (KernelData::Bytes(x), KernelData::Bytes(y)) = (a, b) {
+        return Ok(x == y);
+    }
+    let (mut ca, mut cb) = (Chunks::new(a)?, Chunks::new(b)?);
+    loop {
+        match (ca.next()?, cb.next()?) {
+            (Some(x), Some(y)) if x == y => continue,
+            (None, None) => return Ok(true),
+            _ => return Ok(false),
+        }
+    }
+}
+
+impl FileRange {
+    /// The slice `s` of `input`'s map as a range of its file, for a writer
+    /// to read when it needs the bytes (`None` for a slice from elsewhere).
+    pub fn of_slice(input: &Mapped, s: &[u8]) -> Option<FileRange> {
+        Some(FileRange {
+            path: input.path().into(),
+            offset: input.offset_of(s)?,
+            len: s.len(),
+        })
+    }
+
+    fn open(&self) -> Result<File, ArchiveError> {
+        File::open(&self.path).map_err(|e| self.error(0, e))
+    }
+
+    /// Fill `buf` from `at` bytes into the range.
+    fn read(&self, file: &File, at: usize, buf: &mut [u8]) -> Result<(), ArchiveError> {
+        read_exact_at(file, buf, self.offset + at as u64).map_err(|e| self.error(at, e))
+    }
+
+    fn error(&self, at: usize, e: std::io::Error) -> ArchiveError {
+        ArchiveError::ReadInput {
+            path: PathBuf::from(&*self.path),
+            offset: self.offset + at as u64,
+            len: self.len - at,
+            source: Arc::new(e),
+        }
+    }
+}
+
+/// Successive pieces of a kernel's bytes, [`CHUNK`] bytes each but the
+/// last (slices when in memory, read into one buffer from a file).
+struct Chunks<'d> {
+    data: &'d KernelData<'d>,
+    file: Option<File>,
+    buf: Vec<u8>,
+    pos: usize,
+}
+
+impl<'d> Chunks<'d> {
+    fn new(data: &'d KernelData<'d>) -> Result<Self, ArchiveError> {
+        let file = match data {
+            KernelData::File(r) if r.len > 0 => Some(r.open()?),
+            _ => None,
+        };
+        Ok(Chunks {
+            data,
+            file,
+            buf: Vec::new(),
+            pos: 0,
+        })
+    }
+
+    fn next(&mut self) -> Result<Option<&[u8]>, ArchiveError> {
+        let len = self.data.len();
+        if self.pos >= len {
+            return Ok(None);
+        }
+        let (at, n) = (self.pos, CHUNK.min(len - self.pos));
+        self.pos += n;
+        match (self.data, &self.file) {
+            (KernelData::File(r), Some(file)) => {
+                self.buf.resize(n, 0);
+                r.read(file, at, &mut self.buf)?;
+                Ok(Some(&self.buf))
+            }
+            (KernelData::Bytes(b), _) => Ok(Some(&b[at..at + n])),
+            (KernelData::File(_), None) => Ok(None),
+        }
+    }
+}
+
+#[cfg(unix)]
+fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
+}
+
+#[cfg(windows)]
+fn read_exact_at(file: &File, mut buf: &mut [u8], mut offset: u64) -> std::io::Result<()> {
+    use std::os::windows::fs::FileExt;
+    while !buf.is_empty() {
+        match file.seek_read(buf, offset) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                buf = &mut buf[n..];
+                offset += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file_with(bytes: &[u8]) -> (tempfile::TempDir, Arc<Path>) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.bin");
+        std::fs::write(&path, bytes).unwrap();
+        (dir, Arc::from(path.as_path()))
+    }
+
+    #[test]
+    fn a_range_reads_the_same_bytes_as_memory() {
+        let bytes: Vec<u8> = (0..3 * CHUNK + 17).map(|i| (i * 7 % 251) as u8).collect();
+        let (_d, path) = file_with(&bytes);
+        let range = |offset: usize, len: usize| {
+            KernelData::File(FileRange {
+                path: path.clone(),
+                offset: offset as u64,
+                len,
+            })
+        };
+        let r = range(5, 2 * CHUNK + 3);
+        let mem = KernelData::from(&bytes[5..5 + 2 * CHUNK + 3]);
+        assert_eq!(r.load().unwrap(), mem.load().unwrap());
+        assert!(same_bytes(&r, &mem).unwrap());
+        let mut copied = Vec::new();
+        r.for_each_chunk(|c| {
+            assert!(c.len() <= CHUNK);
+            copied.extend_from_slice(c);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(copied, &bytes[5..5 + 2 * CHUNK + 3]);
+        // One byte apart, in the last chunk; shifted by one.
+        assert!(!same_bytes(&range(5, 2 * CHUNK + 3), &range(6, 2 * CHUNK + 3)).unwrap());
+        let mut other = bytes.clone();
+        other[5 + 2 * CHUNK + 2] ^= 1;
+        let other_mem = KernelData::from(&other[5..5 + 2 * CHUNK + 3]);
+        assert!(!same_bytes(&r, &other_mem).unwrap());
+        assert!(same_bytes(&range(0, 0), &KernelData::from(&[][..])).unwrap());
+    }
+
+    #[test]
+    fn a_range_past_the_end_names_the_file() {
+        let (_d, path) = file_with(b"0123456789");
+        let r = KernelData::File(FileRange {
+            path: path.clone(),
+            offset: 4,
+            len: 10,
+        });
+        let e = r.load().unwrap_err().to_string();
+        assert!(e.contains("f.bin") && e.contains("offset 4"), "{e}");
+        assert!(same_bytes(&r, &KernelData::from(vec![0; 10])).is_err());
+    }
+}

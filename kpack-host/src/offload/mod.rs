@@ -1,0 +1,517 @@
+//! Offloading a fat binary: its code objects go into per-target `.kpack`
+//! archives and the binary is rewritten into a host-only one whose wrappers
+//! point at HIPK metadata naming those archives (SPEC §2, §3).
+//!
+//! [`offload`] is the engine behind `kpack offload`, and behind split,
+//! pack-tree and CMake's `kpack_offload_target()`: it reads the input
+//! through a memory map, writes archives first and the binary last (each to
+//! a temporary file renamed into place), and checks its own output with
+//! [`verify_binary`] before renaming it. ELF binaries go through
+//! [`transform`] and [`verify::verify_elf`], PE images through [`pe`]; the
+//! rest (archives, metadata, atomic output, re-runs) is the same for both.
+
+pub mod pe;
+pub mod transform;
+pub mod verify;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Component, Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::archive::{Scheme, DEFAULT_ZSTD_LEVEL};
+use crate::binary::{classify, Class, HostBinary, Role};
+use crate::bundle::parse_fatbin;
+use crate::error::{Error, Result, WithPath};
+use crate::hipk::HipkMetadata;
+use crate::input::{map_file, Mapped};
+use crate::output::{parent_dir, write_atomically_with_mode};
+use crate::{ArchiveWriter, FileRange, KernelData};
+
+pub use pe::PeTransformError;
+pub use transform::{TransformError, WrapperChange};
+pub use verify::{verify_elf, verify_fat, Verified, VerifiedFat, VerifyError};
+
+/// The placeholder for a target ID in search paths.
+pub use crate::hipk::GFXARCH;
+
+/// How to offload.
+#[derive(Debug, Clone)]
+pub struct OffloadOptions {
+    /// Where the archives go.
+    pub archive_dir: PathBuf,
+    /// The binary's key in archive TOCs (without `#N`); default: the output
+    /// file's name.
+    pub kernel_name: Option<String>,
+    /// Search paths written into the metadata; default: one,
+    /// `<relative path from the output's directory to archive_dir>/<group>_@GFXARCH@.kpack`.
+    pub search_paths: Vec<String>,
+    /// Search paths written after those (e.g. the installed layout's, when
+    /// it differs from the build tree's).
+    pub extra_search_paths: Vec<String>,
+    /// Archive name prefix; default: the output file's name up to its first
+    /// `.` (`libfoo.so.1` → `libfoo`).
+    pub group: Option<String>,
+    pub scheme: Scheme,
+    pub level: i32,
+}
+
+impl OffloadOptions {
+    pub fn new(archive_dir: impl Into<PathBuf>) -> Self {
+        OffloadOptions {
+            archive_dir: archive_dir.into(),
+            kernel_name: None,
+            search_paths: Vec::new(),
+            extra_search_paths: Vec::new(),
+            group: None,
+            scheme: Scheme::ZstdPerKernel,
+            level: DEFAULT_ZSTD_LEVEL,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Device code moved to archives, host binary rewritten.
+    Offloaded,
+    /// The input was offloaded already: left as it is (copied if the output
+    /// is another path).
+    AlreadyOffloaded,
+    /// A relocatable object or static archive: a link input, copied
+    /// unchanged.
+    LinkInput,
+    /// A debug-info file (`objcopy --only-keep-debug`): no device code,
+    /// copied unchanged.
+    DebugOnly,
+}
+
+/// One archive written.
+#[derive(Debug, Clone, Serialize)]
+pub struct ArchiveWritten {
+    pub path: PathBuf,
+    pub target: String,
+    pub kernels: usize,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    /// Code objects stored once for several bundles (same target, same
+    /// bytes): entries sharing an ordinal.
+    pub shared_code_objects: usize,
+    /// Uncompressed bytes those entries did not store again.
+    pub bytes_saved: u64,
+}
+
+/// What [`offload`] did.
+#[derive(Debug, Clone, Serialize)]
+pub struct OffloadSummary {
+    pub input: PathBuf,
+    pub output: PathBuf,
+    pub outcome: Outcome,
+    pub note: Option<String>,
+    pub kernel_name: Option<String>,
+    pub search_paths: Vec<String>,
+    pub bundles: usize,
+    pub wrappers: Vec<WrapperChange>,
+    pub archives: Vec<ArchiveWritten>,
+    pub input_size: u64,
+    pub output_size: u64,
+    /// Wall time of the binary's rewrite and its verification.
+    pub transform_seconds: f64,
+    /// Wall time of writing the archives (compression included).
+    pub archive_seconds: f64,
+}
+
+/// A code object found in a fat binary, ready to archive.
+#[derive(Debug, Clone)]
+pub struct CodeObject<'a> {
+    pub bundle: usize,
+    pub triple: String,
+    pub target: String,
+    pub data: crate::bundle::Blob<'a>,
+}
+
+impl CodeObject<'_> {
+    /// Its bytes for an archive writer: a range of `input`'s file when they
+    /// are a slice of that map (read when written, not held), otherwise
+    /// (decompressed) the bytes.
+    pub fn source(&self, input: &Mapped) -> KernelData<'_> {
+        match FileRange::of_slice(input, &self.data) {
+            Some(range) => KernelData::File(range),
+            None => KernelData::from(&self.data[..]),
+        }
+    }
+}
+
+/// The archive key of a binary's code object: `name#co_index`.
+pub fn archive_key(kernel_name: &str, co_index: usize) -> String {
+    format!("{kernel_name}#{co_index}")
+}
+
+/// The archive file name for a group and target.
+pub fn archive_file_name(group: &str, target: &str) -> String {
+    format!("{group}_{target}.kpack")
+}
+
+/// `to` relative to `from` (both absolute and normalized), with `/`.
+pub fn relative_path(from: &Path, to: &Path) -> String {
+    let f: Vec<Component> = from.components().collect();
+    let t: Vec<Component> = to.components().collect();
+    let common = f.iter().zip(&t).take_while(|(a, b)| a == b).count();
+    let mut parts: Vec<String> = vec!["..".to_string(); f.len() - common];
+    parts.extend(
+        t[common..]
+            .iter()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned()),
+    );
+    if parts.is_empty() {
+        ".".into()
+    } else {
+        parts.join("/")
+    }
+}
+
+/// An absolute, normalized form of a path whose last components may not
+/// exist yet.
+fn absolute(path: &Path) -> Result<PathBuf> {
+    let abs = std::path::absolute(path).with_path(path)?;
+    // Resolve symlinks of the longest existing ancestor, keep the rest.
+    let mut existing = abs.clone();
+    let mut rest = Vec::new();
+    while !existing.exists() {
+        match (existing.file_name(), existing.parent()) {
+            (Some(n), Some(p)) => {
+                rest.push(n.to_os_string());
+                existing = p.to_path_buf();
+            }
+            _ => break,
+        }
+    }
+    let mut out = fs::canonicalize(&existing).with_path(&existing)?;
+    for n in rest.into_iter().rev() {
+        out.push(n);
+    }
+    Ok(out)
+}
+
+fn default_group(output: &Path) -> String {
+    let name = output
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    match name.split('.').next() {
+        Some(stem) if !stem.is_empty() => stem.to_string(),
+        _ => name,
+    }
+}
+
+/// Offload `input` to `output` (which may be the same path), writing
+/// archives to `opts.archive_dir`.
+pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<OffloadSummary> {
+    let mapped = map_file(input)?;
+    let bytes: &[u8] = &mapped;
+    let mode = fs::metadata(input).with_path(input)?.permissions().mode();
+    let mut summary = OffloadSummary {
+        input: input.to_path_buf(),
+        output: output.to_path_buf(),
+        outcome: Outcome::Offloaded,
+        note: None,
+        kernel_name: None,
+        search_paths: Vec::new(),
+        bundles: 0,
+        wrappers: Vec::new(),
+        archives: Vec::new(),
+        input_size: bytes.len() as u64,
+        output_size: bytes.len() as u64,
+        transform_seconds: 0.0,
+        archive_seconds: 0.0,
+    };
+    if let Some((outcome, note)) = pass_through(input, bytes)? {
+        if !same_file(input, output) {
+            fs::create_dir_all(parent_dir(output)).with_path(parent_dir(output))?;
+            write_atomically_with_mode(output, Some(mode), |f| f.write_all(bytes))?;
+        }
+        summary.outcome = outcome;
+        summary.note = Some(note.into());
+        return Ok(summary);
+    }
+    let code = code_objects_by_target(input, bytes)?;
+    let metadata = metadata_for(output, opts)?;
+    // The host binary, checked before anything is written.
+    let clock = std::time::Instant::now();
+    let t = rewrite(input, bytes, &metadata)?;
+    summary.transform_seconds = clock.elapsed().as_secs_f64();
+    // Directories only once the input is known to be good: bad input leaves
+    // nothing behind.
+    fs::create_dir_all(&opts.archive_dir).with_path(&opts.archive_dir)?;
+    fs::create_dir_all(parent_dir(output)).with_path(parent_dir(output))?;
+    // Archives first, then the binary that names them.
+    let clock = std::time::Instant::now();
+    let group = opts.group.clone().unwrap_or_else(|| default_group(output));
+    summary.archives = write_archives(&mapped, code, &group, &metadata.kernel_name, opts)?;
+    summary.archive_seconds = clock.elapsed().as_secs_f64();
+    mapped.release(0..bytes.len());
+    write_atomically_with_mode(output, Some(mode), |f| f.write_all(&t.bytes))?;
+    summary.kernel_name = Some(metadata.kernel_name);
+    summary.search_paths = metadata.search_paths;
+    summary.bundles = t.bundles;
+    summary.wrappers = t.wrappers;
+    summary.output_size = t.bytes.len() as u64;
+    Ok(summary)
+}
+
+/// What to do with an input that is not a fat binary: copy it unchanged
+/// (with this outcome and note), or refuse it. `None` for a fat binary.
+fn pass_through(input: &Path, bytes: &[u8]) -> Result<Option<(Outcome, &'static str)>> {
+    Ok(Some(match classify(bytes) {
+        Class::Fat => return Ok(None),
+        Class::StaticArchive => (
+            Outcome::LinkInput,
+            "static archive: a link input, copied unchanged",
+        ),
+        Class::Relocatable { .. } => (
+            Outcome::LinkInput,
+            "relocatable object: a link input, copied unchanged",
+        ),
+        Class::Offloaded => (
+            Outcome::AlreadyOffloaded,
+            "already offloaded: left as it is",
+        ),
+        Class::DebugOnly => (
+            Outcome::DebugOnly,
+            "debug-info file (NOBITS .hip_fatbin, no metadata): no device code, copied unchanged",
+        ),
+        Class::Inconsistent(why) => return Err(request(input, why)),
+        Class::HostOnly => return Err(not_fat(input, bytes)),
+        Class::CodeObject => {
+            return Err(request(
+                input,
+                "an AMDGPU code object (device code on its own), not a host binary",
+            ))
+        }
+        Class::Bundle | Class::Archive | Class::Other => {
+            return Err(HostBinary::parse(bytes).err().map_or_else(
+                || request(input, "not a host binary"),
+                |e| Err::<(), _>(e).with_path(input).unwrap_err(),
+            ))
+        }
+    }))
+}
+
+/// The HIPK metadata for `output`: the kernel name (default: the output's
+/// file name) and search paths (default: the archive directory relative to
+/// the output's, `<group>_@GFXARCH@.kpack`), then the extra ones.
+fn metadata_for(output: &Path, opts: &OffloadOptions) -> Result<HipkMetadata> {
+    let kernel_name = opts.kernel_name.clone().unwrap_or_else(|| {
+        output
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    });
+    let mut search_paths = if opts.search_paths.is_empty() {
+        let group = opts.group.clone().unwrap_or_else(|| default_group(output));
+        let from = absolute(parent_dir(output))?;
+        let to = absolute(&opts.archive_dir)?;
+        let rel = relative_path(&from, &to);
+        vec![format!("{rel}/{}", archive_file_name(&group, GFXARCH))]
+    } else {
+        opts.search_paths.clone()
+    };
+    for p in &opts.extra_search_paths {
+        if !search_paths.contains(p) {
+            search_paths.push(p.clone());
+        }
+    }
+    Ok(HipkMetadata {
+        kernel_name,
+        search_paths,
+    })
+}
+
+type ByTarget<'a> = BTreeMap<String, Vec<CodeObject<'a>>>;
+
+fn code_objects_by_target<'a>(input: &Path, bytes: &'a [u8]) -> Result<ByTarget<'a>> {
+    let mut by_target = ByTarget::new();
+    for co in code_objects(input, bytes)? {
+        by_target.entry(co.target.clone()).or_default().push(co);
+    }
+    Ok(by_target)
+}
+
+/// One archive per target, `<group>_<target>.kpack`, with the code objects
+/// of `mapped` (read through its file as they are written).
+fn write_archives(
+    mapped: &Mapped,
+    by_target: ByTarget,
+    group: &str,
+    kernel_name: &str,
+    opts: &OffloadOptions,
+) -> Result<Vec<ArchiveWritten>> {
+    let mut written = Vec::with_capacity(by_target.len());
+    for (target, cos) in &by_target {
+        let path = opts.archive_dir.join(archive_file_name(group, target));
+        let mut w = ArchiveWriter::new(group.to_string(), target.clone(), vec![target.clone()])
+            .scheme(opts.scheme)
+            .zstd_level(opts.level);
+        for co in cos {
+            let meta = vec![("target".to_string(), co.triple.as_str().into())];
+            w.add(
+                archive_key(kernel_name, co.bundle),
+                target.clone(),
+                co.source(mapped),
+                Some(meta),
+            )
+            .map_err(|e| Error::Archive {
+                path: path.clone(),
+                source: e,
+            })?;
+        }
+        let s = w.write(&path)?;
+        written.push(ArchiveWritten {
+            path,
+            target: target.clone(),
+            kernels: s.kernels,
+            bytes_in: s.bytes_in,
+            bytes_out: s.bytes_out,
+            shared_code_objects: s.shared,
+            bytes_saved: s.bytes_saved,
+        });
+    }
+    Ok(written)
+}
+
+/// Every device code object of a fat binary's `.hip_fatbin`, in bundle
+/// order.
+pub fn code_objects<'a>(path: &Path, bytes: &'a [u8]) -> Result<Vec<CodeObject<'a>>> {
+    let bin = HostBinary::parse(bytes).with_path(path)?;
+    let section = bin
+        .fatbin()
+        .with_path(path)?
+        .ok_or_else(|| not_fat(path, bytes))?;
+    let bundles = parse_fatbin(section.data).with_path(path)?;
+    let mut out = Vec::new();
+    for b in &bundles {
+        for e in b.device_entries() {
+            out.push(CodeObject {
+                bundle: b.index,
+                triple: e.triple.clone(),
+                target: e.target().to_string(),
+                data: e.data.clone(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The host-only form of a fat binary (ELF or PE) with this metadata,
+/// checked by the verifier. Writes nothing.
+pub fn rewrite(
+    path: &Path,
+    bytes: &[u8],
+    metadata: &HipkMetadata,
+) -> Result<transform::Transformed> {
+    let encoded = metadata.encode();
+    let t = if crate::pe::is_pe(bytes) {
+        pe::transform(bytes, &encoded).map_err(|e| request(path, e.to_string()))?
+    } else {
+        transform::transform(bytes, &encoded).map_err(|e| transform_error(path, e))?
+    };
+    verify_binary(&t.bytes, Some(t.bundles)).map_err(|e| Error::Request {
+        path: path.into(),
+        what: format!("internal error: the rewritten binary fails verification: {e}"),
+    })?;
+    Ok(t)
+}
+
+/// Check an offloaded host binary, ELF ([`verify_elf`]) or PE
+/// ([`pe::verify_pe`]). With `bundles`, also that every wrapper's code
+/// object index names one of that many bundles.
+pub fn verify_binary(b: &[u8], bundles: Option<usize>) -> Result<Verified, VerifyError> {
+    if crate::pe::is_pe(b) {
+        pe::verify_pe(b, bundles)
+    } else {
+        verify_elf(b, bundles)
+    }
+}
+
+/// "Not a fat binary", naming the container's bundle section.
+fn not_fat(path: &Path, bytes: &[u8]) -> Error {
+    match HostBinary::parse(bytes) {
+        Ok(bin) if bin.pe().is_some() => request(
+            path,
+            format!(
+                "no {} section: not a fat binary",
+                bin.section_name(Role::Fatbin)
+            ),
+        ),
+        _ => transform_error(path, TransformError::NotFat),
+    }
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (fs::canonicalize(a), fs::canonicalize(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    }
+}
+
+fn transform_error(path: &Path, e: TransformError) -> Error {
+    request(path, e.to_string())
+}
+
+fn request(path: &Path, what: impl Into<String>) -> Error {
+    Error::Request {
+        path: path.into(),
+        what: what.into(),
+    }
+}
+
+/// Check a fat binary on disk, as prune and restore write them
+/// ([`verify_fat`]).
+pub fn verify_fat_file(path: &Path) -> Result<VerifiedFat> {
+    let mapped = map_file(path)?;
+    verify_fat(&mapped).map_err(|e| Error::Request {
+        path: path.into(),
+        what: e.to_string(),
+    })
+}
+
+/// Check an offloaded binary (ELF or PE) on disk (`kpack verify-binary`,
+/// `kpack verify-elf`).
+pub fn verify_file(path: &Path) -> Result<Verified> {
+    let mapped = map_file(path)?;
+    verify_binary(&mapped, None).map_err(|e| Error::Request {
+        path: path.into(),
+        what: e.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_paths() {
+        assert_eq!(
+            relative_path(Path::new("/a/b/lib"), Path::new("/a/b/.kpack")),
+            "../.kpack"
+        );
+        assert_eq!(
+            relative_path(Path::new("/a/b"), Path::new("/a/b/.kpack")),
+            ".kpack"
+        );
+        assert_eq!(relative_path(Path::new("/a/b"), Path::new("/a/b")), ".");
+        assert_eq!(
+            relative_path(Path::new("/x/y/z"), Path::new("/a")),
+            "../../../a"
+        );
+    }
+
+    #[test]
+    fn default_groups() {
+        assert_eq!(default_group(Path::new("out/libfoo.so.1.2")), "libfoo");
+        assert_eq!(default_group(Path::new(".hidden")), ".hidden");
+    }
+}

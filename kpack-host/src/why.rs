@@ -1,0 +1,210 @@
+//! `kpack why`: for each wrapper of an offloaded binary, what the runtime
+//! would load for a device with the given ISAs, and why. Each wrapper's
+//! load runs through the loader's own search ([`Loader::explain`]: the same
+//! code as `kpack_load_code_object`, reporting to a trace), so the answer
+//! can never disagree with the runtime: the candidate archives in order
+//! (embedded paths with `@GFXARCH@` expanded, `ROCM_KPACK_PATH` /
+//! `ROCM_KPACK_PATH_PREFIX` applied), whether each exists, opens, lists a
+//! compatible target and holds the key, and the winner or the error code.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::binary::{classify, Class};
+use crate::error::{Error, Result, WithPath};
+use crate::fatbin::{read_device_code, DeviceCode};
+use crate::input::map_file;
+use crate::loader::{Loader, Trace};
+
+/// What the runtime would do for one wrapper.
+#[derive(Debug, Clone, Serialize)]
+pub struct WrapperWhy {
+    pub wrapper: usize,
+    pub co_index: u64,
+    #[serde(flatten)]
+    pub trace: Trace,
+    #[serde(flatten)]
+    pub result: Outcome,
+}
+
+/// The load's result: the code object found, or the error code.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum Outcome {
+    Loaded {
+        archive: PathBuf,
+        target: String,
+        size: u64,
+    },
+    Failed {
+        /// The `kpack_error_t` value and name `kpack_load_code_object`
+        /// returns.
+        code: u32,
+        error: &'static str,
+        message: String,
+    },
+}
+
+/// The report for a binary.
+#[derive(Debug, Clone, Serialize)]
+pub struct Why {
+    pub binary: PathBuf,
+    /// The path the runtime discovers (the mapped file's real path).
+    pub binary_path: PathBuf,
+    pub kernel_name: String,
+    pub search_paths: Vec<String>,
+    pub archs: Vec<String>,
+    pub wrappers: Vec<WrapperWhy>,
+}
+
+impl Why {
+    /// Whether every wrapper's code object is found.
+    pub fn all_resolve(&self) -> bool {
+        self.wrappers
+            .iter()
+            .all(|w| matches!(w.result, Outcome::Loaded { .. }))
+    }
+}
+
+/// Explain every wrapper of the offloaded binary `binary` for `archs` (in
+/// priority order, as the HIP runtime passes a device's ISA names), with
+/// the loader configured from the environment.
+pub fn why(binary: &Path, archs: &[String]) -> Result<Why> {
+    why_with(&Loader::from_env(), binary, archs)
+}
+
+/// [`why`] with a given loader (and so configuration).
+pub fn why_with(loader: &Loader, binary: &Path, archs: &[String]) -> Result<Why> {
+    let request = |what: String| Error::Request {
+        path: binary.into(),
+        what,
+    };
+    if archs.is_empty() {
+        return Err(request("no architecture given (--arch)".into()));
+    }
+    let mapped = map_file(binary)?;
+    match classify(&mapped) {
+        Class::Offloaded => {}
+        Class::Fat => return Err(request(
+            "a fat binary: its code objects are inside it (the runtime loads them without kpack)"
+                .into(),
+        )),
+        _ => return Err(request("not an offloaded host binary".into())),
+    }
+    let DeviceCode::Offloaded(o) = read_device_code(binary, &mapped)? else {
+        return Err(request("not an offloaded host binary".into()));
+    };
+    let binary_path = std::fs::canonicalize(binary).with_path(binary)?;
+    let arch_refs: Vec<&str> = archs.iter().map(String::as_str).collect();
+    let mut wrappers = Vec::with_capacity(o.wrappers.len());
+    for (i, w) in o.wrappers.iter().enumerate() {
+        // The runtime casts reserved1 to a uint32_t.
+        let co = w.reserved1 as u32;
+        let (result, trace) = loader.explain(&o.metadata, &binary_path, co, &arch_refs);
+        let result = match result {
+            Ok((size, hit)) => Outcome::Loaded {
+                archive: hit.archive,
+                target: hit.target,
+                size,
+            },
+            Err(e) => Outcome::Failed {
+                code: e.code() as u32,
+                error: e.code().name(),
+                message: e.to_string(),
+            },
+        };
+        wrappers.push(WrapperWhy {
+            wrapper: i,
+            co_index: w.reserved1,
+            trace,
+            result,
+        });
+    }
+    Ok(Why {
+        binary: binary.into(),
+        binary_path,
+        kernel_name: o.metadata.kernel_name,
+        search_paths: o.metadata.search_paths,
+        archs: archs.to_vec(),
+        wrappers,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::loader::{AttemptOutcome, CandidateStatus, Config};
+    use crate::ArchiveWriter;
+
+    fn archive(path: &Path, target: &str, keys: &[&str]) {
+        let mut w = ArchiveWriter::new("lib", target, vec![target.into()]);
+        for k in keys {
+            w.add(*k, target, format!("{k} {target}").into_bytes(), None)
+                .unwrap();
+        }
+        w.write(path).unwrap();
+    }
+
+    /// The PyTorch case: the xnack- archive lacks key #1, the plain gfx90a
+    /// one has it. The trace shows the fall-through, and a missing archive.
+    #[test]
+    fn explains_the_xnack_fall_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let kp = dir.path().join(".kpack");
+        std::fs::create_dir_all(&kp).unwrap();
+        std::fs::create_dir_all(dir.path().join("lib")).unwrap();
+        archive(
+            &kp.join("lib_gfx90a:xnack-.kpack"),
+            "gfx90a:xnack-",
+            &["lib/x.so#0"],
+        );
+        archive(
+            &kp.join("lib_gfx90a.kpack"),
+            "gfx90a",
+            &["lib/x.so#0", "lib/x.so#1"],
+        );
+        let meta = crate::hipk::HipkMetadata {
+            kernel_name: "lib/x.so".into(),
+            search_paths: vec!["../.kpack/lib_@GFXARCH@.kpack".into()],
+        };
+        let bin = dir.path().join("lib/x.so");
+        let loader = Loader::new(Config::default());
+        let (r, t) = loader.explain(&meta, &bin, 1, &["amdgcn-amd-amdhsa--gfx90a:xnack-"]);
+        let (size, hit) = r.unwrap();
+        assert_eq!(size, "lib/x.so#1 gfx90a".len() as u64);
+        assert_eq!(hit.target, "gfx90a");
+        assert_eq!(t.key, "lib/x.so#1");
+        assert_eq!(t.agents[0].targets, ["gfx90a:xnack-", "gfx90a"]);
+        assert_eq!(t.candidates.len(), 2);
+        assert!(
+            matches!(&t.candidates[0].status, CandidateStatus::Opened { targets, .. } if targets == &["gfx90a:xnack-"])
+        );
+        let tries: Vec<(&str, usize, &AttemptOutcome)> = t
+            .attempts
+            .iter()
+            .map(|a| (a.target.as_str(), a.candidate, &a.outcome))
+            .collect();
+        assert_eq!(
+            tries,
+            [
+                ("gfx90a:xnack-", 0, &AttemptOutcome::KeyMissing),
+                ("gfx90a", 1, &AttemptOutcome::Loaded { size })
+            ]
+        );
+        // No archive for gfx1100: every candidate missing, ARCHIVE_NOT_FOUND.
+        let (r, t) = loader.explain(&meta, &bin, 0, &["gfx1100"]);
+        assert_eq!(
+            r.unwrap_err().code().name(),
+            "KPACK_ERROR_ARCHIVE_NOT_FOUND"
+        );
+        assert!(matches!(
+            t.candidates[0].status,
+            CandidateStatus::Missing { .. }
+        ));
+        // A key no archive has: KERNEL_NOT_FOUND after trying both.
+        let (r, t) = loader.explain(&meta, &bin, 7, &["gfx90a:xnack-"]);
+        assert_eq!(r.unwrap_err().code() as u32, 5);
+        assert_eq!(t.attempts.len(), 2);
+    }
+}
