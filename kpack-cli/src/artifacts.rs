@@ -13,9 +13,10 @@ use kpack_engine::artifact::recombine::RecombineSummary;
 use kpack_engine::artifact::split::SplitSummary;
 use kpack_engine::artifact::verify::VerifyReport;
 use kpack_engine::artifact::{
-    self, with_jobs, ArtifactError, Database, GpuTargets, Observer, PackTreeOptions,
-    PackagingConfig, RecombineOptions, SplitOptions, VerifyOptions,
+    self, GpuTargets, PackTreeOptions, PackagingConfig, RecombineOptions, SplitOptions,
+    VerifyOptions,
 };
+use kpack_engine::{with_jobs, ArtifactError, Database, Observer};
 use kpack_format::archive::Scheme;
 use kpack_format::bytes::format_size;
 use serde::Serialize;
@@ -292,19 +293,19 @@ fn print_split(summary: &SplitSummary) {
             "{} -> {}: {} binaries, {} code objects, {} database files, {} -> {} bytes",
             art.input,
             art.outputs.join(" "),
-            art.binaries,
-            art.code_objects,
+            art.counts.binaries,
+            art.counts.code_objects,
             art.database_files,
-            art.bytes_in,
-            art.bytes_out
+            art.counts.bytes_in,
+            art.counts.bytes_out
         );
         for p in &art.skipped_prefixes {
             outln!("  skipped prefix (no such directory): {p}");
         }
-        if art.dropped_code_objects + art.dropped_database_files > 0 {
+        if art.counts.dropped_code_objects + art.dropped_database_files > 0 {
             outln!(
                 "  left out (other --gpu-targets): {} code objects, {} database files",
-                art.dropped_code_objects,
+                art.counts.dropped_code_objects,
                 art.dropped_database_files
             );
         }
@@ -443,12 +444,12 @@ fn print_pack_tree(summary: &PackTreeSummary) {
         "{} -> {}: {} files, {} binaries offloaded, {} code objects ({} left out), {} -> {} bytes",
         summary.input,
         summary.output,
-        summary.files,
-        summary.binaries,
-        summary.code_objects,
-        summary.dropped_code_objects,
-        summary.bytes_in,
-        summary.bytes_out
+        summary.counts.files,
+        summary.counts.binaries,
+        summary.counts.code_objects,
+        summary.counts.dropped_code_objects,
+        summary.counts.bytes_in,
+        summary.counts.bytes_out
     );
     for ar in &summary.archives {
         outln!(

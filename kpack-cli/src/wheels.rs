@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use kpack_engine::artifact::{with_jobs, Database, Observer};
 use kpack_engine::wheel::{self, OutputFormat, SplitWheelOptions, WheelError, WheelSummary};
+use kpack_engine::{with_jobs, Database, Observer};
 use kpack_format::archive::Scheme;
 
 use crate::artifacts::Reporter;

@@ -1,9 +1,34 @@
-//! kpack-engine: the packing engine.
+//! kpack-engine: the packing engine. One engine packs a tree of files,
+//! whatever the job: TheRock build artifacts ([`artifact`]: split,
+//! recombine, verify, pack-tree) and Python wheels ([`wheel`]).
+//!
+//! - [`tree`]: walking an input tree in sorted order, copying what stays;
+//! - [`pack`]: the packer: each file classified once, fat binaries
+//!   offloaded (kpack-host) in parallel, then one archive per target;
+//! - [`databases`]: the kernel-database handlers (which files belong to
+//!   which GPU target);
+//! - [`observer`]: notes, warnings and progress, for the CLI to show;
+//! - [`size`]: where the bytes of binaries, archives, trees and wheels go.
+//!
+//! Nothing here prints; every failure is an [`ArtifactError`] (or a
+//! [`wheel::WheelError`]) naming the file and the problem.
+
 #![deny(unsafe_code)]
 
 pub mod artifact;
+pub mod databases;
+mod error;
+mod observer;
+pub mod pack;
 pub mod size;
+pub mod tree;
 pub mod wheel;
 
 use kpack_format::{archive, hipk, msgpack, target};
 use kpack_loader::{self as loader, input};
+
+pub use databases::Database;
+pub(crate) use error::leftover_removed;
+pub use error::{ArtifactError, Result};
+pub use observer::{with_jobs, Observer, Silent};
+pub use pack::ArchiveInfo;

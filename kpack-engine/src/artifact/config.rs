@@ -20,8 +20,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::manifest::GENERIC;
-use super::{ArtifactError, Result};
 use crate::target::TargetId;
+use crate::{ArtifactError, Result};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PackagingConfig {
@@ -195,7 +195,7 @@ fn check_group_name(field: &str, name: &str) -> std::result::Result<(), String> 
 }
 
 fn check_architecture(field: &str, a: &str) -> std::result::Result<(), String> {
-    if a == crate::target::SPIRV || super::databases::is_family_key(a) {
+    if a == crate::target::SPIRV || crate::databases::is_family_key(a) {
         return Ok(());
     }
     if !a.starts_with("gfx") {

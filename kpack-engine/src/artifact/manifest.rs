@@ -4,8 +4,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::{ArtifactError, Result};
 use crate::target::TargetId;
+use crate::{ArtifactError, Result};
 
 /// The manifest's file name in an artifact directory.
 pub const MANIFEST: &str = "artifact_manifest.txt";
@@ -134,7 +134,7 @@ impl OutputName {
         if let Some((component, key)) = name
             .rmatch_indices("_gfx")
             .map(|(i, _)| (&name[..i], &name[i + 1..]))
-            .find(|(c, key)| !c.is_empty() && super::databases::is_family_key(key))
+            .find(|(c, key)| !c.is_empty() && crate::databases::is_family_key(key))
         {
             return Some(OutputName {
                 component: component.to_string(),

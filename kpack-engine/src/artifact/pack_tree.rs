@@ -16,12 +16,11 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::config::arch_matches;
-use super::pack::{Done, FileJob, Offloaded, Outcome, Packer};
-use super::split::search_path;
-use super::tree::{copy_dir_modes, copy_symlink, make_dirs, rel_string, scan, NodeKind};
-use super::{leftover_removed, ArchiveInfo, ArtifactError, Observer, Result};
 use crate::archive::{Scheme, DEFAULT_ZSTD_LEVEL};
+use crate::pack::{self, search_path, Done, FileJob, Offloaded, Packer, TreeCounts};
 use crate::target::TargetId;
+use crate::tree::{copy_dir_modes, make_dirs, rel_string, scan};
+use crate::{leftover_removed, ArchiveInfo, ArtifactError, Observer, Result};
 use kpack_host::offload::archive_file_name;
 use kpack_host::output::{parent_dir, ScratchDir, StagedDir};
 
@@ -60,23 +59,12 @@ pub struct PackTreeSummary {
     pub input: String,
     pub output: String,
     pub group_name: String,
-    pub files: usize,
-    pub symlinks: usize,
-    pub directories: usize,
-    pub binaries: usize,
-    pub wrappers: usize,
-    pub already_offloaded: usize,
-    /// Debug-info files (`objcopy --only-keep-debug`), copied as they are.
-    pub debug_only: usize,
-    pub link_inputs: usize,
-    pub code_objects: usize,
-    /// Code objects of targets left out by `gfx_arches`.
-    pub dropped_code_objects: usize,
-    pub bytes_in: u64,
-    pub bytes_out: u64,
+    /// What the walk and phase 1 counted.
+    #[serde(flatten)]
+    pub counts: TreeCounts,
     pub archives: Vec<ArchiveInfo>,
     /// Code objects stored once for several binaries, over all archives
-    /// (see [`super::ArchiveInfo::shared_code_objects`]).
+    /// (see [`crate::ArchiveInfo::shared_code_objects`]).
     pub shared_code_objects: usize,
     /// Uncompressed bytes not stored again thanks to them.
     pub bytes_saved: u64,
@@ -117,7 +105,7 @@ pub fn pack_tree(
     let tree = stage.path();
 
     let jobs = walk_input(input, tree, &opts.group_name, &mut s)?;
-    observer.add_work(s.bytes_in);
+    observer.add_work(s.counts.bytes_in);
     let keep = |t: &str| {
         TargetId::parse(t).is_ok_and(|t| opts.gfx_arches.iter().any(|a| arch_matches(a, &t)))
     };
@@ -135,7 +123,7 @@ pub fn pack_tree(
     let done = packer.run(&jobs)?;
     let binaries = record_outcomes(&done, &jobs, &mut s, observer);
     s.archives = write_archives(&packer, &binaries, tree, opts)?;
-    s.bytes_out += s.archives.iter().map(|a| a.bytes_out).sum::<u64>();
+    s.counts.bytes_out += s.archives.iter().map(|a| a.bytes_out).sum::<u64>();
     s.shared_code_objects = s.archives.iter().map(|a| a.shared_code_objects).sum();
     s.bytes_saved = s.archives.iter().map(|a| a.bytes_saved).sum();
     drop(binaries);
@@ -225,30 +213,18 @@ fn walk_input(
     let mut jobs = Vec::new();
     for n in scan(input)? {
         let dst = tree.join(&n.rel);
-        match &n.kind {
-            NodeKind::Dir => {
-                s.directories += 1;
-                make_dirs(&dst)?;
-            }
-            NodeKind::Symlink(t) => {
-                s.symlinks += 1;
-                copy_symlink(t, &dst)?;
-            }
-            NodeKind::File { size } => {
-                s.files += 1;
-                s.bytes_in += size;
-                let rel = rel_string(&n.rel);
-                jobs.push(FileJob {
-                    src: input.join(&n.rel),
-                    size: *size,
-                    mode: n.mode,
-                    dst,
-                    search_path: search_path(rel.as_deref().unwrap_or(""), group),
-                    kernel_name: rel,
-                    source_prefix: None,
-                    database: None,
-                });
-            }
+        if let Some(size) = pack::place(&mut s.counts, &n, &dst)? {
+            let rel = rel_string(&n.rel);
+            jobs.push(FileJob {
+                src: input.join(&n.rel),
+                size,
+                mode: n.mode,
+                dst,
+                search_path: search_path(rel.as_deref().unwrap_or(""), group),
+                kernel_name: rel,
+                source_prefix: None,
+                database: None,
+            });
         }
     }
     Ok(jobs)
@@ -261,27 +237,12 @@ fn record_outcomes<'d>(
     s: &mut PackTreeSummary,
     observer: &dyn Observer,
 ) -> Vec<&'d Offloaded> {
-    let mut binaries = Vec::new();
-    for (d, job) in done.iter().zip(jobs) {
-        s.bytes_out += d.bytes_out;
-        match &d.outcome {
-            Outcome::Offloaded(b) => {
-                s.binaries += 1;
-                s.wrappers += b.wrappers;
-                s.code_objects += b.code_objects.len();
-                s.dropped_code_objects += b.dropped;
-                binaries.push(b.as_ref());
-            }
-            Outcome::DebugOnly => s.debug_only += 1,
-            Outcome::AlreadyOffloaded => s.already_offloaded += 1,
-            Outcome::LinkInput { .. } => s.link_inputs += 1,
-            Outcome::Copied | Outcome::Database { .. } => {}
-        }
-        if let Some(msg) = d.outcome.note(&job.src) {
-            note(s, observer, msg);
-        }
-    }
-    binaries
+    let notes = &mut s.notes;
+    let r = pack::record_outcomes(done, jobs, &mut s.counts, |msg| {
+        observer.note(&msg);
+        notes.push(msg);
+    });
+    r.binaries
 }
 
 /// Step 5: `tree/.kpack/<group>_<target>.kpack` per target.
@@ -312,7 +273,7 @@ mod tests {
         child_dir, entries, hidden_entries, killed_run_leftovers, run_killed_child, snapshot,
         DieOnAdvance,
     };
-    use crate::artifact::Silent;
+    use crate::Silent;
 
     fn small_tree(dir: &Path) {
         fs::create_dir_all(dir.join("lib")).unwrap();

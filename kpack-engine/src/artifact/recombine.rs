@@ -22,13 +22,13 @@ use serde::Serialize;
 
 use super::config::{arch_matches, PackagingConfig};
 use super::manifest::{self, generic_name, read_manifest, OutputName, Suffix, MANIFEST};
-use super::tree::{
+use crate::input::map_file;
+use crate::target::TargetId;
+use crate::tree::{
     copy_file, copy_mode, copy_symlink, copy_tree, make_dirs, owner_writable, same_bytes, scan,
     tree_bytes, Node, NodeKind,
 };
-use super::{leftover_removed, ArtifactError, Observer, Result};
-use crate::input::map_file;
-use crate::target::TargetId;
+use crate::{leftover_removed, ArtifactError, Observer, Result};
 use kpack_host::binary::{classify, Class};
 use kpack_host::offload::verify_file;
 use kpack_host::output::StagedDir;
@@ -580,7 +580,7 @@ fn merge_targets(
     // Only once every target is in: a read-only directory of the first
     // target would keep the next one from writing into it.
     for (out, src) in modes.iter().rev() {
-        super::tree::copy_dir_modes(out, src)?;
+        crate::tree::copy_dir_modes(out, src)?;
     }
     let prefixes: Vec<String> = prefixes.into_iter().collect();
     manifest::write_manifest(dir, &prefixes)?;
@@ -720,7 +720,8 @@ mod tests {
         child_dir, entries, hidden_entries, killed_run_leftovers, run_killed_child, small_artifact,
         snapshot, DieOnAdvance,
     };
-    use crate::artifact::{split_artifact, Database, Silent, SplitOptions};
+    use crate::artifact::{split_artifact, SplitOptions};
+    use crate::{Database, Silent};
 
     /// Two shards, each the split of an artifact built for its own targets.
     fn shards(dir: &Path) {

@@ -22,19 +22,18 @@ use std::time::Instant;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use super::databases::{classify, is_artifact_key, Database};
 use super::manifest::{
     self, artifact_prefix, generic_name, read_manifest, OutputName, Suffix, MANIFEST,
 };
-use super::pack::{Done, FileJob, Offloaded, Outcome, Packer};
-use super::tree::{
-    copy_dir_modes, copy_mode, copy_symlink, make_dirs, owner_writable, scan, tree_bytes, Node,
-    NodeKind,
-};
-use super::{leftover_removed, ArchiveInfo, ArtifactError, Observer, Result};
 use crate::archive::{Scheme, DEFAULT_ZSTD_LEVEL};
+use crate::databases::{classify, is_artifact_key, Database};
+use crate::pack::{self, search_path, Done, FileJob, Offloaded, Packer, TreeCounts};
 use crate::target::base_arch;
-use kpack_host::offload::{archive_file_name, GFXARCH};
+use crate::tree::{
+    copy_dir_modes, copy_mode, make_dirs, owner_writable, scan, tree_bytes, Node, NodeKind,
+};
+use crate::{leftover_removed, ArchiveInfo, ArtifactError, Observer, Result};
+use kpack_host::offload::archive_file_name;
 use kpack_host::output::{ScratchDir, StagedDir};
 
 /// How to split.
@@ -149,7 +148,7 @@ pub struct Totals {
     pub bytes_in: u64,
     pub bytes_out: u64,
     /// Code objects stored once for several binaries (see
-    /// [`super::ArchiveInfo::shared_code_objects`]).
+    /// [`crate::ArchiveInfo::shared_code_objects`]).
     pub shared_code_objects: usize,
     /// Uncompressed bytes not stored again thanks to them.
     pub bytes_saved: u64,
@@ -181,25 +180,13 @@ pub struct ArtifactSummary {
     pub prefixes: Vec<String>,
     /// Manifest prefixes whose directory does not exist: left out.
     pub skipped_prefixes: Vec<String>,
-    pub files: usize,
-    pub symlinks: usize,
-    pub directories: usize,
-    /// Fat binaries offloaded.
-    pub binaries: usize,
-    pub wrappers: usize,
-    pub already_offloaded: usize,
-    /// Debug-info files (`objcopy --only-keep-debug`), copied as they are.
-    pub debug_only: usize,
-    pub link_inputs: usize,
-    pub code_objects: usize,
+    /// What the walk and phase 1 counted.
+    #[serde(flatten)]
+    pub counts: TreeCounts,
     pub database_files: usize,
-    /// `--gpu-targets`: code objects of other targets, left out.
-    pub dropped_code_objects: usize,
     /// `--gpu-targets`: database files (and symlinks) of other targets,
     /// left out of every output.
     pub dropped_database_files: usize,
-    pub bytes_in: u64,
-    pub bytes_out: u64,
     pub archives: Vec<ArchiveInfo>,
     /// Per target: database files.
     pub database_targets: BTreeMap<String, usize>,
@@ -398,13 +385,13 @@ fn finish(s: &mut SplitSummary, start: Instant) {
         }
         t.artifacts += 1;
         t.output_artifacts += a.outputs.len();
-        t.files += a.files;
-        t.binaries += a.binaries;
-        t.code_objects += a.code_objects;
+        t.files += a.counts.files;
+        t.binaries += a.counts.binaries;
+        t.code_objects += a.counts.code_objects;
         t.database_files += a.database_files;
         t.archives += a.archives.len();
-        t.bytes_in += a.bytes_in;
-        t.bytes_out += a.bytes_out;
+        t.bytes_in += a.counts.bytes_in;
+        t.bytes_out += a.counts.bytes_out;
         for ar in &a.archives {
             t.shared_code_objects += ar.shared_code_objects;
             t.bytes_saved += ar.bytes_saved;
@@ -559,17 +546,6 @@ fn existing_outputs(out: &Path, prefix: &str) -> Result<Vec<String>> {
     Ok(v)
 }
 
-/// `"../" * depth + ".kpack/<ap>_@GFXARCH@.kpack"` for a binary at `rel`
-/// (relative to its install prefix).
-pub fn search_path(rel: &str, group: &str) -> String {
-    let depth = rel.split('/').count().saturating_sub(1);
-    format!(
-        "{}.kpack/{}",
-        "../".repeat(depth),
-        archive_file_name(group, GFXARCH)
-    )
-}
-
 /// Where the outputs of one artifact are assembled: `<root>/<ap>_generic`
 /// and `<root>/<ap>_<target>`.
 struct Layout {
@@ -634,8 +610,8 @@ fn run(plan: &Plan, opts: &SplitOptions, observer: &dyn Observer) -> Result<Arti
         plan.dir.display(),
         plan.prefix,
         a.outputs.join(", "),
-        a.binaries,
-        a.code_objects,
+        a.counts.binaries,
+        a.counts.code_objects,
         a.database_files
     ));
     Ok(a)
@@ -669,7 +645,7 @@ fn start_summary(plan: &Plan, stage: &StagedDir, observer: &dyn Observer) -> Art
 /// prefix in its target's artifact.
 fn record_archives(a: &mut ArtifactSummary, target_prefixes: &mut TargetPrefixes) {
     for ar in &a.archives {
-        a.bytes_out += ar.bytes_out;
+        a.counts.bytes_out += ar.bytes_out;
         let p = ar.prefix.clone().unwrap_or_default();
         target_prefixes
             .entry(ar.target.clone())
@@ -685,7 +661,7 @@ fn check_targets_matched(plan: &Plan, opts: &SplitOptions, a: &ArtifactSummary) 
     let Some(g) = &opts.gpu_targets else {
         return Ok(());
     };
-    if a.binaries == 0 || a.code_objects > 0 {
+    if a.counts.binaries == 0 || a.counts.code_objects > 0 {
         return Ok(());
     }
     let set: Vec<&str> = g.bases().collect();
@@ -693,7 +669,7 @@ fn check_targets_matched(plan: &Plan, opts: &SplitOptions, a: &ArtifactSummary) 
         &plan.dir,
         format!(
             "Found {} fat binaries, but no device code objects matched --gpu-targets ({}). Refusing to emit an untransformed generic artifact.",
-            a.binaries,
+            a.counts.binaries,
             set.join(", ")
         ),
     ))
@@ -738,8 +714,8 @@ fn walk_input(
                 // Another job's target: neither generic nor per-target.
                 a.dropped_database_files += 1;
                 if let NodeKind::File { size } = n.kind {
-                    a.files += 1;
-                    a.bytes_in += size;
+                    a.counts.files += 1;
+                    a.counts.bytes_in += size;
                     observer.advance(size);
                 }
                 continue;
@@ -774,43 +750,31 @@ impl Walk<'_> {
         rel: &str,
         target: Option<String>,
     ) -> Result<()> {
-        match &n.kind {
-            NodeKind::Dir => {
-                // Kept even when empty.
-                a.directories += 1;
-                make_dirs(&self.generic.join(p).join(&n.rel))?;
+        let base = match (&n.kind, &target) {
+            (NodeKind::Symlink(_), Some(t)) => {
+                self.target_prefixes
+                    .entry(t.clone())
+                    .or_default()
+                    .insert(p.to_string());
+                self.layout.target(t)
             }
-            NodeKind::Symlink(link) => {
-                a.symlinks += 1;
-                let dst = match &target {
-                    Some(t) => {
-                        self.target_prefixes
-                            .entry(t.clone())
-                            .or_default()
-                            .insert(p.to_string());
-                        self.layout.target(t)
-                    }
-                    None => self.generic.clone(),
-                };
-                copy_symlink(link, &dst.join(p).join(&n.rel))?;
-            }
-            NodeKind::File { size } => {
-                a.files += 1;
-                a.bytes_in += size;
-                self.jobs.push(FileJob {
-                    src: root.join(&n.rel),
-                    size: *size,
-                    mode: n.mode,
-                    dst: self.generic.join(p).join(&n.rel),
-                    kernel_name: Some(format!("{p}/{rel}")),
-                    search_path: search_path(rel, &self.layout.ap),
-                    source_prefix: Some(p.to_string()),
-                    database: target.map(|t| {
-                        let dst = self.layout.target(&t).join(p).join(&n.rel);
-                        (t, dst)
-                    }),
-                });
-            }
+            _ => self.generic.clone(),
+        };
+        let dst = base.join(p).join(&n.rel);
+        if let Some(size) = pack::place(&mut a.counts, n, &dst)? {
+            self.jobs.push(FileJob {
+                src: root.join(&n.rel),
+                size,
+                mode: n.mode,
+                dst,
+                kernel_name: Some(format!("{p}/{rel}")),
+                search_path: search_path(rel, &self.layout.ap),
+                source_prefix: Some(p.to_string()),
+                database: target.map(|t| {
+                    let dst = self.layout.target(&t).join(p).join(&n.rel);
+                    (t, dst)
+                }),
+            });
         }
         Ok(())
     }
@@ -849,33 +813,21 @@ fn record_outcomes<'d>(
     a: &mut ArtifactSummary,
     observer: &dyn Observer,
 ) -> Vec<&'d Offloaded> {
-    let mut binaries = Vec::new();
-    for (d, job) in done.iter().zip(jobs) {
-        a.bytes_out += d.bytes_out;
-        match &d.outcome {
-            Outcome::Copied => {}
-            Outcome::Database { target } => {
-                a.database_files += 1;
-                *a.database_targets.entry(target.clone()).or_default() += 1;
-                let p = job.source_prefix.clone().unwrap_or_default();
-                target_prefixes.entry(target.clone()).or_default().insert(p);
-            }
-            Outcome::Offloaded(b) => {
-                a.binaries += 1;
-                a.wrappers += b.wrappers;
-                a.code_objects += b.code_objects.len();
-                a.dropped_code_objects += b.dropped;
-                binaries.push(b.as_ref());
-            }
-            Outcome::DebugOnly => a.debug_only += 1,
-            Outcome::AlreadyOffloaded => a.already_offloaded += 1,
-            Outcome::LinkInput { .. } => a.link_inputs += 1,
-        }
-        if let Some(msg) = d.outcome.note(&job.src) {
-            note(a, observer, msg);
-        }
+    let mut notes = Vec::new();
+    let r = pack::record_outcomes(done, jobs, &mut a.counts, |msg| notes.push(msg));
+    for (i, target) in r.databases {
+        a.database_files += 1;
+        *a.database_targets.entry(target.to_string()).or_default() += 1;
+        let p = jobs[i].source_prefix.clone().unwrap_or_default();
+        target_prefixes
+            .entry(target.to_string())
+            .or_default()
+            .insert(p);
     }
-    binaries
+    for msg in notes {
+        note(a, observer, msg);
+    }
+    r.binaries
 }
 
 /// Step 4: one archive per target, in
@@ -1017,7 +969,7 @@ mod tests {
         child_dir, entries, hidden_entries, killed_run_leftovers, run_killed_child, small_artifact,
         snapshot, DieOnAdvance,
     };
-    use crate::artifact::Silent;
+    use crate::Silent;
 
     fn options(out: &Path) -> SplitOptions {
         let mut o = SplitOptions::new(out);

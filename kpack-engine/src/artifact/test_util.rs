@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::tree::{rel_string, scan, NodeKind};
 use super::MANIFEST;
+use crate::tree::{rel_string, scan, NodeKind};
 
 /// Every entry below `dir` with its kind, contents (a symlink's target) and
 /// mode, to compare trees.
@@ -80,7 +80,7 @@ const CHILD_DIR: &str = "KPACK_TEST_KILLED_CHILD_DIR";
 /// the process).
 pub struct DieOnAdvance;
 
-impl super::Observer for DieOnAdvance {
+impl crate::Observer for DieOnAdvance {
     fn advance(&self, _bytes: u64) {
         std::process::exit(KILLED);
     }

@@ -27,13 +27,13 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::config::PackagingConfig;
-use super::databases::{self, Database};
 use super::manifest::{read_manifest, OutputName, Suffix, MANIFEST};
-use super::tree::{copy_symlink, make_dirs, rel_string, scan, Node, NodeKind};
-use super::{ArtifactError, Observer, Result};
+use crate::databases::{self, Database};
 use crate::input::map_file;
 use crate::loader::{Config, Loader};
 use crate::target::TargetId;
+use crate::tree::{copy_symlink, make_dirs, rel_string, scan, Node, NodeKind};
+use crate::{ArtifactError, Observer, Result};
 use kpack_host::binary::{classify, Class};
 use kpack_host::elf::FATBIN_SECTION;
 use kpack_host::offload::verify_file;
@@ -797,7 +797,8 @@ fn install_links(artifacts: &[&Artifact], root: &Path, problems: &mut Vec<String
 mod tests {
     use super::*;
     use crate::artifact::test_util::{killed_run_leftovers, small_artifact};
-    use crate::artifact::{split_artifact, Silent, SplitOptions};
+    use crate::artifact::{split_artifact, SplitOptions};
+    use crate::Silent;
     use kpack_host::output::StagedDir;
 
     /// Hidden staging directories are never artifacts: those of killed runs

@@ -15,8 +15,8 @@ use super::{
     overlay_prefix, permission_bits, DeviceOutput, Identity, Input, Offload, OutputFormat, Result,
     Scan, SplitWheelOptions, WheelError, WheelOutput, WheelSummary,
 };
-use crate::artifact::tree::{rel_string, same_bytes, Node, NodeKind};
-use crate::artifact::Observer;
+use crate::tree::{rel_string, same_bytes, Node, NodeKind};
+use crate::Observer;
 use kpack_host::output::StagedDir;
 
 /// What planning the outputs reads: the input, its identity, scan and

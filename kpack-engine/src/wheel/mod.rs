@@ -45,13 +45,13 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::archive::{Scheme, DEFAULT_ZSTD_LEVEL};
-use crate::artifact::databases::{classify as claim_database, Database};
-use crate::artifact::pack::{FileJob, Offloaded, Outcome, Packer};
-use crate::artifact::split::search_path;
-use crate::artifact::tree::{rel_string, scan, Node, NodeKind};
-use crate::artifact::{ArtifactError, Observer};
+use crate::databases::{classify as claim_database, Database};
 use crate::input::map_file;
+use crate::pack::search_path;
+use crate::pack::{FileJob, Offloaded, Outcome, Packer};
 use crate::target::normalize_feature_spelling;
+use crate::tree::{rel_string, scan, Node, NodeKind};
+use crate::{ArtifactError, Observer};
 use kpack_host::binary::{classify, could_be_binary, Class};
 use kpack_host::offload::archive_file_name;
 use kpack_host::output::ScratchDir;

@@ -26,7 +26,7 @@ use zip::write::SimpleFileOptions;
 use zip::{CompressionMethod, DateTime, ZipArchive, ZipWriter};
 
 use super::{Result, WheelError};
-use crate::artifact::Observer;
+use crate::Observer;
 
 /// The variable that fixes entry times (reproducible builds).
 pub const SOURCE_DATE_EPOCH: &str = "SOURCE_DATE_EPOCH";
@@ -470,7 +470,7 @@ fn extract_one(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::artifact::Silent;
+    use crate::Silent;
 
     #[test]
     fn component_order_is_pathlibs() {

@@ -30,8 +30,8 @@ use std::sync::LazyLock;
 use regex::Regex;
 use serde::Serialize;
 
-use super::{ArtifactError, Result};
 use crate::target::{base_arch, normalize_feature_spelling, TargetId};
+use crate::{ArtifactError, Result};
 
 /// A target as database file names spell it.
 const GFX: &str = r"gfx\d+[a-z]*(?:-strict)?(?:-xnack[+-])?";

@@ -13,6 +13,7 @@
 //! the process), so memory use does not grow with the input. The inputs
 //! must stay as they are until the run ends (they are read twice).
 
+use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufWriter, Read, Write};
@@ -21,15 +22,36 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::tree::{copy_file, make_dirs, write_file};
-use super::{ArchiveInfo, ArtifactError, Observer, Result};
 use crate::archive::Scheme;
 use crate::hipk::HipkMetadata;
 use crate::input::{map_file, Mapped};
 use crate::msgpack::Value;
+use crate::tree::{copy_file, copy_symlink, make_dirs, write_file, Node, NodeKind};
+use crate::{ArtifactError, Observer, Result};
 use kpack_host::binary::{classify, could_be_binary, Class};
+use kpack_host::offload::{archive_file_name, GFXARCH};
 use kpack_host::offload::{archive_key, code_objects, rewrite, CodeObject};
 use kpack_host::{ArchiveWriter, FileRange};
+
+/// One `.kpack` archive written by split or pack-tree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ArchiveInfo {
+    pub target: String,
+    /// Path relative to the output directory.
+    pub path: String,
+    /// The install prefix it was placed in (split).
+    pub prefix: Option<String>,
+    pub code_objects: usize,
+    /// Sum of the code objects' sizes.
+    pub bytes_in: u64,
+    /// Size of the archive file.
+    pub bytes_out: u64,
+    /// Code objects stored once for several binaries: entries that share
+    /// the ordinal of an identical code object (same target, same bytes).
+    pub shared_code_objects: usize,
+    /// Uncompressed bytes those shared entries did not store again.
+    pub bytes_saved: u64,
+}
 
 /// One regular file to handle.
 #[derive(Debug, Clone)]
@@ -105,6 +127,113 @@ impl Outcome {
 pub struct Done {
     pub outcome: Outcome,
     pub bytes_out: u64,
+}
+
+/// What split and pack-tree count of the tree they pack; both summaries
+/// carry it (flattened into their JSON).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TreeCounts {
+    pub files: usize,
+    pub symlinks: usize,
+    pub directories: usize,
+    /// Fat binaries offloaded.
+    pub binaries: usize,
+    pub wrappers: usize,
+    pub already_offloaded: usize,
+    /// Debug-info files (`objcopy --only-keep-debug`), copied as they are.
+    pub debug_only: usize,
+    pub link_inputs: usize,
+    pub code_objects: usize,
+    /// Code objects of targets left out (`--gpu-targets`, `--gfx-arches`).
+    pub dropped_code_objects: usize,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+}
+
+impl TreeCounts {
+    /// A regular file of `size` bytes read.
+    pub fn file(&mut self, size: u64) {
+        self.files += 1;
+        self.bytes_in += size;
+    }
+}
+
+/// Put the walked node `n` in the output tree at `dst`, counted: a
+/// directory made (kept even when empty), a symlink copied. A regular file
+/// is left to the caller, which makes it a job: its size is returned.
+pub fn place(counts: &mut TreeCounts, n: &Node, dst: &Path) -> Result<Option<u64>> {
+    match &n.kind {
+        NodeKind::Dir => {
+            counts.directories += 1;
+            make_dirs(dst)?;
+            Ok(None)
+        }
+        NodeKind::Symlink(link) => {
+            counts.symlinks += 1;
+            copy_symlink(link, dst)?;
+            Ok(None)
+        }
+        NodeKind::File { size } => {
+            counts.file(*size);
+            Ok(Some(*size))
+        }
+    }
+}
+
+/// Phase 1's outcomes, counted.
+pub struct Recorded<'d> {
+    /// The offloaded binaries, in job order (phase 2 archives them).
+    pub binaries: Vec<&'d Offloaded>,
+    /// Database files: the job's index and the target the handler gave.
+    pub databases: Vec<(usize, &'d str)>,
+}
+
+/// Count what phase 1 did to each job into `counts`; each outcome's note
+/// (files copied as they are although they look like binaries) goes to
+/// `note`, in job order.
+pub fn record_outcomes<'d>(
+    done: &'d [Done],
+    jobs: &[FileJob],
+    counts: &mut TreeCounts,
+    mut note: impl FnMut(String),
+) -> Recorded<'d> {
+    let mut r = Recorded {
+        binaries: Vec::new(),
+        databases: Vec::new(),
+    };
+    for (i, (d, job)) in done.iter().zip(jobs).enumerate() {
+        counts.bytes_out += d.bytes_out;
+        match &d.outcome {
+            Outcome::Copied => {}
+            Outcome::Database { target } => r.databases.push((i, target)),
+            Outcome::Offloaded(b) => {
+                counts.binaries += 1;
+                counts.wrappers += b.wrappers;
+                counts.code_objects += b.code_objects.len();
+                counts.dropped_code_objects += b.dropped;
+                r.binaries.push(b.as_ref());
+            }
+            Outcome::DebugOnly => counts.debug_only += 1,
+            Outcome::AlreadyOffloaded => counts.already_offloaded += 1,
+            Outcome::LinkInput { .. } => counts.link_inputs += 1,
+        }
+        if let Some(msg) = d.outcome.note(&job.src) {
+            note(msg);
+        }
+    }
+    r
+}
+
+/// `"../" * depth + ".kpack/<group>_@GFXARCH@.kpack"`: the search path of
+/// a binary at `rel` (relative to its install prefix) to the archives of
+/// `group` at that prefix.
+pub fn search_path(rel: &str, group: &str) -> String {
+    let depth = rel.split('/').count().saturating_sub(1);
+    format!(
+        "{}.kpack/{}",
+        "../".repeat(depth),
+        archive_file_name(group, GFXARCH)
+    )
 }
 
 /// Where the archive of a target goes, given the sorted source prefixes

@@ -5,7 +5,7 @@ use std::fs;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use super::{ArtifactError, Result};
+use crate::{ArtifactError, Result};
 
 /// One entry below a root directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -343,7 +343,7 @@ mod tests {
                 .arg(exe)
                 .args([
                     "--exact",
-                    "artifact::tree::tests::copy_over_another_users_file",
+                    "tree::tests::copy_over_another_users_file",
                 ])
                 .env(AS_OTHER_USER, &dir)
                 .output()

@@ -1,0 +1,94 @@
+//! The engine's error: what went wrong in a split, recombine, verify,
+//! pack-tree or wheel operation.
+
+use std::path::PathBuf;
+
+use crate::artifact::MANIFEST;
+use crate::databases::Database;
+
+/// What went wrong in an artifact operation. Input problems each have their
+/// own variant, so that their messages say exactly what was wrong where.
+#[derive(Debug, thiserror::Error)]
+pub enum ArtifactError {
+    #[error(transparent)]
+    Core(#[from] kpack_host::Error),
+    #[error("{}: missing artifact manifest ({MANIFEST})", dir.display())]
+    MissingManifest { dir: PathBuf },
+    #[error("{}: line {line}: prefix {prefix:?} {reason}", manifest.display())]
+    BadManifestLine {
+        manifest: PathBuf,
+        line: usize,
+        prefix: String,
+        reason: String,
+    },
+    #[error("unknown database handler {name:?} (known: {})", Database::names().join(", "))]
+    UnknownDatabase { name: String },
+    #[error("--gpu-targets: {what}")]
+    BadGpuTargets { what: String },
+    #[error("{}: {what}", path.display())]
+    Config { path: PathBuf, what: String },
+    #[error("{}: already exists (pass --overwrite to replace it)", path.display())]
+    OutputExists { path: PathBuf },
+    #[error("{}: {what}", path.display())]
+    Input { path: PathBuf, what: String },
+    #[error(
+        "duplicate device code: component {component}, target {target}: shards {} provide different bytes ({detail})",
+        shards.join(" and ")
+    )]
+    DuplicateDeviceCode {
+        component: String,
+        target: String,
+        shards: Vec<String>,
+        detail: String,
+    },
+    #[error(
+        "configured architecture(s) provided by no shard: {} (validation.error_on_missing_architecture)",
+        architectures.join(", ")
+    )]
+    MissingArchitectures { architectures: Vec<String> },
+    #[error(
+        "generic artifacts differ: {component}_generic in shards {} and {}: {} (validation.verify_generic_artifacts_match)",
+        shards.0, shards.1, differences.join("; ")
+    )]
+    GenericMismatch {
+        component: String,
+        shards: (String, String),
+        differences: Vec<String>,
+    },
+    #[error("{failed} of {total} artifact(s) failed")]
+    ArtifactsFailed { failed: usize, total: usize },
+    #[error("verification failed: {problems} problem(s)")]
+    VerifyFailed { problems: usize },
+    #[error("cannot start {threads} worker thread(s): {reason}")]
+    ThreadPool { threads: usize, reason: String },
+}
+
+/// A file that did not open keeps its variant (`Io` or `Archive`).
+impl From<kpack_loader::OpenError> for ArtifactError {
+    fn from(e: kpack_loader::OpenError) -> Self {
+        ArtifactError::Core(e.into())
+    }
+}
+
+impl ArtifactError {
+    pub(crate) fn input(path: impl Into<PathBuf>, what: impl Into<String>) -> Self {
+        ArtifactError::Input {
+            path: path.into(),
+            what: what.into(),
+        }
+    }
+
+    pub(crate) fn io(path: impl Into<PathBuf>, e: std::io::Error) -> Self {
+        ArtifactError::Core(kpack_host::Error::Io {
+            path: path.into(),
+            source: e,
+        })
+    }
+}
+
+pub type Result<T, E = ArtifactError> = std::result::Result<T, E>;
+
+/// The note for a leftover of a killed run that a new run removed.
+pub(crate) fn leftover_removed(path: &std::path::Path) -> String {
+    format!("{}: removed (left by an interrupted run)", path.display())
+}
