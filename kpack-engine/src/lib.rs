@@ -30,5 +30,6 @@ use kpack_loader::{self as loader, input};
 pub use databases::Database;
 pub(crate) use error::leftover_removed;
 pub use error::{ArtifactError, Result};
+use observer::note;
 pub use observer::{with_jobs, Observer, Silent};
 pub use pack::ArchiveInfo;

@@ -39,3 +39,9 @@ pub fn with_jobs<T: Send>(jobs: Option<usize>, f: impl FnOnce() -> T + Send) -> 
         }
     }
 }
+
+/// A note: shown (`--verbose`) and kept in `notes` (a summary's).
+pub(crate) fn note(observer: &dyn Observer, notes: &mut Vec<String>, msg: String) {
+    observer.note(&msg);
+    notes.push(msg);
+}

@@ -20,7 +20,7 @@ use crate::archive::{Scheme, DEFAULT_ZSTD_LEVEL};
 use crate::pack::{self, search_path, Done, FileJob, Offloaded, Packer, TreeCounts};
 use crate::target::TargetId;
 use crate::tree::{copy_dir_modes, make_dirs, rel_string, scan};
-use crate::{leftover_removed, ArchiveInfo, ArtifactError, Observer, Result};
+use crate::{leftover_removed, note, ArchiveInfo, ArtifactError, Observer, Result};
 use kpack_host::offload::archive_file_name;
 use kpack_host::output::{parent_dir, ScratchDir, StagedDir};
 
@@ -99,7 +99,7 @@ pub fn pack_tree(
     };
     let stage = StagedDir::new(&out_abs)?;
     for leftover in stage.swept() {
-        note(&mut s, observer, leftover_removed(leftover));
+        note(observer, &mut s.notes, leftover_removed(leftover));
     }
     let scratch = ScratchDir::new(opts.tmp_dir.as_deref().unwrap_or(parent_dir(&out_abs)))?;
     let tree = stage.path();
@@ -196,12 +196,6 @@ fn check_paths(input: &Path, output: &Path, opts: &PackTreeOptions) -> Result<Pa
     Ok(out_abs)
 }
 
-/// A note, shown (`--verbose`) and kept in the summary.
-fn note(s: &mut PackTreeSummary, observer: &dyn Observer, msg: String) {
-    observer.note(&msg);
-    s.notes.push(msg);
-}
-
 /// Step 3: create the directories and symlinks of `input` in `tree`, and
 /// make a job of every regular file (its kernel name: its path in the tree).
 fn walk_input(
@@ -238,10 +232,7 @@ fn record_outcomes<'d>(
     observer: &dyn Observer,
 ) -> Vec<&'d Offloaded> {
     let notes = &mut s.notes;
-    let r = pack::record_outcomes(done, jobs, &mut s.counts, |msg| {
-        observer.note(&msg);
-        notes.push(msg);
-    });
+    let r = pack::record_outcomes(done, jobs, &mut s.counts, |msg| note(observer, notes, msg));
     r.binaries
 }
 

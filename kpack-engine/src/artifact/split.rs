@@ -32,7 +32,7 @@ use crate::target::base_arch;
 use crate::tree::{
     copy_dir_modes, copy_mode, make_dirs, owner_writable, scan, tree_bytes, Node, NodeKind,
 };
-use crate::{leftover_removed, ArchiveInfo, ArtifactError, Observer, Result};
+use crate::{leftover_removed, note, ArchiveInfo, ArtifactError, Observer, Result};
 use kpack_host::offload::archive_file_name;
 use kpack_host::output::{ScratchDir, StagedDir};
 
@@ -629,14 +629,14 @@ fn start_summary(plan: &Plan, stage: &StagedDir, observer: &dyn Observer) -> Art
         ..Default::default()
     };
     for leftover in stage.swept() {
-        note(&mut a, observer, leftover_removed(leftover));
+        note(observer, &mut a.notes, leftover_removed(leftover));
     }
     for p in &plan.skipped {
         let msg = format!(
             "{}: manifest prefix {p} does not exist: skipped (left out of the output manifests)",
             plan.dir.display()
         );
-        note(&mut a, observer, msg);
+        note(observer, &mut a.notes, msg);
     }
     a
 }
@@ -673,12 +673,6 @@ fn check_targets_matched(plan: &Plan, opts: &SplitOptions, a: &ArtifactSummary) 
             set.join(", ")
         ),
     ))
-}
-
-/// A note, shown (`--verbose`) and kept in the summary.
-fn note(a: &mut ArtifactSummary, observer: &dyn Observer, msg: String) {
-    observer.note(&msg);
-    a.notes.push(msg);
 }
 
 /// Step 2: create the directories and symlinks of every prefix in the
@@ -825,7 +819,7 @@ fn record_outcomes<'d>(
             .insert(p);
     }
     for msg in notes {
-        note(a, observer, msg);
+        note(observer, &mut a.notes, msg);
     }
     r.binaries
 }
@@ -912,7 +906,7 @@ fn commit(
                 out.join(&name).display()
             )
         };
-        note(a, observer, msg);
+        note(observer, &mut a.notes, msg);
         a.replaced.push(name);
     }
     let generic = generic_name(&plan.prefix);
