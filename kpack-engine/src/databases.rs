@@ -151,7 +151,7 @@ impl Database {
     /// The raw key this handler finds for the file at `rel` (relative to
     /// its prefix root, `/`-separated), or `None` when it does not claim
     /// the file.
-    pub fn detect(self, rel: &str) -> Option<String> {
+    pub(crate) fn detect(self, rel: &str) -> Option<String> {
         let name = rel.rsplit('/').next().unwrap_or(rel);
         match self {
             Database::Rocblas => tensile(rel, name, "rocblas/library"),
@@ -200,13 +200,13 @@ pub fn classify(enabled: &[Database], rel: &str) -> Option<Claim> {
 }
 
 /// Is `key` an AOTriton family key that is not a target ID (`gfx12_0`)?
-pub fn is_family_key(key: &str) -> bool {
+pub(crate) fn is_family_key(key: &str) -> bool {
     FAMILY_KEY.is_match(key)
 }
 
 /// Can `key` name a per-target artifact (`<prefix>_<key>`) or device
 /// wheel: a target ID (`-xnack±` spellings accepted) or a family key.
-pub fn is_artifact_key(key: &str) -> bool {
+pub(crate) fn is_artifact_key(key: &str) -> bool {
     is_family_key(key) || TargetId::parse(&normalize_feature_spelling(key)).is_ok()
 }
 

@@ -55,7 +55,7 @@ pub struct ArchiveInfo {
 
 /// One regular file to handle.
 #[derive(Debug, Clone)]
-pub struct FileJob {
+pub(crate) struct FileJob {
     pub src: PathBuf,
     pub size: u64,
     pub mode: u32,
@@ -181,7 +181,7 @@ pub fn place(counts: &mut TreeCounts, n: &Node, dst: &Path) -> Result<Option<u64
 }
 
 /// Phase 1's outcomes, counted.
-pub struct Recorded<'d> {
+pub(crate) struct Recorded<'d> {
     /// The offloaded binaries, in job order (phase 2 archives them).
     pub binaries: Vec<&'d Offloaded>,
     /// Database files: the job's index and the target the handler gave.
@@ -191,7 +191,7 @@ pub struct Recorded<'d> {
 /// Count what phase 1 did to each job into `counts`; each outcome's note
 /// (files copied as they are although they look like binaries) goes to
 /// `note`, in job order.
-pub fn record_outcomes<'d>(
+pub(crate) fn record_outcomes<'d>(
     done: &'d [Done],
     jobs: &[FileJob],
     counts: &mut TreeCounts,
@@ -238,9 +238,9 @@ pub fn search_path(rel: &str, group: &str) -> String {
 
 /// Where the archive of a target goes, given the sorted source prefixes
 /// that contributed to it: the absolute path, and the path to report.
-pub type Place<'a> = dyn Fn(&str, &[String]) -> (PathBuf, String) + Sync + 'a;
+pub(crate) type Place<'a> = dyn Fn(&str, &[String]) -> (PathBuf, String) + Sync + 'a;
 
-pub struct Packer<'a> {
+pub(crate) struct Packer<'a> {
     pub scheme: Scheme,
     pub level: i32,
     /// Where decompressed code objects are spilled.

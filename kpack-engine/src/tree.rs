@@ -29,14 +29,14 @@ pub enum NodeKind {
 
 impl Node {
     /// The relative path with `/` separators (file names must be UTF-8).
-    pub fn rel_str(&self, root: &Path) -> Result<String> {
+    pub(crate) fn rel_str(&self, root: &Path) -> Result<String> {
         rel_string(&self.rel).ok_or_else(|| {
             ArtifactError::input(root.join(&self.rel), "file name is not valid UTF-8")
         })
     }
 }
 
-pub fn rel_string(rel: &Path) -> Option<String> {
+pub(crate) fn rel_string(rel: &Path) -> Option<String> {
     let parts: Option<Vec<&str>> = rel.components().map(|c| c.as_os_str().to_str()).collect();
     Some(parts?.join("/"))
 }
@@ -45,7 +45,7 @@ pub fn rel_string(rel: &Path) -> Option<String> {
 /// directory's entries sorted by name: the order does not depend on the
 /// file system. Symlinks are not followed. Sockets, FIFOs and devices are
 /// an error.
-pub fn scan(root: &Path) -> Result<Vec<Node>> {
+pub(crate) fn scan(root: &Path) -> Result<Vec<Node>> {
     let mut out = Vec::new();
     scan_into(root, Path::new(""), &mut out)?;
     Ok(out)
@@ -103,7 +103,7 @@ fn scan_into(root: &Path, rel: &Path, out: &mut Vec<Node>) -> Result<()> {
 }
 
 /// Create `dir` and its missing parents (mode 0755 less the umask).
-pub fn make_dirs(dir: &Path) -> Result<()> {
+pub(crate) fn make_dirs(dir: &Path) -> Result<()> {
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o755)
@@ -149,7 +149,7 @@ pub fn write_file(dst: &Path, bytes: &[u8], mode: u32) -> Result<()> {
 
 /// Create a symlink `dst` → `target` (the target as written, not
 /// resolved); an existing `dst` is unlinked first.
-pub fn copy_symlink(target: &Path, dst: &Path) -> Result<()> {
+pub(crate) fn copy_symlink(target: &Path, dst: &Path) -> Result<()> {
     if let Some(p) = dst.parent() {
         make_dirs(p)?;
     }
@@ -162,7 +162,7 @@ pub fn copy_symlink(target: &Path, dst: &Path) -> Result<()> {
 /// another needs write permission on it, even for its owner, so a staged
 /// copy of a read-only input artifact could otherwise not be moved. After
 /// the rename, [`copy_mode`] gives it the input's mode.
-pub fn owner_writable(dir: &Path) -> Result<()> {
+pub(crate) fn owner_writable(dir: &Path) -> Result<()> {
     let mode = fs::metadata(dir)
         .map_err(|e| ArtifactError::io(dir, e))?
         .permissions()
@@ -172,7 +172,7 @@ pub fn owner_writable(dir: &Path) -> Result<()> {
 }
 
 /// Give `dst` the permission bits of `src`.
-pub fn copy_mode(src: &Path, dst: &Path) -> Result<()> {
+pub(crate) fn copy_mode(src: &Path, dst: &Path) -> Result<()> {
     let mode = fs::metadata(src)
         .map_err(|e| ArtifactError::io(src, e))?
         .permissions()
@@ -186,7 +186,7 @@ pub fn copy_mode(src: &Path, dst: &Path) -> Result<()> {
 /// the same relative path below `src`, where that exists. Run after
 /// everything is written (a read-only directory would block writes into
 /// it).
-pub fn copy_dir_modes(out: &Path, src: &Path) -> Result<()> {
+pub(crate) fn copy_dir_modes(out: &Path, src: &Path) -> Result<()> {
     let mut dirs = vec![PathBuf::new()];
     collect_dirs(out, Path::new(""), &mut dirs)?;
     // Deepest first, so that a directory without write permission for its
@@ -244,7 +244,7 @@ pub fn copy_tree(src: &Path, dst: &Path) -> Result<u64> {
 }
 
 /// Total size of the regular files below `dir`.
-pub fn tree_bytes(dir: &Path) -> Result<u64> {
+pub(crate) fn tree_bytes(dir: &Path) -> Result<u64> {
     Ok(scan(dir)?
         .iter()
         .map(|n| match n.kind {

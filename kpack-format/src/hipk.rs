@@ -26,9 +26,9 @@ pub const WRAPPER_SIZE: usize = 24;
 pub const MAX_METADATA_SIZE: usize = 64 * 1024;
 
 /// Key of the search path list in the metadata map.
-pub const KEY_SEARCH_PATHS: &str = "kpack_search_paths";
+pub(crate) const KEY_SEARCH_PATHS: &str = "kpack_search_paths";
 /// Key of the kernel name in the metadata map.
-pub const KEY_KERNEL_NAME: &str = "kernel_name";
+pub(crate) const KEY_KERNEL_NAME: &str = "kernel_name";
 /// Stands for a target ID in search paths (`lib_@GFXARCH@.kpack`).
 pub const GFXARCH: &str = "@GFXARCH@";
 

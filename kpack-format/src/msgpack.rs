@@ -28,7 +28,7 @@ use rmp::Marker;
 pub use rmpv::Value;
 
 /// Maximum nesting depth of arrays and maps accepted by the decoder.
-pub const MAX_DEPTH: usize = 64;
+pub(crate) const MAX_DEPTH: usize = 64;
 
 /// Why bytes are not a (supported) MessagePack value. `offset` is the byte
 /// offset, within the decoded input, of the item at fault.
@@ -120,7 +120,7 @@ pub fn get<'v>(map: &'v Value, key: &str) -> Option<&'v Value> {
 }
 
 /// The kind of `value`, for error messages ("int", "str", "map", ...).
-pub fn type_name(value: &Value) -> &'static str {
+pub(crate) fn type_name(value: &Value) -> &'static str {
     match value {
         Value::Nil => "nil",
         Value::Boolean(_) => "bool",

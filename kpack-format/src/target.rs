@@ -39,7 +39,7 @@ pub enum TargetError {
 /// Most features a target ID may set. LLVM knows two (`sramecc`, `xnack`);
 /// the bound keeps [`TargetId::compatible_targets`] (2^n targets) small
 /// whatever text it is given.
-pub const MAX_FEATURES: usize = 8;
+pub(crate) const MAX_FEATURES: usize = 8;
 
 /// A parsed target ID.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -175,7 +175,7 @@ impl TargetId {
 pub const SPIRV: &str = "amdgcnspirv";
 
 /// The suffix of strict processors (`gfx1250-strict`).
-pub const STRICT_SUFFIX: &str = "-strict";
+pub(crate) const STRICT_SUFFIX: &str = "-strict";
 
 /// `gfx` followed by digits then letters and digits (`gfx90a`, `gfx1250`),
 /// that with `-strict`, a generic processor `gfx<major>[-<minor>]-generic`,

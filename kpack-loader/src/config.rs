@@ -37,7 +37,7 @@ impl Config {
     }
 
     /// Build a configuration from a variable lookup (`name -> value`).
-    pub fn from_vars(mut var: impl FnMut(&str) -> Option<OsString>) -> Config {
+    pub(crate) fn from_vars(mut var: impl FnMut(&str) -> Option<OsString>) -> Config {
         let list = path_list(var(ENV_PATH).as_deref());
         Config {
             disabled: flag_is_set(var(ENV_DISABLE).as_deref()),

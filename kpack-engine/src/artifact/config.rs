@@ -75,7 +75,7 @@ impl ArchitectureGroup {
 }
 
 /// `arch` (a processor or a full target ID) takes `target`.
-pub fn arch_matches(arch: &str, target: &TargetId) -> bool {
+pub(crate) fn arch_matches(arch: &str, target: &TargetId) -> bool {
     match TargetId::parse(arch) {
         Ok(a) if a.features().is_empty() => a.processor() == target.processor(),
         Ok(a) => a == *target,
@@ -86,7 +86,7 @@ pub fn arch_matches(arch: &str, target: &TargetId) -> bool {
 /// The config file as written.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a JSON object")]
-pub struct ConfigFile {
+pub(crate) struct ConfigFile {
     primary_shard: String,
     /// Group name -> group (sorted by name).
     architecture_groups: BTreeMap<String, Object<GroupFile>>,
@@ -105,7 +105,7 @@ struct GroupFile {
 impl ConfigFile {
     /// Parse a config's text: its shape, not yet its rules. The error says
     /// what is wrong, and where.
-    pub fn from_json(text: &str) -> std::result::Result<ConfigFile, String> {
+    pub(crate) fn from_json(text: &str) -> std::result::Result<ConfigFile, String> {
         if text.trim().is_empty() {
             return Err("packaging config is empty".into());
         }
@@ -266,7 +266,7 @@ impl PackagingConfig {
     }
 
     /// The group `target` belongs to.
-    pub fn group_of(&self, target: &str) -> Option<&ArchitectureGroup> {
+    pub(crate) fn group_of(&self, target: &str) -> Option<&ArchitectureGroup> {
         self.architecture_groups.iter().find(|g| g.contains(target))
     }
 

@@ -19,7 +19,7 @@ pub const GENERIC: &str = "generic";
 /// A prefix must be a relative path inside the artifact: absolute paths,
 /// `..` components and the artifact root itself are rejected, and so are
 /// prefixes nested in one another (their files would be taken twice).
-pub fn read_manifest(artifact_dir: &Path) -> Result<Vec<String>> {
+pub(crate) fn read_manifest(artifact_dir: &Path) -> Result<Vec<String>> {
     let path = artifact_dir.join(MANIFEST);
     let text = match fs::read(&path) {
         Ok(b) => b,
@@ -36,7 +36,7 @@ pub fn read_manifest(artifact_dir: &Path) -> Result<Vec<String>> {
 }
 
 /// [`read_manifest`] of a manifest's text (`path` is for messages).
-pub fn parse_manifest(path: &Path, text: &str) -> Result<Vec<String>> {
+pub(crate) fn parse_manifest(path: &Path, text: &str) -> Result<Vec<String>> {
     let mut prefixes: Vec<String> = Vec::new();
     for (i, raw) in text.lines().enumerate() {
         let line = raw.trim();
@@ -90,12 +90,12 @@ fn nested(outer: &str, inner: &str) -> bool {
 }
 
 /// The manifest text for these prefixes (one per line, newline-terminated).
-pub fn manifest_text(prefixes: &[String]) -> String {
+pub(crate) fn manifest_text(prefixes: &[String]) -> String {
     prefixes.iter().map(|p| format!("{p}\n")).collect()
 }
 
 /// Write a manifest into `dir`.
-pub fn write_manifest(dir: &Path, prefixes: &[String]) -> Result<()> {
+pub(crate) fn write_manifest(dir: &Path, prefixes: &[String]) -> Result<()> {
     let path = dir.join(MANIFEST);
     fs::write(&path, manifest_text(prefixes)).map_err(|e| ArtifactError::io(&path, e))
 }
@@ -162,7 +162,7 @@ impl OutputName {
 }
 
 /// `<component>_generic`.
-pub fn generic_name(component: &str) -> String {
+pub(crate) fn generic_name(component: &str) -> String {
     format!("{component}_{GENERIC}")
 }
 

@@ -35,7 +35,7 @@ pub fn entries(dir: &Path) -> Vec<String> {
 }
 
 /// Names of the hidden entries of `dir`, sorted.
-pub fn hidden_entries(dir: &Path) -> Vec<String> {
+pub(crate) fn hidden_entries(dir: &Path) -> Vec<String> {
     entries(dir)
         .into_iter()
         .filter(|n| n.starts_with('.'))
@@ -44,7 +44,7 @@ pub fn hidden_entries(dir: &Path) -> Vec<String> {
 
 /// An artifact without fat binaries (prefix `stage`): a header, an empty
 /// directory, a symlink and a rocBLAS database file per target.
-pub fn small_artifact(dir: &Path, targets: &[&str]) {
+pub(crate) fn small_artifact(dir: &Path, targets: &[&str]) {
     let stage = dir.join("stage");
     fs::create_dir_all(stage.join("lib/rocblas/library")).unwrap();
     fs::create_dir_all(stage.join("include")).unwrap();
@@ -60,7 +60,7 @@ pub fn small_artifact(dir: &Path, targets: &[&str]) {
 
 /// Make a leftover of a killed run in `dir`: a staging directory with a
 /// partial artifact and a scratch directory with a spill file.
-pub fn killed_run_leftovers(dir: &Path) {
+pub(crate) fn killed_run_leftovers(dir: &Path) {
     let staged = dir.join(".kpack-staging-killed/blas_lib_generic/stage");
     fs::create_dir_all(&staged).unwrap();
     fs::write(staged.join("partial"), b"half").unwrap();
@@ -78,7 +78,7 @@ const CHILD_DIR: &str = "KPACK_TEST_KILLED_CHILD_DIR";
 /// done, in the middle of a run: like SIGKILL, `exit` runs no destructor,
 /// so staging and scratch directories stay behind (and their locks go with
 /// the process).
-pub struct DieOnAdvance;
+pub(crate) struct DieOnAdvance;
 
 impl crate::Observer for DieOnAdvance {
     fn advance(&self, _bytes: u64) {
@@ -87,14 +87,14 @@ impl crate::Observer for DieOnAdvance {
 }
 
 /// In the child process of [`run_killed_child`]: the directory to work in.
-pub fn child_dir() -> Option<PathBuf> {
+pub(crate) fn child_dir() -> Option<PathBuf> {
     std::env::var_os(CHILD_DIR).map(PathBuf::from)
 }
 
 /// Run the unit test `name` (its full path) again in a child process that
 /// sees `dir` through [`child_dir`], and check that [`DieOnAdvance`] ended
 /// it.
-pub fn run_killed_child(name: &str, dir: &Path) {
+pub(crate) fn run_killed_child(name: &str, dir: &Path) {
     let status = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", name, "--test-threads=1"])
         .env(CHILD_DIR, dir)

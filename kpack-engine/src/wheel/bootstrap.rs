@@ -9,7 +9,7 @@
 //! version named in [`BOOTSTRAP_REQUIREMENT`].
 
 /// The requirement a split host wheel gains (SPEC §8).
-pub const BOOTSTRAP_REQUIREMENT: &str = "rocm-bootstrap >= 0.3.0";
+pub(crate) const BOOTSTRAP_REQUIREMENT: &str = "rocm-bootstrap >= 0.3.0";
 
 /// Level of a bundle in the hierarchy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
@@ -101,7 +101,7 @@ const OWNER_OVERRIDES: &[(&str, &str)] = &[("gfx1250-strict", "gfx1250")];
 /// trailing `:xnack±`/`:sramecc±` (or `-xnack±`) features dropped, then the
 /// owner overrides (`gfx1250-strict` → `gfx1250`). `gfx942:sramecc+:xnack-`
 /// → `gfx942`.
-pub fn package_owner(target: &str) -> String {
+pub(crate) fn package_owner(target: &str) -> String {
     let mut t = target;
     loop {
         let stripped = ["xnack+", "xnack-", "sramecc+", "sramecc-"]
@@ -179,7 +179,7 @@ pub fn chain(target_key: &str) -> Vec<String> {
 
 /// The distribution name of a device wheel (`device_dist_name`):
 /// `<prefix>-<key with "_" → "-">`.
-pub fn device_dist_name(prefix: &str, key: &str) -> String {
+pub(crate) fn device_dist_name(prefix: &str, key: &str) -> String {
     format!("{prefix}-{}", key.replace('_', "-"))
 }
 

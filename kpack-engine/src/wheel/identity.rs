@@ -42,7 +42,7 @@ impl Identity {
     }
 
     /// The dist-info directory of distribution `name` at this version.
-    pub fn dist_info_of(&self, name: &str) -> String {
+    pub(crate) fn dist_info_of(&self, name: &str) -> String {
         format!("{}-{}.dist-info", name.replace('-', "_"), self.version)
     }
 }

@@ -12,7 +12,7 @@ use super::identity::Identity;
 use crate::hipk::GFXARCH;
 
 /// The device wheels of one split: their bundles, sorted by key.
-pub struct Devices<'a> {
+pub(crate) struct Devices<'a> {
     pub prefix: &'a str,
     pub bundles: &'a [Bundle],
 }
@@ -23,7 +23,7 @@ impl Devices<'_> {
     }
 
     /// Target-level keys, in string order (`gfx11` < `gfx1100` < `gfx942`).
-    pub fn target_keys(&self) -> Vec<&str> {
+    pub(crate) fn target_keys(&self) -> Vec<&str> {
         let mut v: Vec<&str> = self
             .bundles
             .iter()
@@ -34,14 +34,14 @@ impl Devices<'_> {
         v
     }
 
-    pub fn dist_name(&self, key: &str) -> String {
+    pub(crate) fn dist_name(&self, key: &str) -> String {
         bootstrap::device_dist_name(self.prefix, key)
     }
 }
 
 /// The host `METADATA`: `original` with the rocm-bootstrap requirement and
 /// the extras inserted after its header block.
-pub fn host_metadata(original: &str, id: &Identity, devices: &Devices) -> String {
+pub(crate) fn host_metadata(original: &str, id: &Identity, devices: &Devices) -> String {
     let v = &id.version;
     let mut lines = vec![format!("Requires-Dist: {BOOTSTRAP_REQUIREMENT}")];
     for t in devices.target_keys() {
@@ -76,7 +76,7 @@ pub fn host_metadata(original: &str, id: &Identity, devices: &Devices) -> String
 /// The variant wheel's `METADATA`: every line of the classic host
 /// `METADATA`, and after each per-target extra requirement the same
 /// requirement under a `variant_properties` marker.
-pub fn variant_metadata(classic: &str) -> String {
+pub(crate) fn variant_metadata(classic: &str) -> String {
     let mut out = Vec::new();
     for line in classic.lines() {
         out.push(line.to_string());
@@ -121,7 +121,7 @@ fn split_extra(line: &str) -> Option<(&str, &str)> {
 }
 
 /// A device wheel's `METADATA`.
-pub fn device_metadata(
+pub(crate) fn device_metadata(
     id: &Identity,
     bundle: &Bundle,
     devices: &Devices,
@@ -153,7 +153,7 @@ pub fn device_metadata(
 }
 
 /// A device wheel's `WHEEL`.
-pub fn device_wheel_file(id: &Identity) -> String {
+pub(crate) fn device_wheel_file(id: &Identity) -> String {
     format!(
         "Wheel-Version: 1.0\nGenerator: rocm-kpack-split-python-wheels\nRoot-Is-Purelib: false\nTag: {}\n",
         id.tag()
@@ -185,7 +185,7 @@ struct Priorities<'a> {
 
 /// The variant wheel's `variant.json` (as Python's `json.dumps(...,
 /// indent=2)` writes it, with a final newline).
-pub fn variant_json(devices: &Devices) -> String {
+pub(crate) fn variant_json(devices: &Devices) -> String {
     let targets = devices.target_keys();
     let doc = VariantJson {
         providers: BTreeMap::from([(

@@ -33,7 +33,7 @@ pub mod bootstrap;
 pub mod identity;
 mod members;
 pub mod metadata;
-pub mod zipio;
+pub(crate) mod zipio;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -61,7 +61,7 @@ pub use identity::Identity;
 use members::Outputs;
 
 /// The wheel types (`--wheel-type`) and the database handlers each enables.
-pub const WHEEL_TYPES: &[(&str, &[&str])] = &[(
+pub(crate) const WHEEL_TYPES: &[(&str, &[&str])] = &[(
     "torch-fat",
     &["rocblas", "hipblaslt", "hipsparselt", "aotriton", "miopen"],
 )];

@@ -42,7 +42,7 @@ pub enum Source {
 
 /// One file of an output wheel.
 #[derive(Debug, Clone)]
-pub struct Member {
+pub(crate) struct Member {
     /// Path in the wheel, `/`-separated.
     pub name: String,
     /// Permission bits.
@@ -84,18 +84,18 @@ impl Member {
 }
 
 /// Path-component order (Python's `PurePath` ordering on POSIX).
-pub fn component_order(a: &str, b: &str) -> std::cmp::Ordering {
+pub(crate) fn component_order(a: &str, b: &str) -> std::cmp::Ordering {
     a.split('/').cmp(b.split('/'))
 }
 
 /// Sort members by [`component_order`].
-pub fn sort_members(members: &mut [Member]) {
+pub(crate) fn sort_members(members: &mut [Member]) {
     members.sort_by(|a, b| component_order(&a.name, &b.name));
 }
 
 /// The time stamped on every entry: `SOURCE_DATE_EPOCH` (UTC, clamped to
 /// the zip range 1980–2107) when set to a number, else 1980-01-01 00:00:00.
-pub fn entry_time() -> DateTime {
+pub(crate) fn entry_time() -> DateTime {
     let epoch = std::env::var(SOURCE_DATE_EPOCH)
         .ok()
         .and_then(|s| s.trim().parse::<i64>().ok());
@@ -111,7 +111,7 @@ fn time_of(epoch: i64) -> DateTime {
 }
 
 /// One line of a RECORD: `name,sha256=<urlsafe base64, no padding>,size`.
-pub fn record_line(name: &str, sha256: &[u8], size: u64) -> String {
+pub(crate) fn record_line(name: &str, sha256: &[u8], size: u64) -> String {
     let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(sha256);
     format!("{name},sha256={b64},{size}")
 }
@@ -126,7 +126,7 @@ fn record(mut lines: Vec<(String, String)>, record_name: &str) -> String {
 
 /// What was written.
 #[derive(Debug, Clone, Default)]
-pub struct Written {
+pub(crate) struct Written {
     pub files: usize,
     pub bytes_in: u64,
     pub bytes_out: u64,
@@ -134,7 +134,7 @@ pub struct Written {
 
 /// Write `members` (sorted, without a RECORD) as the wheel file `path`,
 /// with the RECORD `<dist_info>/RECORD` last.
-pub fn write_wheel(
+pub(crate) fn write_wheel(
     path: &Path,
     members: &[Member],
     dist_info: &str,
@@ -266,7 +266,7 @@ fn source_path<'a>(m: &'a Member, fallback: &'a Path) -> &'a Path {
 
 /// Write `members` as an unpacked wheel in the new directory `dir`, with a
 /// RECORD as [`write_wheel`] makes it.
-pub fn write_directory(
+pub(crate) fn write_directory(
     dir: &Path,
     members: &[Member],
     dist_info: &str,

@@ -44,7 +44,7 @@ pub const FORMAT_VERSION: u32 = 1;
 /// Size of the fixed header; the blob starts here.
 pub const HEADER_SIZE: u64 = 64;
 /// The `type` of every kernel entry.
-pub const KERNEL_TYPE: &str = "hsaco";
+pub(crate) const KERNEL_TYPE: &str = "hsaco";
 /// Most frames a `zstd-per-kernel` blob may hold (the reference runtime's
 /// limit).
 pub const MAX_FRAMES: u64 = 1 << 20;
