@@ -2,12 +2,12 @@
 //! whatever the job: TheRock build artifacts ([`artifact`]: split,
 //! recombine, verify, pack-tree) and Python wheels ([`wheel`]).
 //!
-//! - [`tree`]: walking an input tree in sorted order, copying what stays;
-//! - [`pack`]: the packer: each file classified once, fat binaries
+//! - `tree`: walking an input tree in sorted order, copying what stays;
+//! - `pack`: the packer: each file classified once, fat binaries
 //!   offloaded (kpack-host) in parallel, then one archive per target;
-//! - [`databases`]: the kernel-database handlers (which files belong to
+//! - `databases` ([`Database`]): the kernel-database handlers (which files belong to
 //!   which GPU target);
-//! - [`observer`]: notes, warnings and progress, for the CLI to show;
+//! - `observer` ([`Observer`]): notes, warnings and progress, for the CLI to show;
 //! - [`size`]: where the bytes of binaries, archives, trees and wheels go.
 //!
 //! Nothing here prints; every failure is an [`ArtifactError`] (or a
@@ -16,12 +16,12 @@
 #![deny(unsafe_code)]
 
 pub mod artifact;
-pub mod databases;
+mod databases;
 mod error;
 mod observer;
-pub mod pack;
+mod pack;
 pub mod size;
-pub mod tree;
+mod tree;
 pub mod wheel;
 
 use kpack_format::{archive, hipk, msgpack, target};
@@ -32,4 +32,4 @@ pub(crate) use error::leftover_removed;
 pub use error::{ArtifactError, Result};
 use observer::note;
 pub use observer::{with_jobs, Observer, Silent};
-pub use pack::ArchiveInfo;
+pub use pack::{ArchiveInfo, TreeCounts};
