@@ -1,5 +1,5 @@
 //! kpack runtime library: the C API of `include/rocm_kpack/kpack.h`, a
-//! drop-in for ROCm's reference runtime (SPEC §4), built as
+//! drop-in for ROCm's reference runtime (formats.md §5), built as
 //! `librocm_kpack.a` and `librocm_kpack.so`. The C++ API
 //! (`include/rocm_kpack/kpack.hpp`) goes through a cxx bridge over the
 //! same handles ([`bridge`]), whose C++ half is built by `build.rs` into

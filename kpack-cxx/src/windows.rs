@@ -1,4 +1,4 @@
-//! Path discovery on Windows (SPEC §9): the module (DLL or EXE) that holds
+//! Path discovery on Windows (formats.md §5.6): the module (DLL or EXE) that holds
 //! an address, through `GetModuleHandleExW` (from an address, without
 //! touching its reference count) and `GetModuleFileNameW`, its path as
 //! UTF-8, and the address's offset from the module base (an RVA: Windows

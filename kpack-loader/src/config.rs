@@ -1,4 +1,4 @@
-//! The loader's configuration: the `ROCM_KPACK_*` environment (SPEC §4),
+//! The loader's configuration: the `ROCM_KPACK_*` environment (formats.md §5.3),
 //! read once when a loader is created.
 
 use std::ffi::{OsStr, OsString};

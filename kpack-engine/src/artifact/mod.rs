@@ -1,4 +1,4 @@
-//! Artifacts (SPEC §5): the map/reduce that TheRock's CI runs over build
+//! Artifacts (formats.md §6): the map/reduce that TheRock's CI runs over build
 //! artifacts, and the packing of a whole install tree.
 //!
 //! - [`split`]: one artifact (or every artifact of a shard) into a generic

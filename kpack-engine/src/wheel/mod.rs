@@ -1,4 +1,4 @@
-//! `kpack split-wheels` (SPEC §8): a Python wheel whose package carries
+//! `kpack split-wheels` (formats.md §8): a Python wheel whose package carries
 //! HIP fat binaries (TheRock's PyTorch wheels) into
 //!
 //! - a **host wheel** of the same name: every fat binary under the overlay
