@@ -33,7 +33,7 @@ use kpack_format::archive::Archive;
 use kpack_format::hipk::HipkMetadata;
 use kpack_loader::Loader;
 
-/// `kpack_error_t`: kpack-core's code, value for value (`repr(C)`).
+/// `kpack_error_t`: kpack-loader's `ErrorCode`, value for value (`repr(C)`).
 pub use kpack_loader::ErrorCode as KpackError;
 
 use KpackError as E;
