@@ -5,7 +5,7 @@ use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 
 /// Set (non-empty, not starting with `0`): every load fails with
-/// [`LoadError::Disabled`].
+/// [`LoadError::Disabled`](crate::LoadError::Disabled).
 pub const ENV_DISABLE: &str = "ROCM_KPACK_DISABLE";
 /// Set (same rule): diagnostic lines `kpack: ...` on stderr.
 pub const ENV_DEBUG: &str = "ROCM_KPACK_DEBUG";
