@@ -10,7 +10,7 @@
 //!   problem it reports is one the input already had (same message once
 //!   numbers are masked: a PT_LOAD index shifts by one when the transform
 //!   splits a segment). The transform validates what it needs of the
-//!   layout, not every rule of SPEC 2.3: from an input whose segments are
+//!   layout, not every rule of formats.md §4.3: from an input whose segments are
 //!   already out of order or overlapping it may produce a binary that is
 //!   just as broken, which the offload driver (verifying every output
 //!   before writing it) refuses. What it must never do is break a sound

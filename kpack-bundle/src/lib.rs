@@ -1,4 +1,4 @@
-//! Clang offload bundles: what a `.hip_fatbin` section holds (SPEC §1).
+//! Clang offload bundles: what a `.hip_fatbin` section holds (formats.md §1).
 //!
 //! [`parse_fatbin`] takes the section's bytes and returns its bundles in
 //! order: plain bundles borrow their code objects from the input; compressed

@@ -1,5 +1,6 @@
-//! `kpack`: the command-line face of kpack-core. Flags become calls, results
-//! become text or JSON; all the work happens in kpack-core.
+//! `kpack`: the command-line face of the library crates (kpack-format,
+//! kpack-loader, kpack-host, kpack-engine). Flags become calls, results
+//! become text, JSON or SVG; all the work happens in those crates.
 
 #![forbid(unsafe_code)]
 

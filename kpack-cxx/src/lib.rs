@@ -1,5 +1,5 @@
 //! kpack runtime library: the C API of `include/rocm_kpack/kpack.h`, a
-//! drop-in for ROCm's reference runtime (SPEC §4), built as
+//! drop-in for ROCm's reference runtime (formats.md §5), built as
 //! `librocm_kpack.a` and `librocm_kpack.so`. The C++ API
 //! (`include/rocm_kpack/kpack.hpp`) goes through a cxx bridge over the
 //! same handles ([`bridge`]), whose C++ half is built by `build.rs` into
@@ -33,7 +33,7 @@ use kpack_format::archive::Archive;
 use kpack_format::hipk::HipkMetadata;
 use kpack_loader::Loader;
 
-/// `kpack_error_t`: kpack-core's code, value for value (`repr(C)`).
+/// `kpack_error_t`: kpack-loader's `ErrorCode`, value for value (`repr(C)`).
 pub use kpack_loader::ErrorCode as KpackError;
 
 use KpackError as E;

@@ -30,10 +30,11 @@
 //! (glibc ≥ 2.34 needs only `-lgcc_s`, for unwinding); C++ programs put
 //! `-lrocm_kpack_cxx` first.
 //!
-//! This file uses only `std`, so that `xtask` can include it directly
-//! (`#[path = "../../kpack-cxx/src/prelink.rs"] mod prelink;`) without
-//! depending on the library; `cargo run -p kpack-cxx --bin
-//! rocm-kpack-prelink -- IN.a OUT.a` runs it from the command line.
+//! This module uses only `std`. Its one caller is the `rocm-kpack-prelink`
+//! binary of this crate (`src/bin/rocm-kpack-prelink.rs`, `STATICLIB LIBDIR
+//! INCLUDEDIR`): `cargo xtask dist` (`xtask/src/dist.rs`, `prelinked`) and
+//! the CMake build run that binary after cargo has built it; xtask does not
+//! compile this file itself.
 
 use std::io;
 use std::path::{Path, PathBuf};

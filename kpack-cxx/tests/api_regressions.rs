@@ -10,7 +10,7 @@ fn cpath(p: &std::path::Path) -> CString {
     CString::new(p.to_str().unwrap()).unwrap()
 }
 
-/// SPEC §4 (issue 11): a 20-byte file `KPAK`, version 999 is
+/// formats.md §3.1, §5.2 (issue 11): a 20-byte file `KPAK`, version 999 is
 /// UNSUPPORTED_VERSION (it was INVALID_FORMAT: the length was checked
 /// first), from `kpack_open` and `kpack_enumerate_architectures` alike.
 #[test]

@@ -1,4 +1,4 @@
-//! Kernel-database handlers (SPEC §7, upstream-2026 §2): files that hold
+//! Kernel-database handlers (formats.md §7): files that hold
 //! device code (or data) for one target outside any fat binary. Split
 //! moves each into the artifact of its target's [`base_arch`], at its
 //! original relative path; the wheel splitter does the same for device

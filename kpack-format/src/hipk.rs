@@ -1,4 +1,4 @@
-//! The host side of an offloaded binary (SPEC §2.1, §2.2): the 24-byte
+//! The host side of an offloaded binary (formats.md §4.1, §4.2): the 24-byte
 //! `__CudaFatBinaryWrapper` records of `.hipFatBinSegment`, and the HIPK
 //! metadata blob (section `.rocm_kpack_ref`) that a `HIPK` wrapper points at.
 //!

@@ -1,5 +1,5 @@
-//! MessagePack, kpack's one layer over `rmp`: archive TOCs (SPEC §3) and
-//! HIPK metadata (§2.2).
+//! MessagePack, kpack's one layer over `rmp`: archive TOCs (formats.md §3.3) and
+//! HIPK metadata (§4.2).
 //!
 //! - [`Value`] is `rmpv`'s document model; maps keep their entries in
 //!   order, so a decoded map re-encodes to the same bytes.

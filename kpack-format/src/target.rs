@@ -1,4 +1,4 @@
-//! AMDGPU target IDs (SPEC §1.3, §6): a processor followed by `:feature+` /
+//! AMDGPU target IDs (formats.md §2): a processor followed by `:feature+` /
 //! `:feature-` settings (`sramecc`, `xnack`). A feature left out means
 //! "any". Processors:
 //! - `gfx<digits><lowercase letters>` (`gfx90a`, `gfx1100`, `gfx1250`),
@@ -300,7 +300,7 @@ mod tests {
         assert!(!t("gfx1100").is_generic());
     }
 
-    /// SPEC §6: strict processors, `amdgcnspirv`, and processors LLVM 19
+    /// formats.md §2.1: strict processors, `amdgcnspirv`, and processors LLVM 19
     /// does not know are targets of their own.
     #[test]
     fn strict_spirv_and_unknown_processors() {

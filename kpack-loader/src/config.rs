@@ -1,11 +1,11 @@
-//! The loader's configuration: the `ROCM_KPACK_*` environment (SPEC §4),
+//! The loader's configuration: the `ROCM_KPACK_*` environment (formats.md §5.3),
 //! read once when a loader is created.
 
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 
 /// Set (non-empty, not starting with `0`): every load fails with
-/// [`LoadError::Disabled`].
+/// [`LoadError::Disabled`](crate::LoadError::Disabled).
 pub const ENV_DISABLE: &str = "ROCM_KPACK_DISABLE";
 /// Set (same rule): diagnostic lines `kpack: ...` on stderr.
 pub const ENV_DEBUG: &str = "ROCM_KPACK_DEBUG";

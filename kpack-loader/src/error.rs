@@ -89,7 +89,7 @@ pub enum LoadError {
     OutOfMemory { key: String, size: u64 },
 }
 
-/// The C API's `kpack_error_t` (SPEC §4), value for value: what a load
+/// The C API's `kpack_error_t` (formats.md §5.2), value for value: what a load
 /// returns, for tools that report it (`kpack why`) and the C API alike
 /// (kpack-cxx returns this very type across the FFI, hence `repr(C)`).
 #[repr(C)]

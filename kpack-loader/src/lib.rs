@@ -1,4 +1,4 @@
-//! The runtime loader (SPEC §4): given the HIPK metadata of an offloaded
+//! The runtime loader (formats.md §5): given the HIPK metadata of an offloaded
 //! binary, the binary's path, a code object index and the agents'
 //! architectures, find the code object in `.kpack` archives.
 //!
@@ -9,14 +9,14 @@
 //!   once.
 //! - this module: [`Loader`] is the cache: archives are opened lazily,
 //!   once, keyed by canonical path, and shared between threads (`Loader` is
-//!   `Send + Sync`); [`Loader::load_with`] runs SPEC §4's steps.
+//!   `Send + Sync`); [`Loader::load_with`] runs the steps of formats.md §5.4.
 //! - `search`: the candidate archive paths, the archive cache and the walk
 //!   over targets and candidates (steps 4 to 6).
 //! - `discover`: [`discover_binary_path`] finds the file mapped at an
 //!   address (Linux: `/proc/self/maps`); [`find_mapping`] is its pure
 //!   parser.
 //!
-//! Search order (SPEC §4 step 6): for each requested architecture in order,
+//! Search order (formats.md §5.4, step 6): for each requested architecture in order,
 //! for each compatible target (most specific first), for each candidate
 //! archive that lists the target in `gfx_arches`, try the key
 //! `kernel_name#co_index`. An archive that has the target but not the key,
@@ -176,7 +176,7 @@ impl Loader {
     }
 
     /// [`Loader::load_code_object`] with the metadata decoded on demand
-    /// (after the argument and `ROCM_KPACK_DISABLE` checks, as SPEC §4
+    /// (after the argument and `ROCM_KPACK_DISABLE` checks, as formats.md §5.4
     /// orders them) and the output buffer made by `alloc(size)`, which must
     /// return a buffer of exactly `size` bytes, or `None` when out of
     /// memory. The code object is read straight into that buffer.
@@ -248,7 +248,7 @@ impl Loader {
         }
     }
 
-    /// SPEC §4's steps, reporting to `trace` when given.
+    /// The steps of formats.md §5.4, reporting to `trace` when given.
     fn load_traced<B: AsMut<[u8]>>(
         &self,
         metadata: impl FnOnce() -> Result<HipkMetadata, HipkError>,

@@ -1,4 +1,4 @@
-//! The search (SPEC §4 steps 4 to 6): the candidate archive paths of a
+//! The search (formats.md §5.4, steps 4 to 6): the candidate archive paths of a
 //! load, the loader's archive cache (each archive opened once per canonical
 //! path), and the walk over targets and candidates that finds the code
 //! object or decides which error to report.

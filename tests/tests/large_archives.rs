@@ -1,4 +1,4 @@
-//! Archives over 4 GiB (SPEC §7: 64-bit offsets throughout), without 4 GiB
+//! Archives over 4 GiB (formats.md §3.5: 64-bit offsets throughout), without 4 GiB
 //! of real data: kernels of zeros from untouched zeroed memory, written
 //! through a sink that leaves zero runs as holes of a sparse file, so the
 //! archive takes a few kilobytes of disk. Read back by the library, the

@@ -192,7 +192,7 @@ fn tutorial_end_to_end() {
         }
     }
 
-    // The generic split outputs: offloaded binaries with SPEC §2.4 metadata,
+    // The generic split outputs: offloaded binaries with formats.md §4.5 metadata,
     // symlinks and modes kept.
     let g = split.join("gfx110X-build/blas_lib_generic");
     for (ap, prefix, rel) in FAT_BINARIES {

@@ -88,7 +88,7 @@ fn identical_code_objects_are_stored_once() {
             .unwrap();
         assert_eq!(x.ordinal, y.ordinal, "{target}: one ordinal for both");
         assert_eq!(x.original_size, bytes.len() as u64);
-        // SPEC §3: ordinals below the frame count, u32, original_size exact:
+        // formats.md §3.5: ordinals below the frame count, u32, original_size exact:
         // the C reader (as the reference's) reads both keys unchanged.
         for key in ["lib/libvadd.so", "share/tests/libvadd_test.so"] {
             assert!(c_get_kernel(&path, &format!("{key}#{bundle}"), target) == *bytes);

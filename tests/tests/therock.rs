@@ -1,5 +1,5 @@
 //! A TheRock-shaped build tree through the whole pipeline, split the way
-//! TheRock calls it today (SPEC §7): several artifact components (BLAS
+//! TheRock calls it today (formats.md §6.3): several artifact components (BLAS
 //! with rocBLAS, hipBLASLt and hipSPARSELt databases in both layouts,
 //! MIOpen with its databases and per-target CK libraries, Composable
 //! Kernel's static libraries, hipKernelProvider, rocJITsu's hotswap cache,
@@ -675,7 +675,7 @@ fn therock_tree_split_by_gpu_targets_recombined_and_installed() {
             });
             let fat = FAT.iter().filter(|(c, _, _, _)| *c == *component).count();
             if fat > 0 && !has_code {
-                // SPEC §7's refusal: nothing of this component written.
+                // formats.md §6.3's refusal: nothing of this component written.
                 assert_eq!(o.status.code(), Some(1), "{component}: {stderr}");
                 let set: Vec<String> = bases.iter().cloned().collect();
                 let want = format!(
@@ -882,7 +882,7 @@ fn therock_tree_split_by_gpu_targets_recombined_and_installed() {
     }
 }
 
-/// The processor of a target or key (SPEC §6 `base_arch`).
+/// The processor of a target or key (formats.md §2.3 `base_arch`).
 fn base(t: &str) -> String {
     kpack_format::target::base_arch(t)
 }

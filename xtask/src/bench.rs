@@ -19,7 +19,7 @@
 //! `target/bench/bench.md`, everything in `target/bench/bench.json`.
 //!
 //! The bench itself runs as a release build (it writes a 200 MB archive
-//! with kpack-core): `cargo xtask bench` builds `xtask`, `kpack` and
+//! with kpack-host's writer): `cargo xtask bench` builds `xtask`, `kpack` and
 //! `librocm_kpack` in release and re-runs itself from `target/release`.
 
 use std::ffi::OsString;

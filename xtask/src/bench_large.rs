@@ -1,7 +1,8 @@
-//! An archive over 4 GiB, both schemes, written and read for real (SPEC
-//! §7: upstream has met a 4.1 GB archive): 4.5 GiB of incompressible
-//! kernels (64 MiB each, pseudo-random bytes in a file the writer maps),
-//! written by kpack-core's `ArchiveWriter` and then read back kernel by
+//! An archive over 4 GiB, both schemes, written and read for real
+//! (formats.md §3.5: upstream has met a 4.1 GB archive): 4.5 GiB of
+//! incompressible kernels (64 MiB each, pseudo-random bytes in a file the
+//! writer maps),
+//! written by kpack-host's `ArchiveWriter` and then read back kernel by
 //! kernel (each decompressed and checked against its size), every step a
 //! child process (`cargo xtask bench-archive`) timed with its peak RSS.
 //! Disk: the input and one archive at a time (about 9 GiB).

@@ -3,7 +3,7 @@
 //! inputs only, so that a rerun writes the same bytes: the smallest fat
 //! fixture as committed for the golden tests
 //! (`tests/golden/inputs/libvadd_compressed.so`), archives written by
-//! kpack-core's writer, and bundles, CCOB headers and TOCs built here.
+//! kpack-host's `ArchiveWriter`, and bundles, CCOB headers and TOCs built here.
 //! `cases.txt` and `README.md` are written by hand.
 //!
 //! ELF headers are read and patched with `object`'s types and TOCs with

@@ -1,5 +1,5 @@
 //! Checks a built fixture against its [`Fixture`] entry, independently of
-//! kpack-core: the ELF type, `.hip_fatbin` and its bundles (targets listed by
+//! kpack's crates: the ELF type, `.hip_fatbin` and its bundles (targets listed by
 //! LLVM's clang-offload-bundler), the wrappers, `.relr.dyn`, and the host
 //! code (executables run, libraries' host check is called through dlcheck).
 

@@ -1,5 +1,6 @@
 /* Compile-only check of <rocm_kpack/kpack.h> as C99, C11 and C++17: the
- * exact prototypes, type names, error values and macros of SPEC §4. */
+ * exact prototypes, type names, error values and macros (docs/formats.md
+ * §5.1, §5.2). */
 #include <rocm_kpack/kpack.h>
 
 #define CHECK(name, cond) typedef char check_##name[(cond) ? 1 : -1]

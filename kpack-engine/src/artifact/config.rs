@@ -1,4 +1,4 @@
-//! The packaging config of recombine (SPEC §5):
+//! The packaging config of recombine (formats.md §6.5):
 //!
 //! ```json
 //! {"primary_shard": "gfx110X-build",

@@ -1,4 +1,4 @@
-//! Artifacts (SPEC §5): the map/reduce that TheRock's CI runs over build
+//! Artifacts (formats.md §6): the map/reduce that TheRock's CI runs over build
 //! artifacts, and the packing of a whole install tree.
 //!
 //! - [`split`]: one artifact (or every artifact of a shard) into a generic
@@ -7,10 +7,10 @@
 //! - [`verify`]: the invariants of split (and recombined) artifacts, down to
 //!   resolving every wrapper of every offloaded binary through the
 //!   [`loader`](crate::loader) in the installed (flattened) layout;
-//! - [`recombine`]: split artifacts of several shards into one generic
+//! - [`recombine`](mod@recombine): split artifacts of several shards into one generic
 //!   artifact and one artifact per architecture group, by a packaging
 //!   config;
-//! - [`pack_tree`]: a whole install tree into a host-only tree plus
+//! - [`pack_tree`](mod@pack_tree): a whole install tree into a host-only tree plus
 //!   `.kpack/<group>_<target>.kpack` archives.
 //!
 //! Every output directory appears under its final name only when complete:

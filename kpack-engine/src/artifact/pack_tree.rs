@@ -1,4 +1,4 @@
-//! `kpack pack-tree` (SPEC §5; the seed's packing visitor): a whole install
+//! `kpack pack-tree` (formats.md §6.6; the seed's packing visitor): a whole install
 //! tree into a host-only tree plus `<out>/.kpack/<group>_<target>.kpack`,
 //! one archive per target. Each fat binary's metadata has `kernel_name` =
 //! its path relative to the tree root and one search path

@@ -1,4 +1,4 @@
-//! `kpack recombine` (SPEC §5, reduce phase): the split artifacts of several
+//! `kpack recombine` (formats.md §6.5, reduce phase): the split artifacts of several
 //! shards into `<component>_generic` (from the primary shard) and
 //! `<component>_<group>` per architecture group (the `.kpack` archives and
 //! database files of the group's targets, from whichever shard built them).

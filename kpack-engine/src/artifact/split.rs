@@ -1,4 +1,4 @@
-//! `kpack split` (SPEC §5, map phase): an artifact into
+//! `kpack split` (formats.md §6.2, map phase): an artifact into
 //! `<ap>_generic` (host code, fat binaries replaced by offloaded ones) and
 //! `<ap>_<target>` per target (`<P>/.kpack/<ap>_<target>.kpack` plus that
 //! target's database files).
@@ -52,11 +52,11 @@ pub struct SplitOptions {
     /// Scratch space (default: the output directory).
     pub tmp_dir: Option<PathBuf>,
     /// `--gpu-targets`: keep only code objects and database files of these
-    /// base targets (SPEC §7); `None`: keep everything.
+    /// base targets (formats.md §6.3); `None`: keep everything.
     pub gpu_targets: Option<GpuTargets>,
 }
 
-/// The set S of `--gpu-targets` (SPEC §7): the [`base_arch`] of each target
+/// The set S of `--gpu-targets` (formats.md §6.3): the [`base_arch`] of each target
 /// given. Code objects and database files whose base target is not in S
 /// are dropped (the job for that target emits them); every fat binary is
 /// still offloaded.
@@ -654,7 +654,7 @@ fn record_archives(a: &mut ArtifactSummary, target_prefixes: &mut TargetPrefixes
     }
 }
 
-/// SPEC §7: with `--gpu-targets`, fat binaries of which not one code
+/// formats.md §6.3: with `--gpu-targets`, fat binaries of which not one code
 /// object matched are refused (TheRock would otherwise publish a generic
 /// artifact whose device code is nowhere).
 fn check_targets_matched(plan: &Plan, opts: &SplitOptions, a: &ArtifactSummary) -> Result<()> {

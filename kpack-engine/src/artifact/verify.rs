@@ -1,4 +1,4 @@
-//! `kpack verify` (SPEC §5): the invariants of split artifacts (names end
+//! `kpack verify` (formats.md §6.4): the invariants of split artifacts (names end
 //! in a target) or, with a packaging config, of recombined ones (names end
 //! in a group).
 //!

@@ -8,7 +8,7 @@
 //! the one place in kpack that knows them; update it together with the
 //! version named in [`BOOTSTRAP_REQUIREMENT`].
 
-/// The requirement a split host wheel gains (SPEC §8).
+/// The requirement a split host wheel gains (formats.md §8.3).
 pub(crate) const BOOTSTRAP_REQUIREMENT: &str = "rocm-bootstrap >= 0.3.0";
 
 /// Level of a bundle in the hierarchy.

@@ -1,6 +1,5 @@
 //! Who a wheel is: its `*.dist-info` directory, `Name` and `Version` from
-//! `METADATA`, and its first `Tag` from `WHEEL` (upstream-2026.md §1.2 step
-//! 1).
+//! `METADATA`, and its first `Tag` from `WHEEL` (formats.md §8.1).
 
 use std::fs;
 use std::path::Path;

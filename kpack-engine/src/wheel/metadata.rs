@@ -1,7 +1,7 @@
 //! The text files of the output wheels: the host `METADATA` with its extras
-//! (upstream-2026.md §1.5), the device wheels' `METADATA`, `WHEEL` and
-//! `top_level.txt` (§1.4), and the variant wheel's `METADATA` and
-//! `variant.json` (§1.7).
+//! (formats.md §8.3), the device wheels' `METADATA`, `WHEEL` and
+//! `top_level.txt` (§8.4), and the variant wheel's `METADATA` and
+//! `variant.json` (§8.5).
 
 use std::collections::BTreeMap;
 

@@ -1,4 +1,4 @@
-//! `kpack split-wheels` (SPEC §8): a Python wheel whose package carries
+//! `kpack split-wheels` (formats.md §8): a Python wheel whose package carries
 //! HIP fat binaries (TheRock's PyTorch wheels) into
 //!
 //! - a **host wheel** of the same name: every fat binary under the overlay
@@ -26,8 +26,8 @@
 //! away with the run, so the output directory holds complete outputs or
 //! nothing new.
 //!
-//! Binaries are handled only through [`crate::binary`] and
-//! [`crate::offload`], whatever their container.
+//! Binaries are handled only through [`kpack_host::binary`] and
+//! [`kpack_host::offload`], whatever their container.
 
 pub mod bootstrap;
 pub mod identity;

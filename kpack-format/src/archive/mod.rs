@@ -1,4 +1,4 @@
-//! `.kpack` archives, format version 1 (SPEC §3).
+//! `.kpack` archives, format version 1 (formats.md §3).
 //!
 //! ```text
 //! 0   "KPAK"              magic
@@ -23,7 +23,7 @@
 //! kernels, archives written here are byte-identical to the reference Python
 //! writer's with scheme `none`, and with `zstd-per-kernel` too once content
 //! checksums are turned off (the reference writes none; kpack does by
-//! default, SPEC §3).
+//! default, formats.md §3.2).
 
 mod reader;
 mod toc;
@@ -49,7 +49,7 @@ pub(crate) const KERNEL_TYPE: &str = "hsaco";
 /// limit).
 pub const MAX_FRAMES: u64 = 1 << 20;
 /// Largest single kernel read or written (4 GiB): a zstd frame's length is
-/// a `u32`. Archives themselves may be larger (SPEC §7: offsets are 64-bit
+/// a `u32`. Archives themselves may be larger (formats.md §3.5: offsets are 64-bit
 /// throughout; upstream has met a 4.1 GB archive).
 pub const MAX_KERNEL_SIZE: u64 = 1 << 32;
 /// Largest zstd frame (its length prefix is a `u32`).

@@ -715,7 +715,7 @@ mod tests {
         ));
     }
 
-    /// SPEC §4: a header with another version is UNSUPPORTED_VERSION as
+    /// formats.md §3.1: a header with another version is UNSUPPORTED_VERSION as
     /// soon as the version is there, however short the file.
     #[test]
     fn version_checked_before_length() {

@@ -1,4 +1,4 @@
-//! The TOC of a `.kpack` archive (SPEC §3): its one schema, written by
+//! The TOC of a `.kpack` archive (formats.md §3.3): its one schema, written by
 //! [`TocOut`] (through `serde`, bytes as the reference writes them) and read
 //! by [`parse`] (from a decoded [`Value`], every field checked, errors
 //! naming the field).

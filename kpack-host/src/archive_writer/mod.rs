@@ -136,7 +136,7 @@ impl<'a> ArchiveWriter<'a> {
         self
     }
 
-    /// Whether zstd frames carry a content checksum (default: yes, SPEC §3).
+    /// Whether zstd frames carry a content checksum (default: yes, formats.md §3.2).
     /// Turning it off reproduces the reference Python writer's frames.
     pub fn content_checksum(mut self, on: bool) -> Self {
         self.checksum = on;
@@ -680,7 +680,7 @@ mod tests {
     /// The same code object (same target, same bytes) under several keys is
     /// stored once, its entries sharing the ordinal; the same bytes for
     /// another target are a kernel of their own. The result reads back
-    /// entry by entry, keeps the limits of SPEC §3 (ordinals below the frame
+    /// entry by entry, keeps the limits of formats.md §3.5 (ordinals below the frame
     /// count, `original_size` exact), and does not depend on the threads.
     #[test]
     fn identical_code_objects_share_an_ordinal() {

@@ -1,6 +1,6 @@
 //! Offloading a fat binary: its code objects go into per-target `.kpack`
 //! archives and the binary is rewritten into a host-only one whose wrappers
-//! point at HIPK metadata naming those archives (SPEC §2, §3).
+//! point at HIPK metadata naming those archives (formats.md §3, §4).
 //!
 //! [`offload`] is the engine behind `kpack offload`, and behind split,
 //! pack-tree and CMake's `kpack_offload_target()`: it reads the input

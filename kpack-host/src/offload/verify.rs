@@ -1,5 +1,5 @@
 //! The verifier of rewritten host binaries (`kpack verify-elf`): checks an
-//! ELF file natively against every requirement of SPEC §2.3 that can be
+//! ELF file natively against every requirement of formats.md §4.3 that can be
 //! seen in the file itself. [`verify_elf`] checks offloaded binaries,
 //! [`verify_fat`] fat ones (what prune and restore write); both share the
 //! segment and program header checks. The transform runs them on its own

@@ -1,4 +1,4 @@
-//! The PE/COFF offload transform (SPEC §9): turn a fat DLL or executable
+//! The PE/COFF offload transform (formats.md §4.4): turn a fat DLL or executable
 //! into a host-only one whose wrappers point (magic HIPK) at HIPK metadata
 //! in a new section `.kpackrf`.
 //!

@@ -1,6 +1,6 @@
 //! The verifier of offloaded PE images (`kpack verify-binary`, also
 //! behind `verify-elf`): checks the headers, the section layout, the HIPK
-//! metadata, the wrappers and the base relocations against SPEC §9, from
+//! metadata, the wrappers and the base relocations against formats.md §4.4, from
 //! the file alone. The transform runs it on its own output.
 //!
 //! Each check adds what it finds wrong to a list, so that a report names

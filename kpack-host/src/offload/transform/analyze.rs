@@ -219,7 +219,7 @@ fn holding_segment(elf: &ElfView, f: &Fatbin) -> Result<(usize, ProgramHeader), 
         })
         .ok_or(TransformError::FatbinNotLoaded)?;
     let x = elf.phdrs()[xi];
-    // The metadata goes where the section was (SPEC 2.2: in a read-only
+    // The metadata goes where the section was (formats.md §4.2: in a read-only
     // PT_LOAD); a writable segment (e.g. `ld -N`) cannot hold it.
     if x.p_flags(LE) & elf::PF_W != 0 {
         return Err(TransformError::FatbinWritable);

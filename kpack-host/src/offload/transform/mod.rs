@@ -1,4 +1,4 @@
-//! The ELF offload transform (SPEC §2.3): turn a fat binary into a host-only
+//! The ELF offload transform (formats.md §4.3): turn a fat binary into a host-only
 //! one whose wrappers point (magic HIPK) at HIPK metadata.
 //!
 //! Layout. `.hip_fatbin` is page-aligned and lies in a read-only `PT_LOAD`
