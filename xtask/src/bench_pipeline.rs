@@ -18,7 +18,7 @@ use crate::bench::{
     link_or_copy, remove, resident, timed, tree_size, warm, Ctx, FloorRatio, Row, Run, Runs,
 };
 use crate::bench_libs::{make_artifact, ROCRAND, ROCSPARSE};
-use crate::fixtures;
+use kpack_testkit::fixtures;
 
 const SECTION: &str = "pipeline";
 

@@ -18,7 +18,7 @@ use anyhow::{bail, Context, Result};
 use object::{Object, ObjectSection};
 use xshell::{cmd, Shell};
 
-use crate::fixtures::{self, FIXTURES_DIR};
+use kpack_testkit::fixtures::{self, FIXTURES_DIR};
 
 /// Every target of `fuzz/Cargo.toml`, with what it exercises.
 pub const TARGETS: &[(&str, &str)] = &[

@@ -13,18 +13,16 @@ mod bench_runtime;
 mod bench_wheels;
 mod demo;
 mod dist;
-mod fixtures;
 mod fuzz;
-mod malformed;
 mod sanitize;
 mod test;
-mod verify;
 mod wheel;
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use kpack_testkit::{fixtures, malformed};
 use xshell::{cmd, Shell};
 
 #[derive(Parser)]
@@ -171,7 +169,7 @@ fn main() -> anyhow::Result<()> {
                 fixtures::refresh_sample(&sh, &root)?;
             }
         }
-        Task::Malformed => malformed::run(&sh, &root)?,
+        Task::Malformed => malformed::run(&sh, &root, &debug_kpack(&sh)?)?,
         Task::Demo => demo::run(&sh, &root)?,
         Task::Dist { prefix, shared } => dist::run(&sh, &root, &prefix, shared)?,
         Task::Test => test::run(&sh, &root)?,

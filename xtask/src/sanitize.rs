@@ -26,7 +26,7 @@ use xshell::{cmd, Shell};
 use kpack_testkit::cprog::Program;
 
 use crate::cargo;
-use crate::fixtures::{self, FIXTURES_DIR};
+use kpack_testkit::fixtures::{self, FIXTURES_DIR};
 
 pub struct Options {
     /// Rounds per thread under valgrind.
