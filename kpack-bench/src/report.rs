@@ -386,3 +386,61 @@ fn short_floor(id: &str) -> String {
         other => other.replace('_', " "),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(rows: Vec<Row>) -> Report {
+        Report {
+            date: "2026-12-02T00:00:00Z".into(),
+            host: "Linux x86_64".into(),
+            cores: 2,
+            reps: 3,
+            kpack_commit: "abc1234".into(),
+            zstd_version: "zstd CLI v1.5.4".into(),
+            page_cache: page_cache_note(&rows),
+            rows,
+        }
+    }
+
+    #[test]
+    fn stats_are_the_median_and_the_range() {
+        let s = Stats::of(vec![3.0, 1.0, 2.0, 10.0]).unwrap();
+        assert_eq!((s.median, s.min, s.max), (2.5, 1.0, 10.0));
+        assert!(Stats::of(Vec::new()).is_none());
+    }
+
+    #[test]
+    fn the_table_has_every_column_and_row() {
+        let mut ok = Row::new("s", "a", "work a");
+        ok.wall_s = Stats::of(vec![1.0, 2.0, 3.0]);
+        ok.bytes_in = Some(2_500_000);
+        ok.targets.push(Target::at_most("≤ 3 s", 2.0, 3.0));
+        let gone = Row::unavailable("s", "b", "work b", "x | y\nz".into());
+        let text = render(&report(vec![ok, gone]));
+        let table: Vec<&str> = text.lines().filter(|l| l.starts_with('|')).collect();
+        assert_eq!(table.len(), 4, "{text}");
+        for c in COLUMNS {
+            assert!(table[0].contains(c), "{c} in {}", table[0]);
+        }
+        assert!(table[1].starts_with("|---"), "{}", table[1]);
+        assert!(table[2].contains("2.00 s (1.00 s–3.00 s)"), "{}", table[2]);
+        assert!(table[2].contains("2.5 MB") && table[2].contains("yes"));
+        assert!(
+            table[3].contains(r"not available: x \| y z"),
+            "{}",
+            table[3]
+        );
+        assert!(text.starts_with("kpack bench, 2026-12-02T00:00:00Z (Linux x86_64), 2 cores"));
+    }
+
+    #[test]
+    fn times_and_sizes_have_three_digits() {
+        assert_eq!(fmt_time(1.234), "1.23 s");
+        assert_eq!(fmt_time(0.0456), "45.6 ms");
+        assert_eq!(fmt_time(0.000_789), "789 µs");
+        assert_eq!(fmt_bytes(1.5e9), "1.50 GB");
+        assert_eq!(short_floor("rocsparse.zstd_t1"), "zstd -T1");
+    }
+}
