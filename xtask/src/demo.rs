@@ -6,9 +6,9 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{ensure, Context, Result};
+use kpack_testkit::fixtures::{SAMPLE, SAMPLE_DIR};
 use xshell::{cmd, Shell};
 
-use crate::fixtures::{SAMPLE, SAMPLE_DIR};
 use crate::{debug_kpack, target_dir};
 
 pub fn run(sh: &Shell, root: &Path) -> Result<()> {

@@ -5,10 +5,12 @@
 //! `P/bin/kpack`, and the CMake package in `P/lib/cmake/rocm-kpack/`. No
 //! Rust toolchain (nor cxx) is needed to consume it, from C or C++17.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use xshell::{cmd, Shell};
+
+use kpack_testkit::cprog::prelinked;
 
 use crate::cargo;
 
@@ -78,24 +80,6 @@ pub fn run(sh: &Shell, root: &Path, prefix: &Path, shared: bool) -> Result<()> {
         system_libs.join(" ")
     );
     Ok(())
-}
-
-/// The C runtime library in its installed form, from the cargo build in
-/// `build_dir` (`target/debug` or `target/release`, which holds
-/// `librocm_kpack.a` and `rocm-kpack-prelink`): prelinked into `libdir`
-/// (headers into `includedir`), so that a C program links it without the C++
-/// runtime the raw archive's cxx glue needs. Returns the archive's path.
-pub fn prelinked(build_dir: &Path, libdir: &Path, includedir: &Path) -> Result<PathBuf> {
-    let raw = build_dir.join("librocm_kpack.a");
-    if !raw.is_file() {
-        bail!("{} missing", raw.display());
-    }
-    let prelink = build_dir.join("rocm-kpack-prelink");
-    let sh = Shell::new()?;
-    cmd!(sh, "{prelink} {raw} {libdir} {includedir}")
-        .quiet()
-        .run()?;
-    Ok(libdir.join("librocm_kpack.a"))
 }
 
 /// The system libraries the static library needs, as rustc reports them

@@ -15,10 +15,9 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use kpack_testkit::fixtures::{self, FIXTURES_DIR};
 use object::{Object, ObjectSection};
 use xshell::{cmd, Shell};
-
-use crate::fixtures::{self, FIXTURES_DIR};
 
 /// Every target of `fuzz/Cargo.toml`, with what it exercises.
 pub const TARGETS: &[(&str, &str)] = &[

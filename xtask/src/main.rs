@@ -5,26 +5,18 @@
 
 mod artifacts;
 mod bench;
-mod bench_large;
-mod bench_libs;
-mod bench_pipeline;
-mod bench_rewrite;
-mod bench_runtime;
-mod bench_wheels;
 mod demo;
 mod dist;
-mod fixtures;
 mod fuzz;
-mod malformed;
 mod sanitize;
 mod test;
-mod verify;
 mod wheel;
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use kpack_testkit::{fixtures, malformed};
 use xshell::{cmd, Shell};
 
 #[derive(Parser)]
@@ -71,8 +63,9 @@ enum Task {
     /// build the fixtures, then run all tests, rustfmt and clippy.
     Test,
     /// Measure speed and memory against the floors and targets of issue 8
-    /// (never in CI; as root, installs missing packages): table on stdout,
-    /// target/bench/bench.json. See docs/performance.md.
+    /// (never in CI; as root, installs missing packages): builds and runs
+    /// the kpack-bench crate; table on stdout, target/bench/bench.json. See
+    /// docs/performance.md.
     Bench(bench::BenchArgs),
     /// Run the cargo-fuzz targets of fuzz/ on seeds made from the fixtures
     /// (nightly with AddressSanitizer when installed, else stable without).
@@ -141,9 +134,6 @@ enum Task {
     /// Write an uncompressed offload bundle with the triples exactly as
     /// given (a fixture build step: LLVM 19's bundler rewrites triples of
     /// processors it does not know).
-    /// The bench's child process that writes or reads a large archive.
-    #[command(hide = true)]
-    BenchArchive(bench_large::ArchiveArgs),
     #[command(hide = true)]
     Bundle {
         /// Comma-separated triples, one per --input, in order.
@@ -171,11 +161,11 @@ fn main() -> anyhow::Result<()> {
                 fixtures::refresh_sample(&sh, &root)?;
             }
         }
-        Task::Malformed => malformed::run(&sh, &root)?,
+        Task::Malformed => malformed::run(&sh, &root, &debug_kpack(&sh)?)?,
         Task::Demo => demo::run(&sh, &root)?,
         Task::Dist { prefix, shared } => dist::run(&sh, &root, &prefix, shared)?,
         Task::Test => test::run(&sh, &root)?,
-        Task::Bench(args) => bench::run(&root, &args)?,
+        Task::Bench(args) => bench::run(&sh, &root, &args)?,
         Task::Fuzz {
             seconds,
             runs,
@@ -215,7 +205,6 @@ fn main() -> anyhow::Result<()> {
         Task::Split { args } => artifacts::run(&root, "split", &args)?,
         Task::Verify { args } => artifacts::run(&root, "verify", &args)?,
         Task::Recombine { args } => artifacts::run(&root, "recombine", &args)?,
-        Task::BenchArchive(a) => bench_large::child(&a)?,
         Task::Bundle {
             triples,
             input,

@@ -24,9 +24,9 @@ use object::{Object, ObjectSection};
 use xshell::{cmd, Shell};
 
 use kpack_testkit::cprog::Program;
+use kpack_testkit::fixtures::{self, FIXTURES_DIR};
 
 use crate::cargo;
-use crate::fixtures::{self, FIXTURES_DIR};
 
 pub struct Options {
     /// Rounds per thread under valgrind.
@@ -161,7 +161,7 @@ fn compile_program(root: &Path, out: &Path) -> Result<PathBuf> {
     let src = root.join("tests/robustness/capi_stress.c");
     let include = root.join("kpack-cxx/include");
     // As installed: prelinked, linked without the C++ runtime.
-    let lib = crate::dist::prelinked(
+    let lib = kpack_testkit::cprog::prelinked(
         &root.join("target/debug"),
         &out.join("lib"),
         &out.join("include"),

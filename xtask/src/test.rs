@@ -4,11 +4,11 @@
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
+use kpack_testkit::fixtures::{self, FIXTURES_DIR};
 use kpack_testkit::oracle::LLVM_BIN;
 use xshell::{cmd, Shell};
 
 use crate::cargo;
-use crate::fixtures::{self, FIXTURES_DIR};
 
 /// Debian packages the fixtures and the tests need. clang-tools-19 holds
 /// clang-offload-bundler and llvm-19 the llvm-* tools (llvm-dlltool too):

@@ -7,7 +7,7 @@
 //! compilation; xtask's fixtures call clang++-19 themselves.)
 
 use std::ffi::{OsStr, OsString};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
@@ -19,6 +19,30 @@ pub fn native_static_libs() -> Vec<&'static str> {
     env!("KPACK_TESTKIT_NATIVE_STATIC_LIBS")
         .split_whitespace()
         .collect()
+}
+
+/// The C runtime library in its installed form (what `cargo xtask dist`
+/// installs), from the cargo build in `build_dir` (`target/debug` or
+/// `target/release`, which holds `librocm_kpack.a` and
+/// `rocm-kpack-prelink`): prelinked into `libdir` (headers into
+/// `includedir`), so that a C program links it without the C++ runtime the
+/// raw archive's cxx glue needs. Returns the archive's path.
+pub fn prelinked(build_dir: &Path, libdir: &Path, includedir: &Path) -> Result<PathBuf> {
+    let raw = build_dir.join("librocm_kpack.a");
+    if !raw.is_file() {
+        bail!("{} missing", raw.display());
+    }
+    let prelink = build_dir.join("rocm-kpack-prelink");
+    let status = Command::new(&prelink)
+        .arg(&raw)
+        .arg(libdir)
+        .arg(includedir)
+        .status()
+        .with_context(|| format!("running {}", prelink.display()))?;
+    if !status.success() {
+        bail!("{} failed ({status})", prelink.display());
+    }
+    Ok(libdir.join("librocm_kpack.a"))
 }
 
 /// A C or C++ program (or shared library, or object) to build: the `cc`

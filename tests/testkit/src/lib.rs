@@ -1,7 +1,10 @@
 //! What kpack's tests (`kpack-e2e`, the runtime library's tests) and
 //! `xtask` share, defined once:
-//! - [`manifest`]: `fixtures.json`, written by `cargo xtask fixtures`, read
-//!   by the tests;
+//! - [`fixtures`]: the HIP test fixtures, built (`cargo xtask fixtures`)
+//!   and checked independently of kpack; [`manifest`]: `fixtures.json`,
+//!   which describes them to the tests;
+//! - [`malformed`]: the malformed-input corpus `tests/malformed/` (`cargo
+//!   xtask malformed`);
 //! - [`oracle`]: the independent `.hip_fatbin` splitter and
 //!   clang-offload-bundler, the ground truth for device code;
 //! - [`shards`]: the tutorial's shard tree, for the pipeline tests and the
@@ -10,6 +13,8 @@
 //!   libraries of the static runtime library.
 
 pub mod cprog;
+pub mod fixtures;
+pub mod malformed;
 pub mod manifest;
 pub mod oracle;
 pub mod shards;

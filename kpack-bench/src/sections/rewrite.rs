@@ -10,8 +10,10 @@ use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
 use crate::args;
-use crate::bench::{remove, resident, timed, warm, Ctx, Row, Runs};
-use crate::bench_libs::ROCSPARSE;
+use crate::context::Ctx;
+use crate::inputs::{remove, ROCSPARSE};
+use crate::measure::{resident, timed, warm, Runs};
+use crate::report::Row;
 
 pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
     let s = "rewrite";

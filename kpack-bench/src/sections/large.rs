@@ -4,7 +4,7 @@
 //! writer maps),
 //! written by kpack-host's `ArchiveWriter` and then read back kernel by
 //! kernel (each decompressed and checked against its size), every step a
-//! child process (`cargo xtask bench-archive`) timed with its peak RSS.
+//! child process (`kpack-bench bench-archive`) timed with its peak RSS.
 //! Disk: the input and one archive at a time (about 9 GiB).
 
 use std::ffi::OsString;
@@ -16,13 +16,16 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 
-use crate::bench::{remove, resident, timed, Ctx, Row, Runs};
+use crate::context::Ctx;
+use crate::inputs::remove;
+use crate::measure::{resident, timed, Runs};
+use crate::report::Row;
 
 /// Total kernel bytes: past 4 GiB.
 const TOTAL: u64 = 4608 << 20;
 const KERNEL: u64 = 64 << 20;
 
-/// `cargo xtask bench-archive` (the bench's child process).
+/// `kpack-bench bench-archive` (the section's child process).
 #[derive(Debug, Clone, clap::Args)]
 pub struct ArchiveArgs {
     /// `write` (INPUT's bytes as 64 MiB kernels into OUTPUT) or `read`
@@ -133,7 +136,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
         input.display()
     );
     write_input(&input)?;
-    let xtask = std::env::current_exe()?;
+    let bench = std::env::current_exe()?;
     let mut rows = Vec::new();
     for scheme in ["none", "zstd"] {
         let archive = dir.join(format!("big_{scheme}.kpack"));
@@ -151,7 +154,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
                 scheme.into(),
             ];
             let r = resident(&[&input]);
-            write.push(timed(&xtask, &a, &dir)?, r);
+            write.push(timed(&bench, &a, &dir)?, r);
             size = std::fs::metadata(&archive)?.len();
             let a: Vec<OsString> = vec![
                 "bench-archive".into(),
@@ -159,7 +162,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
                 archive.clone().into(),
             ];
             let r = resident(&[&archive]);
-            read.push(timed(&xtask, &a, &dir)?, r);
+            read.push(timed(&bench, &a, &dir)?, r);
         }
         for (id, runs, what) in [
             ("write", &write, "write"),

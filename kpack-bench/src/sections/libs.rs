@@ -4,116 +4,16 @@
 //! and `cp` of the input file.
 
 use std::ffi::OsString;
-use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
 use crate::args;
-use crate::bench::{
-    link_or_copy, remove, resident, timed, warm, Ctx, FloorRatio, Row, Runs, Target,
-};
-
-/// A library measured.
-pub struct Lib {
-    /// Section of the table (`rocsparse`).
-    pub section: &'static str,
-    /// Its name in the table (`librocsparse`).
-    pub name: &'static str,
-    pub path: &'static str,
-    /// The split input: one artifact holding the library.
-    pub artifact: &'static str,
-    pub artifact_prefix: &'static str,
-    /// Symlinks next to the library in the artifact: (name, target).
-    pub links: &'static [(&'static str, &'static str)],
-    /// Peak RSS limit of split, MiB (issue 8), if any.
-    pub split_rss_limit_mib: Option<f64>,
-    /// Limit of the offload transform alone, seconds, if any.
-    pub transform_limit_s: Option<f64>,
-    /// Runs per `--reps` (more for a small library: its runs take tens of
-    /// milliseconds, where a busy machine's noise is large).
-    pub rep_factor: usize,
-    /// Also split with `--gpu-targets` these (TheRock's per-shard split),
-    /// which must cost no more than the full split.
-    pub gpu_targets: &'static [&'static str],
-}
-
-pub const ROCRAND: Lib = Lib {
-    section: "rocrand",
-    name: "librocrand",
-    path: "/usr/lib/x86_64-linux-gnu/librocrand.so.1.1",
-    artifact: "rand_lib_gfx-all",
-    artifact_prefix: "rand_lib",
-    links: &[("librocrand.so.1", "librocrand.so.1.1")],
-    split_rss_limit_mib: None,
-    transform_limit_s: None,
-    rep_factor: 3,
-    gpu_targets: &[],
-};
-
-pub const ROCSPARSE: Lib = Lib {
-    section: "rocsparse",
-    name: "librocsparse",
-    path: "/usr/lib/x86_64-linux-gnu/librocsparse.so.0.1",
-    artifact: "sparse_lib_gfx-all",
-    artifact_prefix: "sparse_lib",
-    links: &[("librocsparse.so.0", "librocsparse.so.0.1")],
-    split_rss_limit_mib: Some(256.0),
-    transform_limit_s: Some(0.2),
-    rep_factor: 1,
-    gpu_targets: &["gfx90a", "gfx1030"],
-};
-
-impl Lib {
-    pub fn file_name(&self) -> &'static str {
-        self.path.rsplit('/').next().unwrap_or(self.path)
-    }
-}
-
-/// Lay out the split input: `<dir>/<artifact>/artifact_manifest.txt` and
-/// `stage/lib/<library>` (a hard link to the system file) with its links.
-pub fn make_artifact(lib: &Lib, dir: &Path) -> Result<PathBuf> {
-    let a = dir.join(lib.artifact);
-    std::fs::create_dir_all(a.join("stage/lib"))?;
-    std::fs::write(a.join("artifact_manifest.txt"), "stage\n")?;
-    link_or_copy(
-        Path::new(lib.path),
-        &a.join("stage/lib").join(lib.file_name()),
-    )?;
-    for (name, target) in lib.links {
-        let at = a.join("stage/lib").join(name);
-        remove(&at)?;
-        std::os::unix::fs::symlink(target, &at)?;
-    }
-    Ok(a)
-}
-
-/// Write the device code of `input` twice: to `out`, its code objects
-/// concatenated in the order the per-target archives hold them (by target,
-/// then bundle), and into `files`, one file per code object
-/// (`<target>#<bundle>.hsaco`, as `kpack extract` names them). Returns
-/// its size and the file names.
-pub fn write_device_code(input: &Path, out: &Path, files: &Path) -> Result<(u64, Vec<String>)> {
-    let mapped = kpack_loader::map_file(input)?;
-    let mut cos = kpack_host::offload::code_objects(input, &mapped)?;
-    cos.sort_by(|a, b| (&a.target, a.bundle).cmp(&(&b.target, b.bundle)));
-    std::fs::create_dir_all(files)?;
-    let mut w = BufWriter::with_capacity(8 << 20, File::create(out)?);
-    let mut n = 0u64;
-    let mut names = Vec::new();
-    for co in &cos {
-        w.write_all(&co.data)?;
-        let name = format!("{}#{}.hsaco", co.target, co.bundle);
-        std::fs::write(files.join(&name), &*co.data)?;
-        names.push(name);
-        n += co.data.len() as u64;
-        mapped.release_slice(&co.data);
-    }
-    w.flush()?;
-    Ok((n, names))
-}
+use crate::context::Ctx;
+use crate::inputs::{make_artifact, remove, write_device_code, Lib};
+use crate::measure::{resident, timed, tree_size, warm, Runs};
+use crate::report::{fmt_time, FloorRatio, Row, Stats, Target};
 
 /// `split --gpu-targets` of the library: it keeps fewer code objects and
 /// must cost no more (wall, peak RSS) than the full split.
@@ -145,7 +45,7 @@ fn gpu_targets_row(
     let wall = row.wall().unwrap_or(f64::NAN);
     let limit = full_wall.unwrap_or(f64::NAN) * 1.05;
     row.targets.push(Target::at_most(
-        format!("≤ full split + 5 % ({})", crate::bench::fmt_time(limit)),
+        format!("≤ full split + 5 % ({})", fmt_time(limit)),
         wall,
         limit,
     ));
@@ -423,7 +323,7 @@ impl Measured {
         a.extend(setup.names.iter().map(OsString::from));
         self.zf
             .push(timed(Path::new("zstd"), &a, &setup.devfiles)?, r);
-        self.zst_files_size = crate::bench::tree_size(zst_files);
+        self.zst_files_size = tree_size(zst_files);
         Ok(())
     }
 
@@ -575,10 +475,7 @@ fn split_row(setup: &Setup, m: &Measured, floors: &Floors) -> Result<Row> {
 fn split_targets(row: &mut Row, lib: &Lib, zstd_floor: f64) {
     if let Some(w) = row.wall() {
         row.targets.push(Target::at_most(
-            format!(
-                "≤ 2× zstd -T1 floor ({})",
-                crate::bench::fmt_time(2.0 * zstd_floor)
-            ),
+            format!("≤ 2× zstd -T1 floor ({})", fmt_time(2.0 * zstd_floor)),
             w,
             2.0 * zstd_floor,
         ));
@@ -630,15 +527,12 @@ fn transform_row(setup: &Setup, transform: Vec<f64>, j: &Value) -> Row {
             lib.name
         ),
     );
-    row.wall_s = crate::bench::Stats::of(transform);
+    row.wall_s = Stats::of(transform);
     row.bytes_in = Some(setup.input_size);
     row.bytes_out = j["output_size"].as_u64();
     if let (Some(limit), Some(w)) = (lib.transform_limit_s, row.wall()) {
-        row.targets.push(Target::at_most(
-            format!("≤ {}", crate::bench::fmt_time(limit)),
-            w,
-            limit,
-        ));
+        row.targets
+            .push(Target::at_most(format!("≤ {}", fmt_time(limit)), w, limit));
     }
     row
 }

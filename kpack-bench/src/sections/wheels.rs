@@ -22,10 +22,11 @@ use anyhow::{bail, Context, Result};
 use serde_json::json;
 use xshell::Shell;
 
-use crate::bench::{
-    link_or_copy, remove, resident, timed, tree_size, warm, Ctx, FloorRatio, Row, Runs, Target,
-};
-use crate::bench_libs::{write_device_code, ROCSPARSE};
+use crate::args;
+use crate::context::Ctx;
+use crate::inputs::{link_or_copy, remove, write_device_code, ROCSPARSE};
+use crate::measure::{resident, timed, tree_size, warm, Runs};
+use crate::report::{FloorRatio, Row, Stats, Target};
 
 const SECTION: &str = "wheels";
 /// Copies of librocsparse in the wheel (its content is then ~6.5 GB and the
@@ -80,7 +81,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
         outputs = tree_size(&out);
         remove(&out)?;
         remove(&unzipped)?;
-        let unzip_args = crate::args!["-q", "-o", &inputs.wheel, "-d", &unzipped];
+        let unzip_args = args!["-q", "-o", &inputs.wheel, "-d", &unzipped];
         unzip.push(
             timed(Path::new("unzip"), &unzip_args, &ctx.work)?,
             resident(&[&inputs.wheel]),
@@ -90,7 +91,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
             vec![inputs.device.display().to_string(); COPIES].join(" ")
         );
         zstd.push(
-            timed(Path::new("sh"), &crate::args!["-c", &zstd_cmd], &ctx.work)?,
+            timed(Path::new("sh"), &args!["-c", &zstd_cmd], &ctx.work)?,
             resident(&[&inputs.device]),
         );
     }
@@ -101,7 +102,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
     );
     let mut zip = Runs::default();
     zip.push(
-        timed(Path::new("sh"), &crate::args!["-c", &zip_cmd], &ctx.work)?,
+        timed(Path::new("sh"), &args!["-c", &zip_cmd], &ctx.work)?,
         1.0,
     );
     let content = tree_size(&unzipped);
@@ -149,11 +150,11 @@ fn small_row(small: &Inputs, runs: &Runs, large: &Runs) -> Result<Row> {
 }
 
 fn worst_rss_mib(runs: &Runs) -> f64 {
-    crate::bench::Stats::of(runs.rss.clone()).map_or(0.0, |s| s.max) / 1024.0
+    Stats::of(runs.rss.clone()).map_or(0.0, |s| s.max) / 1024.0
 }
 
 fn split_args(wheel: &Path, out: &Path, scratch: &Path) -> Vec<OsString> {
-    crate::args![
+    args![
         "split-wheels",
         "--input",
         wheel,
@@ -214,7 +215,7 @@ fn rows(
 
 /// The median wall time of `runs` (0 if none).
 fn median(runs: &Runs) -> f64 {
-    crate::bench::Stats::of(runs.wall.clone()).map_or(0.0, |s| s.median)
+    Stats::of(runs.wall.clone()).map_or(0.0, |s| s.median)
 }
 
 /// The floor rows: unzip of the wheel, zstd over the device code
@@ -403,10 +404,25 @@ fn build_wheel(ctx: &Ctx, lib: &Path, cache: &Path, copies: usize) -> Result<()>
         format!("Wheel-Version: 1.0\nGenerator: kpack-bench\nRoot-Is-Purelib: false\nTag: {TAG}\n"),
     )?;
     std::fs::write(di.join("RECORD"), "")?;
-    let venv = crate::wheel::py_env(&sh, &ctx.root)?;
-    let python = venv.join("bin/python");
+    let python = python(ctx)?;
     xshell::cmd!(sh, "{python} -m wheel pack {tree} -d {cache}")
         .quiet()
         .run()?;
     remove(&tree)
+}
+
+/// The Python of the wheel tests' virtual environment (PyPI's `wheel`):
+/// `$KPACK_PY_VENV`, else `target/py-venv` (`cargo xtask bench` and
+/// `cargo xtask py-env` make it).
+fn python(ctx: &Ctx) -> Result<PathBuf> {
+    let venv = std::env::var_os("KPACK_PY_VENV")
+        .map_or_else(|| ctx.root.join("target/py-venv"), PathBuf::from);
+    let python = venv.join("bin/python");
+    if !python.is_file() {
+        bail!(
+            "{} missing (`cargo xtask py-env` makes it)",
+            python.display()
+        );
+    }
+    Ok(python)
 }

@@ -5,20 +5,20 @@
 //! shard).
 
 use std::ffi::OsString;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{bail, Result};
+use kpack_testkit::fixtures::FIXTURES_DIR;
+use kpack_testkit::manifest;
 use kpack_testkit::shards::{self, PACKAGING_CONFIG, SHARDS, SPLIT_DATABASES};
 use kpack_testkit::tree::{self, symlink};
 use serde_json::json;
-use xshell::Shell;
 
 use crate::args;
-use crate::bench::{
-    link_or_copy, remove, resident, timed, tree_size, warm, Ctx, FloorRatio, Row, Run, Runs,
-};
-use crate::bench_libs::{make_artifact, ROCRAND, ROCSPARSE};
-use crate::fixtures;
+use crate::context::Ctx;
+use crate::inputs::{link_or_copy, make_artifact, remove, ROCRAND, ROCSPARSE};
+use crate::measure::{resident, timed, tree_size, warm, Run, Runs};
+use crate::report::{FloorRatio, Row};
 
 const SECTION: &str = "pipeline";
 
@@ -41,13 +41,24 @@ fn write(path: &Path, text: &str) -> Result<()> {
     tree::write(path, text.as_bytes(), 0o644)
 }
 
-/// The fixture tree: the fixtures (built when missing or out of date),
-/// laid out as the tutorial's shards under `root`.
+/// Where the fixtures are: `$KPACK_FIXTURES_DIR`, else `target/fixtures`
+/// (`cargo xtask bench` builds them there first).
+fn fixtures_dir(ctx: &Ctx) -> PathBuf {
+    std::env::var_os("KPACK_FIXTURES_DIR")
+        .map_or_else(|| ctx.root.join(FIXTURES_DIR), PathBuf::from)
+}
+
+/// The fixture tree: the fixtures laid out as the tutorial's shards under
+/// `root`.
 fn make_fixture_shards(ctx: &Ctx, root: &Path) -> Result<()> {
-    let sh = Shell::new()?;
-    sh.change_dir(&ctx.root);
-    fixtures::build_all(&sh, &ctx.root, false)?;
-    shards::make_shards(&ctx.root.join(fixtures::FIXTURES_DIR), root)
+    let fixtures = fixtures_dir(ctx);
+    if !fixtures.join(manifest::FILE_NAME).is_file() {
+        bail!(
+            "no fixtures in {} (`cargo xtask fixtures` builds them)",
+            fixtures.display()
+        );
+    }
+    shards::make_shards(&fixtures, root)
 }
 
 /// Measure `kpack <args>` `reps` times, removing `out` before each run.

@@ -1,6 +1,6 @@
-/* The runtime half of `cargo xtask bench` (xtask/src/bench_runtime.rs):
- * what users of librocm_kpack get, measured through the C API, linked
- * against the release static library.
+/* The runtime section of `cargo xtask bench`
+ * (kpack-bench/src/sections/runtime.rs): what users of librocm_kpack get,
+ * measured through the C API, linked against the release static library.
  *
  *   kpack_bench latency ARCHIVE META BINARY ARCH CO_INDEX ITERATIONS
  *       kpack_open+kpack_close of ARCHIVE; cold load (kpack_cache_create +

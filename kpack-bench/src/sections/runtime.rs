@@ -1,6 +1,6 @@
 //! The runtime, measured through the C API as users get it:
-//! `xtask/bench/kpack_bench.c` compiled against the release
-//! `librocm_kpack.a`.
+//! `kpack-bench/c/kpack_bench.c` compiled against the release
+//! `librocm_kpack.a` (prelinked, as installed).
 //!
 //! Archives: librocsparse's per-target archives (`kpack offload`), one
 //! archive holding all of librocsparse's code objects (every target;
@@ -19,8 +19,10 @@ use kpack_testkit::cprog::Program;
 use serde_json::json;
 
 use crate::args;
-use crate::bench::{fmt_bytes, remove, resident, timed, warm, Ctx, FloorRatio, Row, Stats, Target};
-use crate::bench_libs::{ROCRAND, ROCSPARSE};
+use crate::context::Ctx;
+use crate::inputs::{remove, ROCRAND, ROCSPARSE};
+use crate::measure::{resident, timed, warm};
+use crate::report::{fmt_bytes, FloorRatio, Row, Stats, Target};
 
 const SECTION: &str = "runtime";
 
@@ -172,7 +174,7 @@ fn run_c(exe: &Path, args: &[std::ffi::OsString]) -> Result<String> {
 /// installed (prelinked, as `cargo xtask dist` does).
 fn build_program(ctx: &Ctx, dir: &Path) -> Result<PathBuf> {
     let exe = dir.join("kpack_bench");
-    let lib = crate::dist::prelinked(
+    let lib = kpack_testkit::cprog::prelinked(
         &ctx.root.join("target/release"),
         &dir.join("lib"),
         &dir.join("include"),
@@ -183,7 +185,7 @@ fn build_program(ctx: &Ctx, dir: &Path) -> Result<PathBuf> {
         .opt_level(2)
         .debug(false)
         .include(ctx.root.join("kpack-cxx/include"));
-    c.input(ctx.root.join("xtask/bench/kpack_bench.c"))
+    c.input(ctx.root.join("kpack-bench/c/kpack_bench.c"))
         .static_runtime(&lib)
         .link(&exe)?;
     Ok(exe)

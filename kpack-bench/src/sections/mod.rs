@@ -1,0 +1,66 @@
+//! The sections of the table, one module each, each a `run(ctx)` that
+//! returns its rows:
+//! - `libs`: split and offload of librocrand and librocsparse (sections
+//!   `rocrand` and `rocsparse`), and the floors on the same bytes
+//!   (`zstd -3 -T1`/`-T2` over the device code, `cp` of the input);
+//! - `pipeline`: pack-tree and recombine over the end-to-end fixture tree,
+//!   and over real-size inputs;
+//! - `runtime`: the C API (`kpack-bench/c/kpack_bench.c` linked against
+//!   the release `librocm_kpack.a`): open, cold and warm loads,
+//!   `kpack_get_kernel` over every kernel, memory after one load;
+//! - [`large`]: an archive over 4 GiB written and read (child processes:
+//!   [`large::child`]);
+//! - `rewrite`: prune and restore of librocsparse;
+//! - `wheels`: `kpack split-wheels` over a torch-like wheel.
+
+pub mod large;
+mod libs;
+mod pipeline;
+mod rewrite;
+mod runtime;
+mod wheels;
+
+use anyhow::Result;
+
+use crate::context::Ctx;
+use crate::report::Row;
+
+/// The sections `--only` may name, in the order they run.
+pub const SECTIONS: &[&str] = &[
+    "rocrand",
+    "rocsparse",
+    "pipeline",
+    "runtime",
+    "large",
+    "rewrite",
+    "wheels",
+];
+
+/// A section measured by one function (the libraries' sections aside).
+type Section = (&'static str, fn(&Ctx) -> Result<Vec<Row>>);
+
+/// The rows of the sections wanted (all when `only` is empty), in order.
+pub fn run(ctx: &Ctx, only: &[String]) -> Result<Vec<Row>> {
+    let wanted = |s: &str| only.is_empty() || only.iter().any(|o| o == s);
+    let mut rows = Vec::new();
+    for lib in [&crate::inputs::ROCRAND, &crate::inputs::ROCSPARSE] {
+        if wanted(lib.section) {
+            eprintln!("== {}", lib.section);
+            rows.extend(libs::run(ctx, lib)?);
+        }
+    }
+    let sections: [Section; 5] = [
+        ("pipeline", pipeline::run),
+        ("runtime", runtime::run),
+        ("large", large::run),
+        ("rewrite", rewrite::run),
+        ("wheels", wheels::run),
+    ];
+    for (section, run) in sections {
+        if wanted(section) {
+            eprintln!("== {section}");
+            rows.extend(run(ctx)?);
+        }
+    }
+    Ok(rows)
+}
