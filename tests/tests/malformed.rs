@@ -6,7 +6,7 @@
 //! output left behind.
 //!
 //! The corpus is committed; `cargo xtask malformed` regenerates its files
-//! (xtask/src/malformed.rs).
+//! (tests/testkit/src/malformed/).
 
 use std::collections::BTreeSet;
 use std::ffi::{c_char, c_void, CStr, CString};
