@@ -185,7 +185,7 @@ pub fn root(path: &Path) -> Result<Root> {
             Some(Kind::OffloadedBinary) => c.archives_of_offloaded(path, &mapped)?,
             Some(_) => {}
             None => {
-                return Err(request(
+                return Err(Error::request(
                     path,
                     "not a fat or offloaded binary, archive, tree or wheel",
                 ))
@@ -232,7 +232,8 @@ fn is_wheel(path: &Path) -> Result<bool> {
 /// Every file entry of the wheel at `path`, sorted by name; returns the
 /// entries' uncompressed size.
 fn wheel(path: &Path, c: &mut Collector) -> Result<u64> {
-    let bad = |e: zip::result::ZipError| request(path, format!("not a readable wheel (zip): {e}"));
+    let bad =
+        |e: zip::result::ZipError| Error::request(path, format!("not a readable wheel (zip): {e}"));
     let file = std::fs::File::open(path).with_path(path)?;
     let mut z = zip::ZipArchive::new(file).map_err(bad)?;
     let mut names: Vec<String> = z
@@ -533,13 +534,6 @@ fn bundle_code_objects(binary: &str, group: &[Bundle]) -> Vec<CodeObjectBytes> {
     out
 }
 
-fn request(path: &Path, what: impl Into<String>) -> Error {
-    Error::Request {
-        path: path.into(),
-        what: what.into(),
-    }
-}
-
 /// How one thing changed between A and B.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -596,7 +590,7 @@ pub struct Diff {
 pub fn diff(a: &Path, b: &Path) -> Result<Diff> {
     let (ra, rb) = (root(a)?, root(b)?);
     if ra.kind != rb.kind {
-        return Err(request(
+        return Err(Error::request(
             b,
             format!(
                 "is a {}, {} is a {}: diff compares two of the same kind",

@@ -69,6 +69,14 @@ impl Error {
         }
     }
 
+    /// A request that does not fit the input ([`Error::Request`]).
+    pub fn request(path: impl AsRef<Path>, what: impl Into<String>) -> Self {
+        Error::Request {
+            path: path.as_ref().to_path_buf(),
+            what: what.into(),
+        }
+    }
+
     /// The path the error is about.
     pub fn path(&self) -> &Path {
         match self {

@@ -219,10 +219,7 @@ fn write_all(
             ),
             None => "no code objects to extract".into(),
         };
-        return Err(Error::Request {
-            path: input.into(),
-            what,
-        });
+        return Err(Error::request(input, what));
     }
     // Names come from the input (bundle triples, archive targets): each must
     // be one plain file name, so that nothing lands outside `out_dir`.
@@ -232,15 +229,15 @@ fn write_all(
             && info.file != "."
             && info.file != "..";
         if !plain {
-            return Err(Error::Request {
-                path: input.into(),
-                what: format!(
+            return Err(Error::request(
+                input,
+                format!(
                     "target {:?} would make the output file name {:?}, not a plain file name in {}",
                     info.target,
                     info.file,
                     out_dir.display()
                 ),
-            });
+            ));
         }
     }
     let staged = StagedDir::new(out_dir)?;

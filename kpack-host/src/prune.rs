@@ -45,14 +45,14 @@ impl Selection {
     /// target name.
     pub fn parsed(&self, path: &Path) -> Result<Vec<(String, Option<TargetId>)>> {
         if self.targets.is_empty() {
-            return Err(request(path, "no target given (--targets)"));
+            return Err(Error::request(path, "no target given (--targets)"));
         }
         self.targets
             .iter()
             .map(|t| match TargetId::parse(t) {
                 Ok(id) => Ok((t.clone(), Some(id))),
                 Err(_) if is_plain_name(t) => Ok((t.clone(), None)),
-                Err(e) => Err(request(path, format!("--targets {t}: {e}"))),
+                Err(e) => Err(Error::request(path, format!("--targets {t}: {e}"))),
             })
             .collect()
     }
@@ -123,7 +123,7 @@ pub fn prune(input: &Path, output: &Path, selection: &Selection) -> Result<Prune
     let section = bin
         .fatbin()
         .with_path(input)?
-        .ok_or_else(|| request(input, "no .hip_fatbin section"))?;
+        .ok_or_else(|| Error::request(input, "no .hip_fatbin section"))?;
     let bundles = parse_fatbin(section.data).with_path(input)?;
     let align = section_alignment(&bin);
     let layout = plan_bundles(input, &bundles, align, &|t| {
@@ -131,7 +131,7 @@ pub fn prune(input: &Path, output: &Path, selection: &Selection) -> Result<Prune
     })?;
     let (kept, dropped) = kept_and_dropped(&layout.bundles);
     if kept.is_empty() {
-        return Err(request(
+        return Err(Error::request(
             input,
             format!(
                 "none of its code objects is for {} (it has {})",
@@ -164,7 +164,7 @@ fn fat_elf<'a>(input: &Path, bytes: &'a [u8]) -> Result<HostBinary<'a>> {
     check_class(input, bytes)?;
     let bin = HostBinary::parse(bytes).with_path(input)?;
     if bin.pe().is_some() {
-        return Err(request(
+        return Err(Error::request(
             input,
             "a PE file: prune rewrites ELF binaries only (offload handles both)",
         ));
@@ -183,9 +183,9 @@ fn rewrite_verified(
         bundles: &layout.bytes,
         starts: layout.starts.clone(),
     };
-    let t = rewrite(bytes, &req).map_err(|e| request(input, e.to_string()))?;
+    let t = rewrite(bytes, &req).map_err(|e| Error::request(input, e.to_string()))?;
     let v = verify_fat(&t.bytes).map_err(|e| {
-        request(
+        Error::request(
             input,
             format!("internal error: the pruned binary fails verification: {e}"),
         )
@@ -205,15 +205,15 @@ fn check_class(input: &Path, bytes: &[u8]) -> Result<()> {
         Class::CodeObject => "an AMDGPU code object, not a host binary",
         Class::Bundle => "a raw offload bundle, not a host binary",
         Class::Archive => "a .kpack archive, not a binary",
-        Class::Inconsistent(why) => return Err(request(input, why)),
+        Class::Inconsistent(why) => return Err(Error::request(input, why)),
         Class::Other => {
             return Err(HostBinary::parse(bytes).err().map_or_else(
-                || request(input, "not a host binary"),
+                || Error::request(input, "not a host binary"),
                 |e| Err::<(), _>(e).with_path(input).unwrap_err(),
             ))
         }
     };
-    Err(request(input, what))
+    Err(Error::request(input, what))
 }
 
 /// The alignment of bundles in the section: its own, at most a page.
@@ -315,7 +315,8 @@ fn ccob_version(c: &Ccob, stored: usize) -> u16 {
 /// Compress `plain` as the compressed bundle `ccob` was: same method, same
 /// version unless a size needs v3.
 fn recompress(input: &Path, plain: &[u8], ccob: &Ccob) -> Result<Vec<u8>> {
-    let fail = |e: std::io::Error| request(input, format!("compressing a pruned bundle: {e}"));
+    let fail =
+        |e: std::io::Error| Error::request(input, format!("compressing a pruned bundle: {e}"));
     let version = if u32::try_from(plain.len()).is_err() {
         3
     } else {
@@ -340,13 +341,6 @@ fn kept_and_dropped(bundles: &[BundlePruned]) -> (Vec<String>, Vec<String>) {
         v.dedup();
     }
     (kept, dropped)
-}
-
-fn request(path: &Path, what: impl Into<String>) -> Error {
-    Error::Request {
-        path: path.into(),
-        what: what.into(),
-    }
 }
 
 #[cfg(test)]

@@ -123,7 +123,7 @@ pub fn restore(input: &Path, output: &Path, opts: &RestoreOptions) -> Result<Res
     // The output holds the bundles now.
     drop(payload);
     verify_fat(&t.bytes).map_err(|e| {
-        request(
+        Error::request(
             input,
             format!("internal error: the restored binary fails verification: {e}"),
         )
@@ -150,29 +150,35 @@ pub fn restore(input: &Path, output: &Path, opts: &RestoreOptions) -> Result<Res
 fn offloaded(input: &Path, bytes: &[u8]) -> Result<(HipkMetadata, Vec<u32>, u16)> {
     match classify(bytes) {
         Class::Offloaded => {}
-        Class::Fat => return Err(request(input, "a fat binary already (nothing to restore)")),
-        Class::Inconsistent(why) => return Err(request(input, why)),
+        Class::Fat => {
+            return Err(Error::request(
+                input,
+                "a fat binary already (nothing to restore)",
+            ))
+        }
+        Class::Inconsistent(why) => return Err(Error::request(input, why)),
         Class::HostOnly | Class::DebugOnly => {
-            return Err(request(
+            return Err(Error::request(
                 input,
                 "not an offloaded binary (no HIPK wrappers and metadata)",
             ))
         }
-        _ => return Err(request(input, "not an offloaded host binary")),
+        _ => return Err(Error::request(input, "not an offloaded host binary")),
     }
     let DeviceCode::Offloaded(o) = read_device_code(input, bytes)? else {
-        return Err(request(input, "not an offloaded host binary"));
+        return Err(Error::request(input, "not an offloaded host binary"));
     };
     let mut cos = Vec::with_capacity(o.wrappers.len());
     for w in &o.wrappers {
-        let co = u32::try_from(w.reserved1)
-            .map_err(|_| request(input, "a wrapper's code object index does not fit 32 bits"))?;
+        let co = u32::try_from(w.reserved1).map_err(|_| {
+            Error::request(input, "a wrapper's code object index does not fit 32 bits")
+        })?;
         cos.push(co);
     }
     cos.sort_unstable();
     cos.dedup();
     if cos.is_empty() {
-        return Err(request(input, "no wrappers: nothing to restore"));
+        return Err(Error::request(input, "no wrappers: nothing to restore"));
     }
     let machine = crate::elf::ElfView::parse(bytes)
         .with_path(input)?
@@ -197,7 +203,7 @@ fn chosen_targets(
     available.sort();
     available.dedup();
     if available.is_empty() {
-        return Err(request(
+        return Err(Error::request(
             input,
             format!(
                 "no archive found along its search paths ({}; ROCM_KPACK_PATH and ROCM_KPACK_PATH_PREFIX honoured)",
@@ -219,7 +225,7 @@ fn chosen_targets(
         .cloned()
         .collect();
     if chosen.is_empty() {
-        return Err(request(
+        return Err(Error::request(
             input,
             format!(
                 "the archives have no code objects for {} (they have {})",
@@ -263,7 +269,7 @@ impl Source<'_> {
                 .loader
                 .load_target(self.metadata, self.binary_path, co, id)
                 .map_err(|e| {
-                    request(
+                    Error::request(
                         self.input,
                         format!("{}#{co}: {e}", self.metadata.kernel_name),
                     )
@@ -303,7 +309,7 @@ impl Source<'_> {
         };
         b.bytes = compress_bundle_at(&b.bytes, v, Method::Zstd, level)
             .or_else(|_| compress_bundle_at(&b.bytes, 3, Method::Zstd, level))
-            .map_err(|e| request(self.input, format!("compressing a bundle: {e}")))?;
+            .map_err(|e| Error::request(self.input, format!("compressing a bundle: {e}")))?;
         Ok(b)
     }
 
@@ -360,7 +366,7 @@ impl Built {
         out.archives.sort();
         out.archives.dedup();
         if out.bundles.iter().all(|b| b.targets.is_empty()) {
-            return Err(request(
+            return Err(Error::request(
                 src.input,
                 format!(
                     "the archives hold no code object of {} for {}",
@@ -462,12 +468,5 @@ fn place(
 }
 
 fn fail(input: &Path) -> impl Fn(TransformError) -> Error + '_ {
-    move |e| request(input, e.to_string())
-}
-
-fn request(path: &Path, what: impl Into<String>) -> Error {
-    Error::Request {
-        path: path.into(),
-        what: what.into(),
-    }
+    move |e| Error::request(input, e.to_string())
 }

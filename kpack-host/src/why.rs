@@ -76,24 +76,20 @@ pub fn why(binary: &Path, archs: &[String]) -> Result<Why> {
 
 /// [`why`] with a given loader (and so configuration).
 pub fn why_with(loader: &Loader, binary: &Path, archs: &[String]) -> Result<Why> {
-    let request = |what: String| Error::Request {
-        path: binary.into(),
-        what,
-    };
+    let request = |what: &str| Error::request(binary, what);
     if archs.is_empty() {
-        return Err(request("no architecture given (--arch)".into()));
+        return Err(request("no architecture given (--arch)"));
     }
     let mapped = map_file(binary)?;
     match classify(&mapped) {
         Class::Offloaded => {}
         Class::Fat => return Err(request(
-            "a fat binary: its code objects are inside it (the runtime loads them without kpack)"
-                .into(),
+            "a fat binary: its code objects are inside it (the runtime loads them without kpack)",
         )),
-        _ => return Err(request("not an offloaded host binary".into())),
+        _ => return Err(request("not an offloaded host binary")),
     }
     let DeviceCode::Offloaded(o) = read_device_code(binary, &mapped)? else {
-        return Err(request("not an offloaded host binary".into()));
+        return Err(request("not an offloaded host binary"));
     };
     let binary_path = std::fs::canonicalize(binary).with_path(binary)?;
     let arch_refs: Vec<&str> = archs.iter().map(String::as_str).collect();

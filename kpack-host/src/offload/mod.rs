@@ -283,17 +283,17 @@ fn pass_through(input: &Path, bytes: &[u8]) -> Result<Option<(Outcome, &'static 
             Outcome::DebugOnly,
             "debug-info file (NOBITS .hip_fatbin, no metadata): no device code, copied unchanged",
         ),
-        Class::Inconsistent(why) => return Err(request(input, why)),
+        Class::Inconsistent(why) => return Err(Error::request(input, why)),
         Class::HostOnly => return Err(not_fat(input, bytes)),
         Class::CodeObject => {
-            return Err(request(
+            return Err(Error::request(
                 input,
                 "an AMDGPU code object (device code on its own), not a host binary",
             ))
         }
         Class::Bundle | Class::Archive | Class::Other => {
             return Err(HostBinary::parse(bytes).err().map_or_else(
-                || request(input, "not a host binary"),
+                || Error::request(input, "not a host binary"),
                 |e| Err::<(), _>(e).with_path(input).unwrap_err(),
             ))
         }
@@ -414,7 +414,7 @@ pub fn rewrite(
 ) -> Result<transform::Transformed> {
     let encoded = metadata.encode();
     let t = if crate::pe::is_pe(bytes) {
-        pe::transform(bytes, &encoded).map_err(|e| request(path, e.to_string()))?
+        pe::transform(bytes, &encoded).map_err(|e| Error::request(path, e.to_string()))?
     } else {
         transform::transform(bytes, &encoded).map_err(|e| transform_error(path, e))?
     };
@@ -439,7 +439,7 @@ pub fn verify_binary(b: &[u8], bundles: Option<usize>) -> Result<Verified, Verif
 /// "Not a fat binary", naming the container's bundle section.
 fn not_fat(path: &Path, bytes: &[u8]) -> Error {
     match HostBinary::parse(bytes) {
-        Ok(bin) if bin.pe().is_some() => request(
+        Ok(bin) if bin.pe().is_some() => Error::request(
             path,
             format!(
                 "no {} section: not a fat binary",
@@ -458,14 +458,7 @@ fn same_file(a: &Path, b: &Path) -> bool {
 }
 
 fn transform_error(path: &Path, e: TransformError) -> Error {
-    request(path, e.to_string())
-}
-
-fn request(path: &Path, what: impl Into<String>) -> Error {
-    Error::Request {
-        path: path.into(),
-        what: what.into(),
-    }
+    Error::request(path, e.to_string())
 }
 
 /// Check a fat binary on disk, as prune and restore write them
