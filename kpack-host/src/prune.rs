@@ -52,7 +52,11 @@ impl Selection {
             .map(|t| match TargetId::parse(t) {
                 Ok(id) => Ok((t.clone(), Some(id))),
                 Err(_) if is_plain_name(t) => Ok((t.clone(), None)),
-                Err(e) => Err(Error::request(path, format!("--targets {t}: {e}"))),
+                Err(source) => Err(Error::Target {
+                    path: path.into(),
+                    target: t.clone(),
+                    source,
+                }),
             })
             .collect()
     }
@@ -183,12 +187,11 @@ fn rewrite_verified(
         bundles: &layout.bytes,
         starts: layout.starts.clone(),
     };
-    let t = rewrite(bytes, &req).map_err(|e| Error::request(input, e.to_string()))?;
-    let v = verify_fat(&t.bytes).map_err(|e| {
-        Error::request(
-            input,
-            format!("internal error: the pruned binary fails verification: {e}"),
-        )
+    let t = rewrite(bytes, &req).with_path(input)?;
+    let v = verify_fat(&t.bytes).map_err(|source| Error::SelfCheck {
+        path: input.into(),
+        output: "pruned",
+        source,
     })?;
     Ok((t, v))
 }
@@ -209,7 +212,7 @@ fn check_class(input: &Path, bytes: &[u8]) -> Result<()> {
         Class::Other => {
             return Err(HostBinary::parse(bytes).err().map_or_else(
                 || Error::request(input, "not a host binary"),
-                |e| Err::<(), _>(e).with_path(input).unwrap_err(),
+                |e| Error::binary(input, e),
             ))
         }
     };
@@ -315,8 +318,11 @@ fn ccob_version(c: &Ccob, stored: usize) -> u16 {
 /// Compress `plain` as the compressed bundle `ccob` was: same method, same
 /// version unless a size needs v3.
 fn recompress(input: &Path, plain: &[u8], ccob: &Ccob) -> Result<Vec<u8>> {
-    let fail =
-        |e: std::io::Error| Error::request(input, format!("compressing a pruned bundle: {e}"));
+    let fail = |source| Error::Compress {
+        path: input.into(),
+        what: "a pruned bundle",
+        source,
+    };
     let version = if u32::try_from(plain.len()).is_err() {
         3
     } else {

@@ -30,7 +30,7 @@ use crate::loader::Loader;
 use crate::offload::transform::{
     align_up, restore_room, rewrite, Request, TransformError, Transformed,
 };
-use crate::offload::verify_fat;
+use crate::offload::{archive_key, verify_fat};
 use crate::output::{parent_dir, write_atomically_with_mode};
 use crate::prune::{keeps, Selection};
 use crate::target::TargetId;
@@ -122,11 +122,10 @@ pub fn restore(input: &Path, output: &Path, opts: &RestoreOptions) -> Result<Res
     } = built;
     // The output holds the bundles now.
     drop(payload);
-    verify_fat(&t.bytes).map_err(|e| {
-        Error::request(
-            input,
-            format!("internal error: the restored binary fails verification: {e}"),
-        )
+    verify_fat(&t.bytes).map_err(|source| Error::SelfCheck {
+        path: input.into(),
+        output: "restored",
+        source,
     })?;
     fs::create_dir_all(parent_dir(output)).with_path(parent_dir(output))?;
     write_atomically_with_mode(output, Some(mode), |f| f.write_all(&t.bytes))?;
@@ -268,11 +267,10 @@ impl Source<'_> {
             let hit = self
                 .loader
                 .load_target(self.metadata, self.binary_path, co, id)
-                .map_err(|e| {
-                    Error::request(
-                        self.input,
-                        format!("{}#{co}: {e}", self.metadata.kernel_name),
-                    )
+                .map_err(|source| Error::Load {
+                    path: self.input.into(),
+                    key: archive_key(&self.metadata.kernel_name, co as usize),
+                    source,
                 })?;
             if let Some((data, hit)) = hit {
                 let triple = hit
@@ -309,7 +307,11 @@ impl Source<'_> {
         };
         b.bytes = compress_bundle_at(&b.bytes, v, Method::Zstd, level)
             .or_else(|_| compress_bundle_at(&b.bytes, 3, Method::Zstd, level))
-            .map_err(|e| Error::request(self.input, format!("compressing a bundle: {e}")))?;
+            .map_err(|source| Error::Compress {
+                path: self.input.into(),
+                what: "a bundle",
+                source,
+            })?;
         Ok(b)
     }
 
@@ -443,7 +445,7 @@ fn place(
             }
             t => t,
         }
-        .map_err(fail(input))?;
+        .with_path(input)?;
         Ok((t, built, true))
     };
     let plain = || -> Result<std::result::Result<(Transformed, Built, bool), TransformError>> {
@@ -451,22 +453,18 @@ fn place(
         Ok(built.rewrite(bytes).map(|t| (t, built, false)))
     };
     match compression {
-        Compression::None => plain()?.map_err(fail(input)),
+        Compression::None => plain()?.with_path(input),
         Compression::Zstd => compressed(),
         Compression::Auto => {
-            let room = restore_room(bytes).map_err(fail(input))?;
+            let room = restore_room(bytes).with_path(input)?;
             let need = src.plain_size(co_indices)?;
             if align_up(room.start, 4096).saturating_add(need) > room.end {
                 return compressed();
             }
             match plain()? {
                 Err(TransformError::RangeTooSmall { .. }) => compressed(),
-                other => other.map_err(fail(input)),
+                other => other.with_path(input),
             }
         }
     }
-}
-
-fn fail(input: &Path) -> impl Fn(TransformError) -> Error + '_ {
-    move |e| Error::request(input, e.to_string())
 }

@@ -23,7 +23,7 @@ use std::path::{Component, Path, PathBuf};
 use serde::Serialize;
 
 use crate::archive::{Scheme, DEFAULT_ZSTD_LEVEL};
-use crate::binary::{classify, Class, HostBinary, Role};
+use crate::binary::{classify, Class, HostBinary};
 use crate::bundle::parse_fatbin;
 use crate::error::{Error, Result, WithPath};
 use crate::hipk::HipkMetadata;
@@ -294,7 +294,7 @@ fn pass_through(input: &Path, bytes: &[u8]) -> Result<Option<(Outcome, &'static 
         Class::Bundle | Class::Archive | Class::Other => {
             return Err(HostBinary::parse(bytes).err().map_or_else(
                 || Error::request(input, "not a host binary"),
-                |e| Err::<(), _>(e).with_path(input).unwrap_err(),
+                |e| Error::binary(input, e),
             ))
         }
     }))
@@ -414,13 +414,14 @@ pub fn rewrite(
 ) -> Result<transform::Transformed> {
     let encoded = metadata.encode();
     let t = if crate::pe::is_pe(bytes) {
-        pe::transform(bytes, &encoded).map_err(|e| Error::request(path, e.to_string()))?
+        pe::transform(bytes, &encoded).with_path(path)?
     } else {
-        transform::transform(bytes, &encoded).map_err(|e| transform_error(path, e))?
+        transform::transform(bytes, &encoded).with_path(path)?
     };
-    verify_binary(&t.bytes, Some(t.bundles)).map_err(|e| Error::Request {
+    verify_binary(&t.bytes, Some(t.bundles)).map_err(|source| Error::SelfCheck {
         path: path.into(),
-        what: format!("internal error: the rewritten binary fails verification: {e}"),
+        output: "rewritten",
+        source,
     })?;
     Ok(t)
 }
@@ -438,15 +439,16 @@ pub fn verify_binary(b: &[u8], bundles: Option<usize>) -> Result<Verified, Verif
 
 /// "Not a fat binary", naming the container's bundle section.
 fn not_fat(path: &Path, bytes: &[u8]) -> Error {
+    let path = path.into();
     match HostBinary::parse(bytes) {
-        Ok(bin) if bin.pe().is_some() => Error::request(
+        Ok(bin) if bin.pe().is_some() => Error::PeTransform {
             path,
-            format!(
-                "no {} section: not a fat binary",
-                bin.section_name(Role::Fatbin)
-            ),
-        ),
-        _ => transform_error(path, TransformError::NotFat),
+            source: PeTransformError::NotFat,
+        },
+        _ => Error::Transform {
+            path,
+            source: TransformError::NotFat,
+        },
     }
 }
 
@@ -457,28 +459,18 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-fn transform_error(path: &Path, e: TransformError) -> Error {
-    Error::request(path, e.to_string())
-}
-
 /// Check a fat binary on disk, as prune and restore write them
 /// ([`verify_fat`]).
 pub fn verify_fat_file(path: &Path) -> Result<VerifiedFat> {
     let mapped = map_file(path)?;
-    verify_fat(&mapped).map_err(|e| Error::Request {
-        path: path.into(),
-        what: e.to_string(),
-    })
+    verify_fat(&mapped).with_path(path)
 }
 
 /// Check an offloaded binary (ELF or PE) on disk (`kpack verify-binary`,
 /// `kpack verify-elf`).
 pub fn verify_file(path: &Path) -> Result<Verified> {
     let mapped = map_file(path)?;
-    verify_binary(&mapped, None).map_err(|e| Error::Request {
-        path: path.into(),
-        what: e.to_string(),
-    })
+    verify_binary(&mapped, None).with_path(path)
 }
 
 #[cfg(test)]
