@@ -26,14 +26,14 @@
 //! section table (so no section index changes), its name added to a new copy
 //! of `.shstrtab` written at the end of the file.
 //!
-//! The steps: [`analyze`] reads and checks the input, [`layout::plan`]
+//! The steps: [`analyze`] reads and checks the input, [`plan::plan`]
 //! decides what moves where, [`write::output`] produces the bytes.
 
 mod analyze;
-mod layout;
+mod plan;
 mod write;
 
-pub use layout::align_up;
+pub use plan::align_up;
 
 #[cfg(test)]
 mod tests;
@@ -184,12 +184,12 @@ pub fn rewrite(b: &[u8], request: &Request) -> Result<Transformed, TransformErro
     let (input, plan) = match request {
         Request::Restore { .. } => {
             let (input, hole) = analyze::analyze_offloaded(b)?;
-            let plan = layout::plan_restore(&input, &hole, request)?;
+            let plan = plan::plan_restore(&input, &hole, request)?;
             (input, plan)
         }
         _ => {
             let input = analyze::analyze(b)?;
-            let plan = layout::plan(&input, request)?;
+            let plan = plan::plan(&input, request)?;
             (input, plan)
         }
     };

@@ -7,7 +7,7 @@ use object::read::elf::{ProgramHeader as _, SectionHeader as _, Sym as _};
 use object::{I64, U16, U32, U64};
 
 use super::analyze::analyze;
-use super::layout::plan;
+use super::plan::plan;
 use super::*;
 use crate::binary::{classify, Class};
 use crate::bundle::write_bundle;
