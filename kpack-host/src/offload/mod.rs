@@ -12,7 +12,10 @@
 
 pub mod pe;
 pub mod transform;
-pub mod verify;
+
+/// The verifiers of rewritten binaries: ELF's, and what PE's shares with
+/// it ([`pe::verify`] is PE's).
+pub use transform::verify;
 
 use std::collections::BTreeMap;
 use std::fs;

@@ -27,10 +27,13 @@
 //! of `.shstrtab` written at the end of the file.
 //!
 //! The steps: [`analyze`] reads and checks the input, [`plan::plan`]
-//! decides what moves where, [`write::output`] produces the bytes.
+//! decides what moves where, [`write::output`] produces the bytes;
+//! [`verify::verify_elf`] checks a result ([`verify::verify_fat`], one of
+//! prune or restore).
 
 mod analyze;
 mod plan;
+pub mod verify;
 mod write;
 
 pub use plan::align_up;
