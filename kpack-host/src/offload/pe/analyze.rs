@@ -2,10 +2,9 @@
 //! plan relies on, before anything is planned or written.
 
 use super::PeTransformError as E;
-use crate::binary::{HostBinary, WrapperTable};
+use crate::binary::{Address, HostBinary, WrapperError, WrapperTable};
 use crate::bundle::parse_fatbin;
 use crate::elf::PointerKind;
-use crate::hipk::{HIPF_MAGIC, HIPK_MAGIC};
 use crate::offload::WrapperChange;
 use crate::pe::{
     BaseReloc, PeSection, PeView, DEBUG_ENTRY_SIZE, FATBIN_SECTION, IMAGE_DIRECTORY_ENTRY_DEBUG,
@@ -53,10 +52,7 @@ pub fn analyze(b: &[u8]) -> Result<Input<'_>, E> {
         .iter()
         .map(|bundle| (bundle.range.start, bundle.index))
         .collect();
-    let table = HostBinary::Pe(pe).wrappers().map_err(|e| match e {
-        crate::binary::BinaryError::Pe(e) => E::Pe(e),
-        e => E::Layout(e.to_string()),
-    })?;
+    let table = HostBinary::Pe(pe).wrappers().map_err(WrapperError::Table)?;
     // Read here, not taken from the table: without a wrapper section the
     // table is empty, relocations included.
     let relocs = pe.base_relocations()?;
@@ -157,29 +153,24 @@ fn resolve_wrappers(
     let mut changes = Vec::new();
     for slot in &table.slots {
         let index = slot.index;
-        match slot.wrapper.magic {
-            HIPF_MAGIC => {}
-            HIPK_MAGIC => return Err(E::MixedWrappers),
-            magic => return Err(E::UnknownMagic { index, magic }),
-        }
+        slot.check_hipf()?;
         if slot.wrapper.version != 1 {
             let version = slot.wrapper.version;
-            return Err(E::UnknownVersion { index, version });
+            return Err(WrapperError::UnknownVersion { index, version }.into());
         }
-        let p = slot.pointer.clone().map_err(|e| E::Layout(e.to_string()))?;
+        let p = slot.resolved()?;
         if relocatable && p.kind != PointerKind::BaseRelocDir64 {
-            return Err(E::Layout(format!(
-                "wrapper {index}: the image has base relocations but none rebases its pointer"
-            )));
+            return Err(WrapperError::NotRebased { index }.into());
         }
         let co_index = p
             .value
             .checked_sub(f.rva)
             .and_then(|rel| starts.iter().find(|&&(s, _)| s as u64 == rel))
             .map(|&(_, bundle)| bundle)
-            .ok_or(E::PointerNotAtBundle {
+            .ok_or(WrapperError::PointerNotAtBundle {
                 index,
-                pointer: p.value,
+                pointer: Address::Rva(p.value),
+                section: FATBIN_SECTION,
                 start: f.rva,
                 end: f.rva + f.mem_size(),
             })? as u32;

@@ -41,10 +41,10 @@ pub use plan::align_up;
 #[cfg(test)]
 mod tests;
 
+use crate::binary::WrapperError;
 use crate::bundle::BundleError;
 pub use crate::elf::PointerKind;
 use crate::elf::{ElfError, FATBIN_SECTION};
-use crate::hipk::HIPF_MAGIC;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TransformError {
@@ -60,17 +60,8 @@ pub enum TransformError {
     UnsupportedMachine(u16),
     #[error("unsupported ELF type {0} (kpack rewrites executables and shared objects)")]
     UnsupportedType(u16),
-    #[error("wrapper {index}: unknown magic {magic:#010x} (expected HIPF {HIPF_MAGIC:#010x})")]
-    UnknownMagic { index: usize, magic: u32 },
-    #[error("wrappers mix HIPF and HIPK magics: a partly offloaded binary")]
-    MixedWrappers,
-    #[error("wrapper {index}: binary pointer {pointer:#x} does not point at the start of a bundle in {FATBIN_SECTION} [{start:#x}, {end:#x})")]
-    PointerNotAtBundle {
-        index: usize,
-        pointer: u64,
-        start: u64,
-        end: u64,
-    },
+    #[error(transparent)]
+    Wrapper(#[from] WrapperError),
     #[error("relocation at {r_offset:#x} {what} inside {FATBIN_SECTION} [{start:#x}, {end:#x}), whose bytes are removed")]
     RelocationIntoRemoved {
         r_offset: u64,

@@ -9,7 +9,7 @@ use object::{I64, U16, U32, U64};
 use super::analyze::analyze;
 use super::plan::plan;
 use super::*;
-use crate::binary::{classify, Class};
+use crate::binary::{classify, Class, WrapperError};
 use crate::bundle::write_bundle;
 use crate::elf::{
     ElfView, FileHeader, PhdrExt, ProgramHeader, Rela, SectionHeader, Sym, EHDR_SIZE, LE,
@@ -463,7 +463,7 @@ fn analyze_refuses_what_cannot_be_rewritten() {
             wrappers: vec![None],
             ..Spec::default()
         }),
-        TransformError::PointerNotAtBundle { index: 0, .. }
+        TransformError::Wrapper(WrapperError::PointerNotAtBundle { index: 0, .. })
     ));
     assert!(matches!(
         err(Spec {
@@ -494,7 +494,10 @@ fn analyze_refuses_what_cannot_be_rewritten() {
         .unwrap()
         .offset;
     crate::bytes::put_u32(&mut b, at as usize, HIPK_MAGIC);
-    assert_eq!(analyze(&b).err().unwrap(), TransformError::MixedWrappers);
+    assert_eq!(
+        analyze(&b).err().unwrap(),
+        TransformError::Wrapper(WrapperError::Mixed)
+    );
 }
 
 #[test]
