@@ -52,7 +52,7 @@ pub enum Class {
     /// A host binary whose device-code parts contradict each other (e.g.
     /// `.hip_fatbin` NOBITS but HIPF wrappers): offloading or verifying it
     /// reports this problem.
-    Inconsistent(String),
+    Inconsistent(Inconsistency),
     /// An AMDGPU code object (`.hsaco`, a kernel database's `.co`): device
     /// code on its own, not a host binary.
     CodeObject,
@@ -84,6 +84,24 @@ impl Class {
                 | Class::Inconsistent(_)
         )
     }
+}
+
+/// How a host binary's device-code parts contradict each other
+/// ([`Class::Inconsistent`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Inconsistency {
+    /// A device-code section or the wrapper table cannot be read.
+    #[error(transparent)]
+    Unreadable(#[from] BinaryError),
+    /// ELF: `.hip_fatbin` NOBITS, but not every wrapper HIPK.
+    #[error("{FATBIN_SECTION} is already NOBITS but the wrappers are not all HIPK")]
+    HalfOffloaded,
+    /// PE: `.kpackrf` present, but not every wrapper HIPK.
+    #[error(
+        "{} is present but the wrappers are not all HIPK",
+        pe::METADATA_SECTION
+    )]
+    MetadataWithHipf,
 }
 
 /// Could a file that starts with `head` (its first 8 bytes or fewer) be a
@@ -409,14 +427,14 @@ impl<'a> HostBinary<'a> {
         }
         let fatbin = match self.fatbin() {
             Ok(f) => f,
-            Err(e) => return Class::Inconsistent(e.to_string()),
+            Err(e) => return Class::Inconsistent(e.into()),
         };
         let fat = fatbin.as_ref().is_some_and(|s| !s.is_nobits());
         let wrappers = match self.wrappers() {
             Ok(w) => w,
             // Offloading it reports what is wrong with the wrappers.
             Err(_) if fat => return Class::Fat,
-            Err(e) => return Class::Inconsistent(e.to_string()),
+            Err(e) => return Class::Inconsistent(e.into()),
         };
         // A debug-info file keeps the section headers, NOBITS.
         let has_metadata = matches!(self.metadata(), Ok(Some(m)) if m.in_file);
@@ -425,9 +443,7 @@ impl<'a> HostBinary<'a> {
             Some(_) if wrappers.all_hipk() => Class::Offloaded,
             Some(_) if wrappers.is_empty() && has_metadata => Class::Offloaded,
             Some(_) if wrappers.is_empty() => Class::DebugOnly,
-            Some(_) => Class::Inconsistent(format!(
-                "{FATBIN_SECTION} is already NOBITS but the wrappers are not all HIPK"
-            )),
+            Some(_) => Class::Inconsistent(Inconsistency::HalfOffloaded),
             None if wrappers.all_hipk() && has_metadata => Class::Offloaded,
             None => Class::HostOnly,
         }
@@ -439,22 +455,19 @@ impl<'a> HostBinary<'a> {
     fn pe_class(&self) -> Class {
         let fatbin = match self.fatbin() {
             Ok(f) => f,
-            Err(e) => return Class::Inconsistent(e.to_string()),
+            Err(e) => return Class::Inconsistent(e.into()),
         };
         let has_metadata = self.has_section(Role::Metadata);
         let fat = fatbin.is_some() && !has_metadata;
         let wrappers = match self.wrappers() {
             Ok(w) => w,
             Err(_) if fat => return Class::Fat,
-            Err(e) => return Class::Inconsistent(e.to_string()),
+            Err(e) => return Class::Inconsistent(e.into()),
         };
         match (fat, has_metadata) {
             (true, _) => Class::Fat,
             (false, true) if wrappers.is_empty() || wrappers.all_hipk() => Class::Offloaded,
-            (false, true) => Class::Inconsistent(format!(
-                "{} is present but the wrappers are not all HIPK",
-                pe::METADATA_SECTION
-            )),
+            (false, true) => Class::Inconsistent(Inconsistency::MetadataWithHipf),
             (false, false) => Class::HostOnly,
         }
     }

@@ -6,7 +6,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::archive::ArchiveError;
-use crate::binary::BinaryError;
+use crate::binary::{BinaryError, Inconsistency};
 use crate::bundle::BundleError;
 use crate::elf::ElfError;
 use crate::hipk::HipkError;
@@ -53,6 +53,13 @@ pub enum Error {
         path: PathBuf,
         #[source]
         source: HipkError,
+    },
+    /// A host binary whose device-code parts contradict each other.
+    #[error("{}: {source}", path.display())]
+    Inconsistent {
+        path: PathBuf,
+        #[source]
+        source: Inconsistency,
     },
     /// The ELF transform (offload, prune, restore) cannot rewrite the
     /// binary.
@@ -153,6 +160,7 @@ impl Error {
             | Error::Elf { path, .. }
             | Error::Pe { path, .. }
             | Error::Hipk { path, .. }
+            | Error::Inconsistent { path, .. }
             | Error::Transform { path, .. }
             | Error::PeTransform { path, .. }
             | Error::Verify { path, .. }
@@ -189,6 +197,7 @@ with_path_impl!(ArchiveError, Archive);
 with_path_impl!(ElfError, Elf);
 with_path_impl!(HipkError, Hipk);
 with_path_impl!(PeError, Pe);
+with_path_impl!(Inconsistency, Inconsistent);
 with_path_impl!(TransformError, Transform);
 with_path_impl!(PeTransformError, PeTransform);
 with_path_impl!(VerifyError, Verify);

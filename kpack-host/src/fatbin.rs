@@ -102,19 +102,21 @@ fn host_device_code<'a>(path: &Path, bin: &HostBinary<'a>, class: Class) -> Resu
         }));
     }
     let Some(sec) = fatbin else {
-        return unsupported(
-            path,
-            match class {
-                Class::DebugOnly => {
-                    format!("a debug-info file (NOBITS {fatbin_name}, no metadata): no device code")
-                }
-                Class::Inconsistent(why) => why,
-                _ if bin.pe().is_some() => {
-                    format!("PE file without device code (no {fatbin_name} section)")
-                }
-                _ => format!("ELF file without device code (no {fatbin_name} section)"),
-            },
-        );
+        return match class {
+            Class::DebugOnly => unsupported(
+                path,
+                format!("a debug-info file (NOBITS {fatbin_name}, no metadata): no device code"),
+            ),
+            Class::Inconsistent(why) => Err(why).with_path(path),
+            _ if bin.pe().is_some() => unsupported(
+                path,
+                format!("PE file without device code (no {fatbin_name} section)"),
+            ),
+            _ => unsupported(
+                path,
+                format!("ELF file without device code (no {fatbin_name} section)"),
+            ),
+        };
     };
     Ok(DeviceCode::Fat(FatBinary {
         container: Container::Host {

@@ -208,7 +208,7 @@ fn check_class(input: &Path, bytes: &[u8]) -> Result<()> {
         Class::CodeObject => "an AMDGPU code object, not a host binary",
         Class::Bundle => "a raw offload bundle, not a host binary",
         Class::Archive => "a .kpack archive, not a binary",
-        Class::Inconsistent(why) => return Err(Error::request(input, why)),
+        Class::Inconsistent(why) => return Err(why).with_path(input),
         Class::Other => {
             return Err(HostBinary::parse(bytes).err().map_or_else(
                 || Error::request(input, "not a host binary"),

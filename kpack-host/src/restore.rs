@@ -155,7 +155,7 @@ fn offloaded(input: &Path, bytes: &[u8]) -> Result<(HipkMetadata, Vec<u32>, u16)
                 "a fat binary already (nothing to restore)",
             ))
         }
-        Class::Inconsistent(why) => return Err(Error::request(input, why)),
+        Class::Inconsistent(why) => return Err(why).with_path(input),
         Class::HostOnly | Class::DebugOnly => {
             return Err(Error::request(
                 input,

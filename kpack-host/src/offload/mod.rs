@@ -286,7 +286,7 @@ fn pass_through(input: &Path, bytes: &[u8]) -> Result<Option<(Outcome, &'static 
             Outcome::DebugOnly,
             "debug-info file (NOBITS .hip_fatbin, no metadata): no device code, copied unchanged",
         ),
-        Class::Inconsistent(why) => return Err(Error::request(input, why)),
+        Class::Inconsistent(why) => return Err(why).with_path(input),
         Class::HostOnly => return Err(not_fat(input, bytes)),
         Class::CodeObject => {
             return Err(Error::request(
