@@ -28,7 +28,7 @@ use crate::archive::Archive;
 use crate::hipk::HipkMetadata;
 use crate::input::map_file;
 use kpack_bundle::{parse_fatbin, Bundle};
-use kpack_host::binary::{classify, Class, HostBinary};
+use kpack_host::binary::{classify_parsed, Class, HostBinary};
 use kpack_host::{Error, Result, WithPath};
 
 /// What a path is.
@@ -288,13 +288,15 @@ impl Collector {
         self.files += 1;
         self.bytes += bytes.len() as u64;
         let path = Path::new(name);
-        Ok(match classify(bytes) {
+        let file = classify_parsed(bytes);
+        Ok(match file.class {
             Class::Fat => {
-                self.fat(name, bytes).with_path(path)?;
+                self.fat(name, bytes, file.binary.ok()).with_path(path)?;
                 Some(Kind::FatBinary)
             }
             Class::Offloaded => {
-                let meta = HostBinary::parse(bytes)
+                let meta = file
+                    .binary
                     .ok()
                     .and_then(|b| b.metadata().ok().flatten())
                     .and_then(|m| HipkMetadata::decode(m.data).ok());
@@ -323,9 +325,9 @@ impl Collector {
         &mut self,
         name: &str,
         bytes: &[u8],
+        bin: Option<HostBinary>,
     ) -> std::result::Result<(), kpack_bundle::BundleError> {
-        let section = HostBinary::parse(bytes)
-            .ok()
+        let section = bin
             .and_then(|b| b.fatbin().ok().flatten())
             .map(|s| s.data)
             .unwrap_or_default();

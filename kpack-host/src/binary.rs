@@ -114,21 +114,40 @@ pub fn could_be_binary(head: &[u8]) -> bool {
 
 /// What `bytes` (a whole file) is.
 pub fn classify(bytes: &[u8]) -> Class {
-    if bytes.starts_with(crate::archive::MAGIC) {
-        return Class::Archive;
-    }
-    if bytes.starts_with(STATIC_ARCHIVE_MAGIC) {
-        return Class::StaticArchive;
-    }
-    if bytes.starts_with(crate::bundle::BUNDLE_MAGIC)
+    classify_parsed(bytes).class
+}
+
+/// What `bytes` (a whole file) is, with the host binary parsed on the way:
+/// what callers that go on to read the binary take, so that it is parsed
+/// once.
+pub fn classify_parsed(bytes: &[u8]) -> Classified<'_> {
+    let binary = HostBinary::parse(bytes);
+    let class = if bytes.starts_with(crate::archive::MAGIC) {
+        Class::Archive
+    } else if bytes.starts_with(STATIC_ARCHIVE_MAGIC) {
+        Class::StaticArchive
+    } else if bytes.starts_with(crate::bundle::BUNDLE_MAGIC)
         || bytes.starts_with(crate::bundle::CCOB_MAGIC)
     {
-        return Class::Bundle;
+        Class::Bundle
+    } else {
+        binary.as_ref().map_or(Class::Other, HostBinary::class)
+    };
+    Classified {
+        bytes,
+        class,
+        binary,
     }
-    match HostBinary::parse(bytes) {
-        Ok(b) => b.class(),
-        Err(_) => Class::Other,
-    }
+}
+
+/// A file's bytes classified ([`classify_parsed`]).
+#[derive(Clone)]
+pub struct Classified<'a> {
+    pub bytes: &'a [u8],
+    pub class: Class,
+    /// The host binary, or why the bytes are not one (for an archive or a
+    /// bundle: not an ELF file).
+    pub binary: Result<HostBinary<'a>, BinaryError>,
 }
 
 /// Why a host binary cannot be read: the container's own error.
@@ -562,6 +581,11 @@ mod tests {
     #[test]
     fn classifies_by_magic() {
         assert_eq!(classify(b"KPAK\x01\0\0\0"), Class::Archive);
+        // Why an archive is not a host binary, for callers that say so.
+        assert!(matches!(
+            classify_parsed(b"KPAK\x01\0\0\0").binary,
+            Err(BinaryError::Elf(ElfError::NotElf))
+        ));
         assert_eq!(classify(b"!<arch>\nxx"), Class::StaticArchive);
         assert_eq!(classify(b"__CLANG_OFFLOAD_BUNDLE__"), Class::Bundle);
         assert_eq!(classify(b"CCOB\x02\0"), Class::Bundle);
@@ -582,7 +606,9 @@ mod tests {
     fn own_executable_is_host_only() {
         let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
         assert_eq!(classify(&exe), Class::HostOnly);
-        let b = HostBinary::parse(&exe).unwrap();
+        let file = classify_parsed(&exe);
+        assert_eq!(file.class, Class::HostOnly);
+        let b = file.binary.unwrap();
         assert!(b.wrappers().unwrap().is_empty());
         assert!(b.fatbin().unwrap().is_none());
     }

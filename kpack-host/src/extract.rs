@@ -17,9 +17,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use crate::archive::Archive;
-use crate::binary::{classify, Class};
+use crate::binary::{classify_parsed, Class};
 use crate::error::{Error, Result, WithPath};
-use crate::fatbin::{read_device_code, DeviceCode, FatBinary, Offloaded};
+use crate::fatbin::{device_code, DeviceCode, FatBinary, Offloaded};
 use crate::input::map_file;
 use crate::output::StagedDir;
 use crate::target::TargetId;
@@ -104,14 +104,15 @@ struct Found<'a> {
 pub fn extract(input: &Path, out_dir: &Path, target: Option<&str>) -> Result<Vec<Extracted>> {
     let mapped = map_file(input)?;
     let write = |found: Found| write_all(input, out_dir, target, found.files, found.available);
-    if classify(&mapped) == Class::Archive {
+    let file = classify_parsed(&mapped);
+    if file.class == Class::Archive {
         return write(from_archive(
             &kpack_loader::open_archive(input)?,
             input,
             target,
         )?);
     }
-    match read_device_code(input, &mapped)? {
+    match device_code(input, &file)? {
         DeviceCode::Fat(fat) => write(from_fat(&fat, target)),
         DeviceCode::Offloaded(o) => write(from_offloaded(&o, input, target)?),
     }

@@ -20,10 +20,11 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::binary::{classify, Class};
+use crate::binary::{classify_parsed, Class, Classified, HostBinary};
 use crate::bundle::{compress_bundle_at, write_bundle, Method};
+use crate::elf::{ElfError, ElfView};
 use crate::error::{Error, Result, WithPath};
-use crate::fatbin::{read_device_code, DeviceCode};
+use crate::fatbin::{device_code, DeviceCode};
 use crate::hipk::HipkMetadata;
 use crate::input::map_file;
 use crate::loader::Loader;
@@ -94,12 +95,12 @@ pub fn restore(input: &Path, output: &Path, opts: &RestoreOptions) -> Result<Res
     let mapped = map_file(input)?;
     let bytes: &[u8] = &mapped;
     let mode = fs::metadata(input).with_path(input)?.permissions().mode();
-    let (metadata, co_indices, machine) = offloaded(input, bytes)?;
+    let (metadata, co_indices, elf) = offloaded(input, &classify_parsed(bytes))?;
     // The runtime sees the mapped file's real path.
     let binary_path = fs::canonicalize(input).with_path(input)?;
     let loader = Loader::from_env();
     let targets = chosen_targets(input, &loader, &metadata, &binary_path, opts)?;
-    let host = host_triple(machine);
+    let host = host_triple(elf.machine());
     let mut ids: Vec<(&String, TargetId)> = targets
         .iter()
         .filter_map(|t| TargetId::parse(t).ok().map(|id| (t, id)))
@@ -113,7 +114,7 @@ pub fn restore(input: &Path, output: &Path, opts: &RestoreOptions) -> Result<Res
         ids,
         host: &host,
     };
-    let (t, built, compressed) = place(&src, bytes, &co_indices, opts.compression)?;
+    let (t, built, compressed) = place(&src, elf, &co_indices, opts.compression)?;
     let Built {
         bundles,
         archives,
@@ -144,10 +145,13 @@ pub fn restore(input: &Path, output: &Path, opts: &RestoreOptions) -> Result<Res
 }
 
 /// The HIPK metadata, the distinct code object indices of the wrappers
-/// (sorted) and the machine of an offloaded binary; anything else is
+/// (sorted) and the ELF view of an offloaded binary; anything else is
 /// refused, saying what it is.
-fn offloaded(input: &Path, bytes: &[u8]) -> Result<(HipkMetadata, Vec<u32>, u16)> {
-    match classify(bytes) {
+fn offloaded<'a>(
+    input: &Path,
+    file: &Classified<'a>,
+) -> Result<(HipkMetadata, Vec<u32>, ElfView<'a>)> {
+    match &file.class {
         Class::Offloaded => {}
         Class::Fat => {
             return Err(Error::request(
@@ -155,7 +159,7 @@ fn offloaded(input: &Path, bytes: &[u8]) -> Result<(HipkMetadata, Vec<u32>, u16)
                 "a fat binary already (nothing to restore)",
             ))
         }
-        Class::Inconsistent(why) => return Err(why).with_path(input),
+        Class::Inconsistent(why) => return Err(why.clone()).with_path(input),
         Class::HostOnly | Class::DebugOnly => {
             return Err(Error::request(
                 input,
@@ -164,7 +168,7 @@ fn offloaded(input: &Path, bytes: &[u8]) -> Result<(HipkMetadata, Vec<u32>, u16)
         }
         _ => return Err(Error::request(input, "not an offloaded host binary")),
     }
-    let DeviceCode::Offloaded(o) = read_device_code(input, bytes)? else {
+    let DeviceCode::Offloaded(o) = device_code(input, file)? else {
         return Err(Error::request(input, "not an offloaded host binary"));
     };
     let mut cos = Vec::with_capacity(o.wrappers.len());
@@ -179,10 +183,11 @@ fn offloaded(input: &Path, bytes: &[u8]) -> Result<(HipkMetadata, Vec<u32>, u16)
     if cos.is_empty() {
         return Err(Error::request(input, "no wrappers: nothing to restore"));
     }
-    let machine = crate::elf::ElfView::parse(bytes)
-        .with_path(input)?
-        .machine();
-    Ok((o.metadata, cos, machine))
+    let elf = match file.binary.clone().with_path(input)? {
+        HostBinary::Elf(elf) => elf,
+        HostBinary::Pe(_) => return Err(ElfError::NotElf).with_path(input),
+    };
+    Ok((o.metadata, cos, elf))
 }
 
 /// The targets to restore: those of the archives the search finds that
@@ -402,9 +407,9 @@ impl Built {
         Built::new(src, each, 16)
     }
 
-    fn rewrite(&self, bytes: &[u8]) -> std::result::Result<Transformed, TransformError> {
+    fn rewrite(&self, elf: ElfView) -> std::result::Result<Transformed, TransformError> {
         rewrite(
-            bytes,
+            elf,
             &Request::Restore {
                 bundles: &self.payload,
                 starts: self.starts.clone(),
@@ -429,7 +434,7 @@ fn host_triple(machine: u16) -> String {
 /// is ever held: for `auto`, their uncompressed size is measured first.
 fn place(
     src: &Source,
-    bytes: &[u8],
+    elf: ElfView,
     co_indices: &[u32],
     compression: Compression,
 ) -> Result<(Transformed, Built, bool)> {
@@ -438,10 +443,10 @@ fn place(
     // worse than clang's own), the strongest level.
     let compressed = || -> Result<(Transformed, Built, bool)> {
         let mut built = Built::compressed(src, co_indices, 3)?;
-        let t = match built.rewrite(bytes) {
+        let t = match built.rewrite(elf) {
             Err(TransformError::RangeTooSmall { .. }) => {
                 built = Built::compressed(src, co_indices, STRONGEST_LEVEL)?;
-                built.rewrite(bytes)
+                built.rewrite(elf)
             }
             t => t,
         }
@@ -450,13 +455,13 @@ fn place(
     };
     let plain = || -> Result<std::result::Result<(Transformed, Built, bool), TransformError>> {
         let built = Built::plain(src, co_indices)?;
-        Ok(built.rewrite(bytes).map(|t| (t, built, false)))
+        Ok(built.rewrite(elf).map(|t| (t, built, false)))
     };
     match compression {
         Compression::None => plain()?.with_path(input),
         Compression::Zstd => compressed(),
         Compression::Auto => {
-            let room = restore_room(bytes).with_path(input)?;
+            let room = restore_room(elf).with_path(input)?;
             let need = src.plain_size(co_indices)?;
             if align_up(room.start, 4096).saturating_add(need) > room.end {
                 return compressed();

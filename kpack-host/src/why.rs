@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::binary::{classify, Class};
+use crate::binary::{classify_parsed, Class};
 use crate::error::{Error, Result, WithPath};
-use crate::fatbin::{read_device_code, DeviceCode};
+use crate::fatbin::{device_code, DeviceCode};
 use crate::input::map_file;
 use crate::loader::{Loader, Trace};
 
@@ -81,14 +81,15 @@ pub fn why_with(loader: &Loader, binary: &Path, archs: &[String]) -> Result<Why>
         return Err(request("no architecture given (--arch)"));
     }
     let mapped = map_file(binary)?;
-    match classify(&mapped) {
+    let file = classify_parsed(&mapped);
+    match file.class {
         Class::Offloaded => {}
         Class::Fat => return Err(request(
             "a fat binary: its code objects are inside it (the runtime loads them without kpack)",
         )),
         _ => return Err(request("not an offloaded host binary")),
     }
-    let DeviceCode::Offloaded(o) = read_device_code(binary, &mapped)? else {
+    let DeviceCode::Offloaded(o) = device_code(binary, &file)? else {
         return Err(request("not an offloaded host binary"));
     };
     let binary_path = std::fs::canonicalize(binary).with_path(binary)?;

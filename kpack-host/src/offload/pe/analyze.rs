@@ -35,8 +35,7 @@ impl<'a> Input<'a> {
     }
 }
 
-pub fn analyze(b: &[u8]) -> Result<Input<'_>, E> {
-    let pe = PeView::parse(b)?;
+pub fn analyze(pe: PeView<'_>) -> Result<Input<'_>, E> {
     let sections = pe.sections()?;
     if pe.section_index(METADATA_SECTION).is_some() {
         return Err(E::HasMetadata);

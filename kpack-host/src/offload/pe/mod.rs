@@ -40,7 +40,7 @@ mod tests;
 use crate::binary::WrapperError;
 use crate::bundle::BundleError;
 use crate::offload::transform::Transformed;
-use crate::pe::{PeError, FATBIN_SECTION, METADATA_SECTION};
+use crate::pe::{PeError, PeView, FATBIN_SECTION, METADATA_SECTION};
 
 pub use verify::verify_pe;
 
@@ -82,7 +82,13 @@ fn layout_prefix(e: &WrapperError) -> &'static str {
 
 /// Transform a fat PE image. `metadata` is the encoded HIPK metadata.
 pub fn transform(b: &[u8], metadata: &[u8]) -> Result<Transformed, PeTransformError> {
-    let input = analyze::analyze(b)?;
+    rewrite(PeView::parse(b)?, metadata)
+}
+
+/// Rewrite a fat PE image, parsed, with the encoded HIPK `metadata`:
+/// analyze, plan, write.
+pub fn rewrite(pe: PeView, metadata: &[u8]) -> Result<Transformed, PeTransformError> {
+    let input = analyze::analyze(pe)?;
     let plan = plan::plan(&input, metadata.len() as u64)?;
     let bytes = write::output(&input, &plan, metadata)?;
     Ok(Transformed {

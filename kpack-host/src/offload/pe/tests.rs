@@ -6,7 +6,6 @@
 use object::pe::{ImageFileHeader, ImageOptionalHeader64, ImageSectionHeader};
 use object::{LittleEndian as LE, U16, U32};
 
-use super::analyze::analyze;
 use super::plan::plan;
 use super::*;
 use crate::binary::{classify, Address, Class, HostBinary, WrapperError};
@@ -14,6 +13,11 @@ use crate::bundle::{write_bundle, BUNDLE_MAGIC};
 use crate::bytes::{put_u16, put_u32, put_u64, u32_at, u64_at};
 use crate::hipk::{HipkMetadata, HIPF_MAGIC, HIPK_MAGIC};
 use crate::pe::{checksum, PeView, CHECKSUM_OFFSET, IMAGE_REL_BASED_DIR64};
+
+/// Step 1 on a file's bytes.
+fn analyze(b: &[u8]) -> Result<analyze::Input<'_>, PeTransformError> {
+    analyze::analyze(PeView::parse(b)?)
+}
 
 const BASE: u64 = 0x1_8000_0000;
 const FA: u64 = 0x200;

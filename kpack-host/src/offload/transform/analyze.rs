@@ -93,8 +93,8 @@ pub struct Hole {
     pub x2: Option<usize>,
 }
 
-pub fn analyze(b: &[u8]) -> Result<Input<'_>, TransformError> {
-    let (elf, kinds) = parse_rewritable(b)?;
+pub fn analyze(elf: ElfView<'_>) -> Result<Input<'_>, TransformError> {
+    let kinds = rewritable(&elf)?;
     let bin = HostBinary::Elf(elf);
     let (fatbin, bundle_starts) = find_fatbin(&elf)?;
     let (xi, x) = holding_segment(&elf, &fatbin)?;
@@ -118,20 +118,19 @@ pub fn analyze(b: &[u8]) -> Result<Input<'_>, TransformError> {
     })
 }
 
-/// The ELF view of a binary the transform can rewrite (an executable or
-/// shared object of a machine it knows, headers in range) and that
-/// machine's relocation kinds.
-fn parse_rewritable(b: &[u8]) -> Result<(ElfView<'_>, RelocKinds), TransformError> {
-    let elf = ElfView::parse(b)?;
+/// The relocation kinds of the machine of a binary the transform can
+/// rewrite (an executable or shared object of a machine it knows, headers
+/// in range).
+fn rewritable(elf: &ElfView) -> Result<RelocKinds, TransformError> {
     elf.check_sections()?;
-    validate_layout(&elf)?;
+    validate_layout(elf)?;
     let machine = elf.machine();
     let kinds =
         RelocKinds::for_machine(machine).ok_or(TransformError::UnsupportedMachine(machine))?;
     if elf.e_type() != elf::ET_EXEC && elf.e_type() != elf::ET_DYN {
         return Err(TransformError::UnsupportedType(elf.e_type()));
     }
-    Ok((elf, kinds))
+    Ok(kinds)
 }
 
 /// Reject headers whose ranges overflow or leave the file, so that the
@@ -319,8 +318,8 @@ fn check_relocations(
 /// headers, the HIPK wrappers (their code object indices), the read-only
 /// segment X1 whose zero-filled tail is the removed pages, and the free
 /// range the bundles may take ([`Hole`]).
-pub fn analyze_offloaded(b: &[u8]) -> Result<(Input<'_>, Hole), TransformError> {
-    let (elf, kinds) = parse_rewritable(b)?;
+pub fn analyze_offloaded(elf: ElfView<'_>) -> Result<(Input<'_>, Hole), TransformError> {
+    let kinds = rewritable(&elf)?;
     let (fatbin, meta) = offloaded_sections(&elf)?;
     let (xi, x) = holding_segment(&elf, &meta)?;
     let unit = page_unit(&elf)?;

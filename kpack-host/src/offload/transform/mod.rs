@@ -44,7 +44,7 @@ mod tests;
 use crate::binary::WrapperError;
 use crate::bundle::BundleError;
 pub use crate::elf::PointerKind;
-use crate::elf::{ElfError, FATBIN_SECTION};
+use crate::elf::{ElfError, ElfView, FATBIN_SECTION};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TransformError {
@@ -161,28 +161,28 @@ pub struct Transformed {
 
 /// Transform a fat binary. `metadata` is the encoded HIPK metadata.
 pub fn transform(b: &[u8], metadata: &[u8]) -> Result<Transformed, TransformError> {
-    rewrite(b, &Request::Offload { metadata })
+    rewrite(ElfView::parse(b)?, &Request::Offload { metadata })
 }
 
 /// The address range that restore may fill with bundles in an offloaded
 /// binary (what [`Request::Restore`]'s payload must fit, after aligning
 /// its start).
-pub fn restore_room(b: &[u8]) -> Result<std::ops::Range<u64>, TransformError> {
-    let (_, hole) = analyze::analyze_offloaded(b)?;
+pub fn restore_room(elf: ElfView) -> Result<std::ops::Range<u64>, TransformError> {
+    let (_, hole) = analyze::analyze_offloaded(elf)?;
     Ok(hole.start..hole.end)
 }
 
 /// Rewrite a fat binary (offload, prune) or an offloaded one (restore) as
 /// `request` says: analyze, plan, write.
-pub fn rewrite(b: &[u8], request: &Request) -> Result<Transformed, TransformError> {
+pub fn rewrite(elf: ElfView, request: &Request) -> Result<Transformed, TransformError> {
     let (input, plan) = match request {
         Request::Restore { .. } => {
-            let (input, hole) = analyze::analyze_offloaded(b)?;
+            let (input, hole) = analyze::analyze_offloaded(elf)?;
             let plan = plan::plan_restore(&input, &hole, request)?;
             (input, plan)
         }
         _ => {
-            let input = analyze::analyze(b)?;
+            let input = analyze::analyze(elf)?;
             let plan = plan::plan(&input, request)?;
             (input, plan)
         }

@@ -6,7 +6,6 @@ use object::elf;
 use object::read::elf::{ProgramHeader as _, SectionHeader as _, Sym as _};
 use object::{I64, U16, U32, U64};
 
-use super::analyze::analyze;
 use super::plan::plan;
 use super::*;
 use crate::binary::{classify, Class, WrapperError};
@@ -19,6 +18,16 @@ use crate::hipk::{Wrapper, HIPF_MAGIC, HIPK_MAGIC};
 use crate::offload::verify::verify_elf;
 
 const PAGE: u64 = 0x1000;
+
+/// Step 1 on a file's bytes.
+fn analyze(b: &[u8]) -> Result<analyze::Input<'_>, TransformError> {
+    analyze::analyze(ElfView::parse(b)?)
+}
+
+/// [`super::rewrite`] of a file's bytes.
+fn rewrite(b: &[u8], request: &Request) -> Result<Transformed, TransformError> {
+    super::rewrite(ElfView::parse(b)?, request)
+}
 
 /// What the synthetic binary looks like.
 #[derive(Clone)]
