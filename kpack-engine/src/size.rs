@@ -181,17 +181,16 @@ pub fn root(path: &Path) -> Result<Root> {
         let kind = c.file(&name, &mapped, &|| {
             kpack_loader::open_archive(path).map_err(Into::into)
         })?;
-        match kind {
-            Some(Kind::OffloadedBinary) => c.archives_of_offloaded(path, &mapped)?,
-            Some(_) => {}
-            None => {
-                return Err(Error::request(
-                    path,
-                    "not a fat or offloaded binary, archive, tree or wheel",
-                ))
-            }
+        let Some(kind) = kind else {
+            return Err(Error::request(
+                path,
+                "not a fat or offloaded binary, archive, tree or wheel",
+            ));
+        };
+        if kind == Kind::OffloadedBinary {
+            c.archives_of_offloaded(path, &mapped)?;
         }
-        kind.expect("checked")
+        kind
     };
     Ok(c.finish(path, kind, meta.len()))
 }

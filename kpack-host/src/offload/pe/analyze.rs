@@ -45,7 +45,7 @@ pub fn analyze(pe: PeView<'_>) -> Result<Input<'_>, E> {
     if f.raw_size == 0 {
         return Err(E::FatbinEmpty);
     }
-    let tail_start = check_layout(&pe, &sections)?;
+    let tail_start = check_layout(&pe, &sections, f)?;
     check_header_room(&pe)?;
     let starts: Vec<(usize, usize)> = parse_fatbin(f.data)?
         .iter()
@@ -77,7 +77,7 @@ pub fn analyze(pe: PeView<'_>) -> Result<Input<'_>, E> {
 /// directories in sections; the certificate and COFF symbol tables after
 /// the sections, inside the file): what the plan moves must be sound to
 /// begin with. Returns the end of the last section's raw data.
-fn check_layout(pe: &PeView, sections: &[PeSection]) -> Result<u64, E> {
+fn check_layout(pe: &PeView, sections: &[PeSection], f: &PeSection) -> Result<u64, E> {
     let (fa, sa) = (pe.file_alignment(), pe.section_alignment());
     if !fa.is_power_of_two() || !sa.is_power_of_two() || fa > sa || fa > 1 << 16 {
         return Err(E::Layout(format!(
@@ -96,10 +96,6 @@ fn check_layout(pe: &PeView, sections: &[PeSection]) -> Result<u64, E> {
     if let Some(problem) = bad.into_iter().next() {
         return Err(E::Layout(problem));
     }
-    let f = sections
-        .iter()
-        .find(|s| s.name == FATBIN_SECTION)
-        .expect("checked");
     if f.raw_size % fa != 0 {
         return Err(E::Layout(format!(
             "{FATBIN_SECTION}: SizeOfRawData {:#x} is not a multiple of FileAlignment",
