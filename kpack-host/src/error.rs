@@ -98,7 +98,7 @@ pub enum Error {
         path: PathBuf,
         key: String,
         #[source]
-        source: kpack_loader::LoadError,
+        source: Box<kpack_loader::LoadError>,
     },
     /// Compressing `what` (a bundle) for the binary failed.
     #[error("{}: compressing {what}: {source}", path.display())]

@@ -272,10 +272,10 @@ impl Source<'_> {
             let hit = self
                 .loader
                 .load_target(self.metadata, self.binary_path, co, id)
-                .map_err(|source| Error::Load {
+                .map_err(|e| Error::Load {
                     path: self.input.into(),
                     key: archive_key(&self.metadata.kernel_name, co as usize),
-                    source,
+                    source: Box::new(e),
                 })?;
             if let Some((data, hit)) = hit {
                 let triple = hit

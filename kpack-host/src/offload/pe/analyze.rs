@@ -96,7 +96,7 @@ fn check_layout(pe: &PeView, sections: &[PeSection], f: &PeSection) -> Result<u6
     if let Some(problem) = bad.into_iter().next() {
         return Err(E::Layout(problem));
     }
-    if f.raw_size % fa != 0 {
+    if !f.raw_size.is_multiple_of(fa) {
         return Err(E::Layout(format!(
             "{FATBIN_SECTION}: SizeOfRawData {:#x} is not a multiple of FileAlignment",
             f.raw_size
