@@ -526,14 +526,14 @@ fn why(binary: &Path, archs: &[String], json: bool) -> kpack_host::Result<()> {
         .iter()
         .filter(|x| !matches!(x.result, Outcome::Loaded { .. }))
         .count();
-    Err(kpack_host::Error::Request {
-        path: binary.into(),
-        what: format!(
+    Err(kpack_host::Error::request(
+        binary,
+        format!(
             "{failing} of {} wrapper(s) do not resolve for {}",
             w.wrappers.len(),
             archs.join(", ")
         ),
-    })
+    ))
 }
 
 /// One wrapper of `kpack why`: the targets each agent tries, the candidate

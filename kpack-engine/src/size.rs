@@ -28,7 +28,7 @@ use crate::archive::Archive;
 use crate::hipk::HipkMetadata;
 use crate::input::map_file;
 use kpack_bundle::{parse_fatbin, Bundle};
-use kpack_host::binary::{classify, Class, HostBinary};
+use kpack_host::binary::{classify_parsed, Class, HostBinary};
 use kpack_host::{Error, Result, WithPath};
 
 /// What a path is.
@@ -181,17 +181,16 @@ pub fn root(path: &Path) -> Result<Root> {
         let kind = c.file(&name, &mapped, &|| {
             kpack_loader::open_archive(path).map_err(Into::into)
         })?;
-        match kind {
-            Some(Kind::OffloadedBinary) => c.archives_of_offloaded(path, &mapped)?,
-            Some(_) => {}
-            None => {
-                return Err(request(
-                    path,
-                    "not a fat or offloaded binary, archive, tree or wheel",
-                ))
-            }
+        let Some(kind) = kind else {
+            return Err(Error::request(
+                path,
+                "not a fat or offloaded binary, archive, tree or wheel",
+            ));
+        };
+        if kind == Kind::OffloadedBinary {
+            c.archives_of_offloaded(path, &mapped)?;
         }
-        kind.expect("checked")
+        kind
     };
     Ok(c.finish(path, kind, meta.len()))
 }
@@ -232,7 +231,8 @@ fn is_wheel(path: &Path) -> Result<bool> {
 /// Every file entry of the wheel at `path`, sorted by name; returns the
 /// entries' uncompressed size.
 fn wheel(path: &Path, c: &mut Collector) -> Result<u64> {
-    let bad = |e: zip::result::ZipError| request(path, format!("not a readable wheel (zip): {e}"));
+    let bad =
+        |e: zip::result::ZipError| Error::request(path, format!("not a readable wheel (zip): {e}"));
     let file = std::fs::File::open(path).with_path(path)?;
     let mut z = zip::ZipArchive::new(file).map_err(bad)?;
     let mut names: Vec<String> = z
@@ -287,13 +287,15 @@ impl Collector {
         self.files += 1;
         self.bytes += bytes.len() as u64;
         let path = Path::new(name);
-        Ok(match classify(bytes) {
+        let file = classify_parsed(bytes);
+        Ok(match file.class {
             Class::Fat => {
-                self.fat(name, bytes).with_path(path)?;
+                self.fat(name, bytes, file.binary.ok()).with_path(path)?;
                 Some(Kind::FatBinary)
             }
             Class::Offloaded => {
-                let meta = HostBinary::parse(bytes)
+                let meta = file
+                    .binary
                     .ok()
                     .and_then(|b| b.metadata().ok().flatten())
                     .and_then(|m| HipkMetadata::decode(m.data).ok());
@@ -322,9 +324,9 @@ impl Collector {
         &mut self,
         name: &str,
         bytes: &[u8],
+        bin: Option<HostBinary>,
     ) -> std::result::Result<(), kpack_bundle::BundleError> {
-        let section = HostBinary::parse(bytes)
-            .ok()
+        let section = bin
             .and_then(|b| b.fatbin().ok().flatten())
             .map(|s| s.data)
             .unwrap_or_default();
@@ -533,13 +535,6 @@ fn bundle_code_objects(binary: &str, group: &[Bundle]) -> Vec<CodeObjectBytes> {
     out
 }
 
-fn request(path: &Path, what: impl Into<String>) -> Error {
-    Error::Request {
-        path: path.into(),
-        what: what.into(),
-    }
-}
-
 /// How one thing changed between A and B.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -596,7 +591,7 @@ pub struct Diff {
 pub fn diff(a: &Path, b: &Path) -> Result<Diff> {
     let (ra, rb) = (root(a)?, root(b)?);
     if ra.kind != rb.kind {
-        return Err(request(
+        return Err(Error::request(
             b,
             format!(
                 "is a {}, {} is a {}: diff compares two of the same kind",

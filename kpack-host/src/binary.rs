@@ -19,7 +19,7 @@ use crate::elf::{
     ElfError, ElfType, ElfView, Pointer, Relocations, FATBIN_SECTION, METADATA_SECTION,
     WRAPPER_SECTION,
 };
-use crate::hipk::{Wrapper, HIPK_MAGIC, WRAPPER_SIZE};
+use crate::hipk::{Wrapper, HIPF_MAGIC, HIPK_MAGIC, WRAPPER_SIZE};
 use crate::pe::{self, BaseReloc, PeError, PeKind, PeView};
 
 /// The magic of a static archive (`ar`).
@@ -52,7 +52,7 @@ pub enum Class {
     /// A host binary whose device-code parts contradict each other (e.g.
     /// `.hip_fatbin` NOBITS but HIPF wrappers): offloading or verifying it
     /// reports this problem.
-    Inconsistent(String),
+    Inconsistent(Inconsistency),
     /// An AMDGPU code object (`.hsaco`, a kernel database's `.co`): device
     /// code on its own, not a host binary.
     CodeObject,
@@ -86,6 +86,24 @@ impl Class {
     }
 }
 
+/// How a host binary's device-code parts contradict each other
+/// ([`Class::Inconsistent`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Inconsistency {
+    /// A device-code section or the wrapper table cannot be read.
+    #[error(transparent)]
+    Unreadable(#[from] BinaryError),
+    /// ELF: `.hip_fatbin` NOBITS, but not every wrapper HIPK.
+    #[error("{FATBIN_SECTION} is already NOBITS but the wrappers are not all HIPK")]
+    HalfOffloaded,
+    /// PE: `.kpackrf` present, but not every wrapper HIPK.
+    #[error(
+        "{} is present but the wrappers are not all HIPK",
+        pe::METADATA_SECTION
+    )]
+    MetadataWithHipf,
+}
+
 /// Could a file that starts with `head` (its first 8 bytes or fewer) be a
 /// host binary or a link input? A cheap test before mapping the file.
 pub fn could_be_binary(head: &[u8]) -> bool {
@@ -96,21 +114,40 @@ pub fn could_be_binary(head: &[u8]) -> bool {
 
 /// What `bytes` (a whole file) is.
 pub fn classify(bytes: &[u8]) -> Class {
-    if bytes.starts_with(crate::archive::MAGIC) {
-        return Class::Archive;
-    }
-    if bytes.starts_with(STATIC_ARCHIVE_MAGIC) {
-        return Class::StaticArchive;
-    }
-    if bytes.starts_with(crate::bundle::BUNDLE_MAGIC)
+    classify_parsed(bytes).class
+}
+
+/// What `bytes` (a whole file) is, with the host binary parsed on the way:
+/// what callers that go on to read the binary take, so that it is parsed
+/// once.
+pub fn classify_parsed(bytes: &[u8]) -> Classified<'_> {
+    let binary = HostBinary::parse(bytes);
+    let class = if bytes.starts_with(crate::archive::MAGIC) {
+        Class::Archive
+    } else if bytes.starts_with(STATIC_ARCHIVE_MAGIC) {
+        Class::StaticArchive
+    } else if bytes.starts_with(crate::bundle::BUNDLE_MAGIC)
         || bytes.starts_with(crate::bundle::CCOB_MAGIC)
     {
-        return Class::Bundle;
+        Class::Bundle
+    } else {
+        binary.as_ref().map_or(Class::Other, HostBinary::class)
+    };
+    Classified {
+        bytes,
+        class,
+        binary,
     }
-    match HostBinary::parse(bytes) {
-        Ok(b) => b.class(),
-        Err(_) => Class::Other,
-    }
+}
+
+/// A file's bytes classified ([`classify_parsed`]).
+#[derive(Clone)]
+pub struct Classified<'a> {
+    pub bytes: &'a [u8],
+    pub class: Class,
+    /// The host binary, or why the bytes are not one (for an archive or a
+    /// bundle: not an ELF file).
+    pub binary: Result<HostBinary<'a>, BinaryError>,
 }
 
 /// Why a host binary cannot be read: the container's own error.
@@ -122,13 +159,48 @@ pub enum BinaryError {
     Pe(#[from] PeError),
 }
 
-/// The ELF transform reads wrappers through [`HostBinary`]; its pointers
-/// never carry PE errors.
-impl From<BinaryError> for crate::offload::TransformError {
-    fn from(e: BinaryError) -> Self {
-        match e {
-            BinaryError::Elf(e) => e.into(),
-            BinaryError::Pe(e) => ElfError::Malformed(e.to_string()).into(),
+/// Why the transforms (offload, prune, restore; ELF and PE alike) cannot
+/// take a binary's wrapper table as it is.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WrapperError {
+    /// The table cannot be read ([`HostBinary::wrappers`]).
+    #[error(transparent)]
+    Table(BinaryError),
+    #[error("wrapper {index}: unknown magic {magic:#010x} (expected HIPF {HIPF_MAGIC:#010x})")]
+    UnknownMagic { index: usize, magic: u32 },
+    #[error("wrapper {index}: version {version} (expected 1)")]
+    UnknownVersion { index: usize, version: u32 },
+    #[error("wrappers mix HIPF and HIPK magics: a partly offloaded binary")]
+    Mixed,
+    /// The wrapper's `binary` pointer does not resolve.
+    #[error("{source}")]
+    Pointer { index: usize, source: BinaryError },
+    /// The image has base relocations, but none on this wrapper's pointer
+    /// (it would not follow the image when Windows moves it).
+    #[error("wrapper {index}: the image has base relocations but none rebases its pointer")]
+    NotRebased { index: usize },
+    #[error("wrapper {index}: binary pointer {pointer} does not point at the start of a bundle in {section} [{start:#x}, {end:#x})")]
+    PointerNotAtBundle {
+        index: usize,
+        pointer: Address,
+        section: &'static str,
+        start: u64,
+        end: u64,
+    },
+}
+
+/// An address as its container names it: an ELF virtual address, a PE RVA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Address {
+    Virtual(u64),
+    Rva(u64),
+}
+
+impl std::fmt::Display for Address {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Address::Virtual(a) => write!(f, "{a:#x}"),
+            Address::Rva(a) => write!(f, "RVA {a:#x}"),
         }
     }
 }
@@ -374,14 +446,14 @@ impl<'a> HostBinary<'a> {
         }
         let fatbin = match self.fatbin() {
             Ok(f) => f,
-            Err(e) => return Class::Inconsistent(e.to_string()),
+            Err(e) => return Class::Inconsistent(e.into()),
         };
         let fat = fatbin.as_ref().is_some_and(|s| !s.is_nobits());
         let wrappers = match self.wrappers() {
             Ok(w) => w,
             // Offloading it reports what is wrong with the wrappers.
             Err(_) if fat => return Class::Fat,
-            Err(e) => return Class::Inconsistent(e.to_string()),
+            Err(e) => return Class::Inconsistent(e.into()),
         };
         // A debug-info file keeps the section headers, NOBITS.
         let has_metadata = matches!(self.metadata(), Ok(Some(m)) if m.in_file);
@@ -390,9 +462,7 @@ impl<'a> HostBinary<'a> {
             Some(_) if wrappers.all_hipk() => Class::Offloaded,
             Some(_) if wrappers.is_empty() && has_metadata => Class::Offloaded,
             Some(_) if wrappers.is_empty() => Class::DebugOnly,
-            Some(_) => Class::Inconsistent(format!(
-                "{FATBIN_SECTION} is already NOBITS but the wrappers are not all HIPK"
-            )),
+            Some(_) => Class::Inconsistent(Inconsistency::HalfOffloaded),
             None if wrappers.all_hipk() && has_metadata => Class::Offloaded,
             None => Class::HostOnly,
         }
@@ -404,22 +474,19 @@ impl<'a> HostBinary<'a> {
     fn pe_class(&self) -> Class {
         let fatbin = match self.fatbin() {
             Ok(f) => f,
-            Err(e) => return Class::Inconsistent(e.to_string()),
+            Err(e) => return Class::Inconsistent(e.into()),
         };
         let has_metadata = self.has_section(Role::Metadata);
         let fat = fatbin.is_some() && !has_metadata;
         let wrappers = match self.wrappers() {
             Ok(w) => w,
             Err(_) if fat => return Class::Fat,
-            Err(e) => return Class::Inconsistent(e.to_string()),
+            Err(e) => return Class::Inconsistent(e.into()),
         };
         match (fat, has_metadata) {
             (true, _) => Class::Fat,
             (false, true) if wrappers.is_empty() || wrappers.all_hipk() => Class::Offloaded,
-            (false, true) => Class::Inconsistent(format!(
-                "{} is present but the wrappers are not all HIPK",
-                pe::METADATA_SECTION
-            )),
+            (false, true) => Class::Inconsistent(Inconsistency::MetadataWithHipf),
             (false, false) => Class::HostOnly,
         }
     }
@@ -441,6 +508,29 @@ pub struct WrapperSlot {
 }
 
 impl WrapperSlot {
+    /// A fat binary's wrapper is HIPF (a HIPK one: the binary is partly
+    /// offloaded).
+    pub fn check_hipf(&self) -> Result<(), WrapperError> {
+        match self.wrapper.magic {
+            HIPF_MAGIC => Ok(()),
+            HIPK_MAGIC => Err(WrapperError::Mixed),
+            magic => Err(WrapperError::UnknownMagic {
+                index: self.index,
+                magic,
+            }),
+        }
+    }
+
+    /// Its `binary` pointer, resolved.
+    pub fn resolved(&self) -> Result<&Pointer, WrapperError> {
+        self.pointer
+            .as_ref()
+            .map_err(|source| WrapperError::Pointer {
+                index: self.index,
+                source: source.clone(),
+            })
+    }
+
     /// The wrapper with `binary` set to its load-time value where it
     /// resolves (what the HIP runtime is handed).
     pub fn loaded(&self) -> Wrapper {
@@ -491,6 +581,11 @@ mod tests {
     #[test]
     fn classifies_by_magic() {
         assert_eq!(classify(b"KPAK\x01\0\0\0"), Class::Archive);
+        // Why an archive is not a host binary, for callers that say so.
+        assert!(matches!(
+            classify_parsed(b"KPAK\x01\0\0\0").binary,
+            Err(BinaryError::Elf(ElfError::NotElf))
+        ));
         assert_eq!(classify(b"!<arch>\nxx"), Class::StaticArchive);
         assert_eq!(classify(b"__CLANG_OFFLOAD_BUNDLE__"), Class::Bundle);
         assert_eq!(classify(b"CCOB\x02\0"), Class::Bundle);
@@ -511,7 +606,9 @@ mod tests {
     fn own_executable_is_host_only() {
         let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
         assert_eq!(classify(&exe), Class::HostOnly);
-        let b = HostBinary::parse(&exe).unwrap();
+        let file = classify_parsed(&exe);
+        assert_eq!(file.class, Class::HostOnly);
+        let b = file.binary.unwrap();
         assert!(b.wrappers().unwrap().is_empty());
         assert!(b.fatbin().unwrap().is_none());
     }

@@ -6,11 +6,13 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::archive::ArchiveError;
-use crate::binary::BinaryError;
+use crate::binary::{BinaryError, Inconsistency};
 use crate::bundle::BundleError;
 use crate::elf::ElfError;
 use crate::hipk::HipkError;
+use crate::offload::{PeTransformError, TransformError, VerifyError};
 use crate::pe::PeError;
+use crate::target::TargetError;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -52,6 +54,68 @@ pub enum Error {
         #[source]
         source: HipkError,
     },
+    /// A host binary whose device-code parts contradict each other.
+    #[error("{}: {source}", path.display())]
+    Inconsistent {
+        path: PathBuf,
+        #[source]
+        source: Inconsistency,
+    },
+    /// The ELF transform (offload, prune, restore) cannot rewrite the
+    /// binary.
+    #[error("{}: {source}", path.display())]
+    Transform {
+        path: PathBuf,
+        #[source]
+        source: TransformError,
+    },
+    /// The PE transform cannot rewrite the image.
+    #[error("{}: {source}", path.display())]
+    PeTransform {
+        path: PathBuf,
+        #[source]
+        source: PeTransformError,
+    },
+    /// The binary fails the verifier.
+    #[error("{}: {source}", path.display())]
+    Verify {
+        path: PathBuf,
+        #[source]
+        source: VerifyError,
+    },
+    /// What kpack wrote for the binary (its `output`: rewritten, pruned,
+    /// restored) fails the verifier: a bug in kpack, not in the input.
+    #[error("{}: internal error: the {output} binary fails verification: {source}", path.display())]
+    SelfCheck {
+        path: PathBuf,
+        output: &'static str,
+        #[source]
+        source: VerifyError,
+    },
+    /// The loader's search for the code object `key` of the binary failed.
+    #[error("{}: {key}: {source}", path.display())]
+    Load {
+        path: PathBuf,
+        key: String,
+        #[source]
+        source: Box<kpack_loader::LoadError>,
+    },
+    /// Compressing `what` (a bundle) for the binary failed.
+    #[error("{}: compressing {what}: {source}", path.display())]
+    Compress {
+        path: PathBuf,
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    /// A requested target (`--targets`) that is not a target ID.
+    #[error("{}: --targets {target}: {source}", path.display())]
+    Target {
+        path: PathBuf,
+        target: String,
+        #[source]
+        source: TargetError,
+    },
     /// The file exists and is readable but is none of the kinds the operation
     /// accepts.
     #[error("{}: {what}", path.display())]
@@ -69,6 +133,24 @@ impl Error {
         }
     }
 
+    /// A request that does not fit the input ([`Error::Request`]).
+    pub fn request(path: impl AsRef<Path>, what: impl Into<String>) -> Self {
+        Error::Request {
+            path: path.as_ref().to_path_buf(),
+            what: what.into(),
+        }
+    }
+
+    /// Why a file is not a host binary kpack can read: the container's
+    /// error ([`Error::Elf`], [`Error::Pe`]).
+    pub fn binary(path: impl AsRef<Path>, e: BinaryError) -> Self {
+        let path = path.as_ref().to_path_buf();
+        match e {
+            BinaryError::Elf(source) => Error::Elf { path, source },
+            BinaryError::Pe(source) => Error::Pe { path, source },
+        }
+    }
+
     /// The path the error is about.
     pub fn path(&self) -> &Path {
         match self {
@@ -78,6 +160,14 @@ impl Error {
             | Error::Elf { path, .. }
             | Error::Pe { path, .. }
             | Error::Hipk { path, .. }
+            | Error::Inconsistent { path, .. }
+            | Error::Transform { path, .. }
+            | Error::PeTransform { path, .. }
+            | Error::Verify { path, .. }
+            | Error::SelfCheck { path, .. }
+            | Error::Load { path, .. }
+            | Error::Compress { path, .. }
+            | Error::Target { path, .. }
             | Error::Unsupported { path, .. }
             | Error::Request { path, .. } => path,
         }
@@ -107,14 +197,14 @@ with_path_impl!(ArchiveError, Archive);
 with_path_impl!(ElfError, Elf);
 with_path_impl!(HipkError, Hipk);
 with_path_impl!(PeError, Pe);
+with_path_impl!(Inconsistency, Inconsistent);
+with_path_impl!(TransformError, Transform);
+with_path_impl!(PeTransformError, PeTransform);
+with_path_impl!(VerifyError, Verify);
 
 impl<T> WithPath<T> for std::result::Result<T, BinaryError> {
     fn with_path(self, path: impl AsRef<Path>) -> Result<T> {
-        let path = path.as_ref().to_path_buf();
-        self.map_err(|e| match e {
-            BinaryError::Elf(source) => Error::Elf { path, source },
-            BinaryError::Pe(source) => Error::Pe { path, source },
-        })
+        self.map_err(|e| Error::binary(path, e))
     }
 }
 

@@ -17,9 +17,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use crate::archive::Archive;
-use crate::binary::{classify, Class};
+use crate::binary::{classify_parsed, Class};
 use crate::error::{Error, Result, WithPath};
-use crate::fatbin::{read_device_code, DeviceCode, FatBinary, Offloaded};
+use crate::fatbin::{device_code, DeviceCode, FatBinary, Offloaded};
 use crate::input::map_file;
 use crate::output::StagedDir;
 use crate::target::TargetId;
@@ -104,14 +104,15 @@ struct Found<'a> {
 pub fn extract(input: &Path, out_dir: &Path, target: Option<&str>) -> Result<Vec<Extracted>> {
     let mapped = map_file(input)?;
     let write = |found: Found| write_all(input, out_dir, target, found.files, found.available);
-    if classify(&mapped) == Class::Archive {
+    let file = classify_parsed(&mapped);
+    if file.class == Class::Archive {
         return write(from_archive(
             &kpack_loader::open_archive(input)?,
             input,
             target,
         )?);
     }
-    match read_device_code(input, &mapped)? {
+    match device_code(input, &file)? {
         DeviceCode::Fat(fat) => write(from_fat(&fat, target)),
         DeviceCode::Offloaded(o) => write(from_offloaded(&o, input, target)?),
     }
@@ -219,10 +220,7 @@ fn write_all(
             ),
             None => "no code objects to extract".into(),
         };
-        return Err(Error::Request {
-            path: input.into(),
-            what,
-        });
+        return Err(Error::request(input, what));
     }
     // Names come from the input (bundle triples, archive targets): each must
     // be one plain file name, so that nothing lands outside `out_dir`.
@@ -232,15 +230,15 @@ fn write_all(
             && info.file != "."
             && info.file != "..";
         if !plain {
-            return Err(Error::Request {
-                path: input.into(),
-                what: format!(
+            return Err(Error::request(
+                input,
+                format!(
                     "target {:?} would make the output file name {:?}, not a plain file name in {}",
                     info.target,
                     info.file,
                     out_dir.display()
                 ),
-            });
+            ));
         }
     }
     let staged = StagedDir::new(out_dir)?;

@@ -5,7 +5,9 @@
 
 use std::path::Path;
 
-use crate::binary::{classify, could_be_binary, BinaryKind, Class, HostBinary, Role};
+use crate::binary::{
+    classify_parsed, could_be_binary, BinaryKind, Class, Classified, HostBinary, Role,
+};
 use crate::bundle::{parse_fatbin, Bundle};
 use crate::error::{Error, Result, WithPath};
 use crate::hipk::{HipkMetadata, Wrapper};
@@ -62,7 +64,13 @@ fn unsupported<T>(path: &Path, what: impl Into<String>) -> Result<T> {
 /// fat binary, or an offloaded host binary. Anything else is an error that
 /// says what the file is.
 pub fn read_device_code<'a>(path: &Path, bytes: &'a [u8]) -> Result<DeviceCode<'a>> {
-    match classify(bytes) {
+    device_code(path, &classify_parsed(bytes))
+}
+
+/// [`read_device_code`] of a file classified already.
+pub fn device_code<'a>(path: &Path, file: &Classified<'a>) -> Result<DeviceCode<'a>> {
+    let bytes = file.bytes;
+    match &file.class {
         Class::Bundle => {
             let bundles = parse_fatbin(bytes).with_path(path)?;
             Ok(DeviceCode::Fat(FatBinary {
@@ -80,18 +88,22 @@ pub fn read_device_code<'a>(path: &Path, bytes: &'a [u8]) -> Result<DeviceCode<'
         ),
         class => {
             // ELF or PE: parse errors are reported as they are.
-            let bin = HostBinary::parse(bytes).with_path(path)?;
+            let bin = file.binary.clone().with_path(path)?;
             host_device_code(path, &bin, class)
         }
     }
 }
 
-fn host_device_code<'a>(path: &Path, bin: &HostBinary<'a>, class: Class) -> Result<DeviceCode<'a>> {
+fn host_device_code<'a>(
+    path: &Path,
+    bin: &HostBinary<'a>,
+    class: &Class,
+) -> Result<DeviceCode<'a>> {
     bin.check_sections().with_path(path)?;
     let fatbin_name = bin.section_name(Role::Fatbin);
     let fatbin = bin.fatbin().with_path(path)?.filter(|s| !s.is_nobits());
     let wrappers = bin.wrappers().with_path(path)?.loaded();
-    let offloaded = fatbin.is_none() || class == Class::Offloaded;
+    let offloaded = fatbin.is_none() || *class == Class::Offloaded;
     if let (true, Some(meta)) = (offloaded, bin.metadata().with_path(path)?) {
         // Offloaded, or inconsistent but still worth describing.
         return Ok(DeviceCode::Offloaded(Offloaded {
@@ -102,19 +114,21 @@ fn host_device_code<'a>(path: &Path, bin: &HostBinary<'a>, class: Class) -> Resu
         }));
     }
     let Some(sec) = fatbin else {
-        return unsupported(
-            path,
-            match class {
-                Class::DebugOnly => {
-                    format!("a debug-info file (NOBITS {fatbin_name}, no metadata): no device code")
-                }
-                Class::Inconsistent(why) => why,
-                _ if bin.pe().is_some() => {
-                    format!("PE file without device code (no {fatbin_name} section)")
-                }
-                _ => format!("ELF file without device code (no {fatbin_name} section)"),
-            },
-        );
+        return match class {
+            Class::DebugOnly => unsupported(
+                path,
+                format!("a debug-info file (NOBITS {fatbin_name}, no metadata): no device code"),
+            ),
+            Class::Inconsistent(why) => Err(why.clone()).with_path(path),
+            _ if bin.pe().is_some() => unsupported(
+                path,
+                format!("PE file without device code (no {fatbin_name} section)"),
+            ),
+            _ => unsupported(
+                path,
+                format!("ELF file without device code (no {fatbin_name} section)"),
+            ),
+        };
     };
     Ok(DeviceCode::Fat(FatBinary {
         container: Container::Host {

@@ -5,11 +5,11 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::binary::{classify, BinaryKind, Class};
+use crate::binary::{classify_parsed, BinaryKind, Class};
 use crate::bundle::Method;
 use crate::elf::ElfType;
 use crate::error::Result;
-use crate::fatbin::{read_device_code, Container, DeviceCode, FatBinary};
+use crate::fatbin::{device_code, Container, DeviceCode, FatBinary};
 use crate::hipk::{Wrapper, HIPF_MAGIC, HIPK_MAGIC};
 use crate::input::map_file;
 use crate::pe::PeKind;
@@ -141,10 +141,11 @@ pub fn list(path: &Path) -> Result<Listing> {
     let mapped = map_file(path)?;
     let file = path.display().to_string();
     let file_size = mapped.len() as u64;
-    if classify(&mapped) == Class::Archive {
+    let classified = classify_parsed(&mapped);
+    if classified.class == Class::Archive {
         return Ok(Listing::Archive(archive_listing(path, file, file_size)?));
     }
-    Ok(match read_device_code(path, &mapped)? {
+    Ok(match device_code(path, &classified)? {
         DeviceCode::Fat(fat) => Listing::FatBinary(fat_listing(&fat, file, file_size)),
         DeviceCode::Offloaded(o) => Listing::Offloaded(OffloadedListing {
             file,

@@ -6,7 +6,8 @@
 //!    ELF ([`elf`]) or PE/COFF ([`pe`]), both through `object`'s header
 //!    types; [`binary::HostBinary`] gives its device-code sections by role
 //!    and its wrapper table (`HIPF`/`HIPK` records) with each pointer
-//!    resolved, whatever the container.
+//!    resolved, whatever the container. It is parsed once, as it is
+//!    classified ([`binary::classify_parsed`]), and passed on.
 //! 2. [`fatbin`] puts a fat binary's bundles (`kpack_bundle`) and wrappers
 //!    together for [`inspect`] (`ls`) and [`extract`].
 //! 3. [`offload`] writes the code objects into per-target `.kpack`

@@ -174,11 +174,11 @@ impl StagedDir {
     }
 
     fn trash(&mut self) -> Result<&Path> {
-        if self.trash.is_none() {
-            let t = WorkDir::create(&self.home, STAGING_PREFIX).with_path(&self.home)?;
-            self.trash = Some(t);
-        }
-        Ok(&self.trash.as_ref().expect("created").path)
+        let trash = match self.trash.take() {
+            Some(t) => t,
+            None => WorkDir::create(&self.home, STAGING_PREFIX).with_path(&self.home)?,
+        };
+        Ok(&self.trash.insert(trash).path)
     }
 
     /// Move the staged contents to the destination. A destination that does

@@ -412,10 +412,10 @@ impl<'a> PeView<'a> {
     /// to the image base (an RVA), and whether a DIR64 base relocation
     /// rebases it.
     pub fn pointer_at(&self, relocs: &[BaseReloc], rva: u64) -> Result<Pointer, PeError> {
-        let off = self
+        let value = self
             .rva_to_offset(rva, 8)
+            .and_then(|off| crate::bytes::u64_at(self.data, off))
             .ok_or_else(|| malformed(format!("pointer at RVA {rva:#x} lies outside the file")))?;
-        let value = crate::bytes::u64_at(self.data, off).expect("inside a section");
         let kind = match relocs.iter().find(|r| r.rva == rva) {
             Some(r) if r.typ == IMAGE_REL_BASED_DIR64 => PointerKind::BaseRelocDir64,
             Some(r) => {

@@ -21,8 +21,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::binary::{classify, Class, HostBinary};
+use crate::binary::{classify_parsed, Class, Classified, HostBinary};
 use crate::bundle::{compress_bundle, parse_fatbin, write_bundle, Bundle, Ccob};
+use crate::elf::ElfView;
 use crate::error::{Error, Result, WithPath};
 use crate::input::map_file;
 use crate::offload::transform::{rewrite, Request, Transformed};
@@ -45,14 +46,18 @@ impl Selection {
     /// target name.
     pub fn parsed(&self, path: &Path) -> Result<Vec<(String, Option<TargetId>)>> {
         if self.targets.is_empty() {
-            return Err(request(path, "no target given (--targets)"));
+            return Err(Error::request(path, "no target given (--targets)"));
         }
         self.targets
             .iter()
             .map(|t| match TargetId::parse(t) {
                 Ok(id) => Ok((t.clone(), Some(id))),
                 Err(_) if is_plain_name(t) => Ok((t.clone(), None)),
-                Err(e) => Err(request(path, format!("--targets {t}: {e}"))),
+                Err(source) => Err(Error::Target {
+                    path: path.into(),
+                    target: t.clone(),
+                    source,
+                }),
             })
             .collect()
     }
@@ -119,19 +124,19 @@ pub fn prune(input: &Path, output: &Path, selection: &Selection) -> Result<Prune
     let mapped = map_file(input)?;
     let bytes: &[u8] = &mapped;
     let mode = fs::metadata(input).with_path(input)?.permissions().mode();
-    let bin = fat_elf(input, bytes)?;
-    let section = bin
+    let elf = fat_elf(input, &classify_parsed(bytes))?;
+    let section = HostBinary::Elf(elf)
         .fatbin()
         .with_path(input)?
-        .ok_or_else(|| request(input, "no .hip_fatbin section"))?;
+        .ok_or_else(|| Error::request(input, "no .hip_fatbin section"))?;
     let bundles = parse_fatbin(section.data).with_path(input)?;
-    let align = section_alignment(&bin);
+    let align = section_alignment(&elf);
     let layout = plan_bundles(input, &bundles, align, &|t| {
         keeps(&wanted, selection.keep_generic, t)
     })?;
     let (kept, dropped) = kept_and_dropped(&layout.bundles);
     if kept.is_empty() {
-        return Err(request(
+        return Err(Error::request(
             input,
             format!(
                 "none of its code objects is for {} (it has {})",
@@ -140,7 +145,7 @@ pub fn prune(input: &Path, output: &Path, selection: &Selection) -> Result<Prune
             ),
         ));
     }
-    let (t, v) = rewrite_verified(input, bytes, &layout)?;
+    let (t, v) = rewrite_verified(input, elf, &layout)?;
     fs::create_dir_all(parent_dir(output)).with_path(parent_dir(output))?;
     write_atomically_with_mode(output, Some(mode), |f| f.write_all(&t.bytes))?;
     Ok(PruneSummary {
@@ -158,45 +163,43 @@ pub fn prune(input: &Path, output: &Path, selection: &Selection) -> Result<Prune
     })
 }
 
-/// The fat ELF binary in `bytes`; anything else (a PE file too) is refused,
+/// The fat ELF binary of a file; anything else (a PE file too) is refused,
 /// saying what it is.
-fn fat_elf<'a>(input: &Path, bytes: &'a [u8]) -> Result<HostBinary<'a>> {
-    check_class(input, bytes)?;
-    let bin = HostBinary::parse(bytes).with_path(input)?;
-    if bin.pe().is_some() {
-        return Err(request(
+fn fat_elf<'a>(input: &Path, file: &Classified<'a>) -> Result<ElfView<'a>> {
+    check_class(input, file)?;
+    match file.binary.clone().with_path(input)? {
+        HostBinary::Elf(elf) => Ok(elf),
+        HostBinary::Pe(_) => Err(Error::request(
             input,
             "a PE file: prune rewrites ELF binaries only (offload handles both)",
-        ));
+        )),
     }
-    Ok(bin)
 }
 
 /// The binary in `bytes` with `layout` in place of its section's bundles
 /// (the ELF transform), and what verifying it found.
 fn rewrite_verified(
     input: &Path,
-    bytes: &[u8],
+    elf: ElfView,
     layout: &Layout,
 ) -> Result<(Transformed, VerifiedFat)> {
     let req = Request::Prune {
         bundles: &layout.bytes,
         starts: layout.starts.clone(),
     };
-    let t = rewrite(bytes, &req).map_err(|e| request(input, e.to_string()))?;
-    let v = verify_fat(&t.bytes).map_err(|e| {
-        request(
-            input,
-            format!("internal error: the pruned binary fails verification: {e}"),
-        )
+    let t = rewrite(elf, &req).with_path(input)?;
+    let v = verify_fat(&t.bytes).map_err(|source| Error::SelfCheck {
+        path: input.into(),
+        output: "pruned",
+        source,
     })?;
     Ok((t, v))
 }
 
 /// Only a fat binary can be pruned; anything else is refused, saying what
 /// it is.
-fn check_class(input: &Path, bytes: &[u8]) -> Result<()> {
-    let what = match classify(bytes) {
+fn check_class(input: &Path, file: &Classified) -> Result<()> {
+    let what = match &file.class {
         Class::Fat => return Ok(()),
         Class::Offloaded => "an offloaded binary: its device code is in archives (kpack restore --targets puts chosen targets back)",
         Class::HostOnly => "a host binary without device code (no .hip_fatbin)",
@@ -205,21 +208,20 @@ fn check_class(input: &Path, bytes: &[u8]) -> Result<()> {
         Class::CodeObject => "an AMDGPU code object, not a host binary",
         Class::Bundle => "a raw offload bundle, not a host binary",
         Class::Archive => "a .kpack archive, not a binary",
-        Class::Inconsistent(why) => return Err(request(input, why)),
+        Class::Inconsistent(why) => return Err(why.clone()).with_path(input),
         Class::Other => {
-            return Err(HostBinary::parse(bytes).err().map_or_else(
-                || request(input, "not a host binary"),
-                |e| Err::<(), _>(e).with_path(input).unwrap_err(),
-            ))
+            return Err(match &file.binary {
+                Err(e) => Error::binary(input, e.clone()),
+                Ok(_) => Error::request(input, "not a host binary"),
+            })
         }
     };
-    Err(request(input, what))
+    Err(Error::request(input, what))
 }
 
 /// The alignment of bundles in the section: its own, at most a page.
-fn section_alignment(bin: &HostBinary) -> u64 {
+fn section_alignment(elf: &ElfView) -> u64 {
     use object::read::elf::SectionHeader as _;
-    let Some(elf) = bin.elf() else { return 4096 };
     elf.section_index(crate::elf::FATBIN_SECTION)
         .map(|i| elf.shdrs()[i].sh_addralign(crate::elf::LE))
         .unwrap_or(1)
@@ -315,7 +317,11 @@ fn ccob_version(c: &Ccob, stored: usize) -> u16 {
 /// Compress `plain` as the compressed bundle `ccob` was: same method, same
 /// version unless a size needs v3.
 fn recompress(input: &Path, plain: &[u8], ccob: &Ccob) -> Result<Vec<u8>> {
-    let fail = |e: std::io::Error| request(input, format!("compressing a pruned bundle: {e}"));
+    let fail = |source| Error::Compress {
+        path: input.into(),
+        what: "a pruned bundle",
+        source,
+    };
     let version = if u32::try_from(plain.len()).is_err() {
         3
     } else {
@@ -340,13 +346,6 @@ fn kept_and_dropped(bundles: &[BundlePruned]) -> (Vec<String>, Vec<String>) {
         v.dedup();
     }
     (kept, dropped)
-}
-
-fn request(path: &Path, what: impl Into<String>) -> Error {
-    Error::Request {
-        path: path.into(),
-        what: what.into(),
-    }
 }
 
 #[cfg(test)]

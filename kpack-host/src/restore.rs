@@ -20,17 +20,18 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::binary::{classify, Class};
+use crate::binary::{classify_parsed, Class, Classified, HostBinary};
 use crate::bundle::{compress_bundle_at, write_bundle, Method};
+use crate::elf::{ElfError, ElfView};
 use crate::error::{Error, Result, WithPath};
-use crate::fatbin::{read_device_code, DeviceCode};
+use crate::fatbin::{device_code, DeviceCode};
 use crate::hipk::HipkMetadata;
 use crate::input::map_file;
 use crate::loader::Loader;
 use crate::offload::transform::{
     align_up, restore_room, rewrite, Request, TransformError, Transformed,
 };
-use crate::offload::verify_fat;
+use crate::offload::{archive_key, verify_fat};
 use crate::output::{parent_dir, write_atomically_with_mode};
 use crate::prune::{keeps, Selection};
 use crate::target::TargetId;
@@ -94,12 +95,12 @@ pub fn restore(input: &Path, output: &Path, opts: &RestoreOptions) -> Result<Res
     let mapped = map_file(input)?;
     let bytes: &[u8] = &mapped;
     let mode = fs::metadata(input).with_path(input)?.permissions().mode();
-    let (metadata, co_indices, machine) = offloaded(input, bytes)?;
+    let (metadata, co_indices, elf) = offloaded(input, &classify_parsed(bytes))?;
     // The runtime sees the mapped file's real path.
     let binary_path = fs::canonicalize(input).with_path(input)?;
     let loader = Loader::from_env();
     let targets = chosen_targets(input, &loader, &metadata, &binary_path, opts)?;
-    let host = host_triple(machine);
+    let host = host_triple(elf.machine());
     let mut ids: Vec<(&String, TargetId)> = targets
         .iter()
         .filter_map(|t| TargetId::parse(t).ok().map(|id| (t, id)))
@@ -113,7 +114,7 @@ pub fn restore(input: &Path, output: &Path, opts: &RestoreOptions) -> Result<Res
         ids,
         host: &host,
     };
-    let (t, built, compressed) = place(&src, bytes, &co_indices, opts.compression)?;
+    let (t, built, compressed) = place(&src, elf, &co_indices, opts.compression)?;
     let Built {
         bundles,
         archives,
@@ -122,11 +123,10 @@ pub fn restore(input: &Path, output: &Path, opts: &RestoreOptions) -> Result<Res
     } = built;
     // The output holds the bundles now.
     drop(payload);
-    verify_fat(&t.bytes).map_err(|e| {
-        request(
-            input,
-            format!("internal error: the restored binary fails verification: {e}"),
-        )
+    verify_fat(&t.bytes).map_err(|source| Error::SelfCheck {
+        path: input.into(),
+        output: "restored",
+        source,
     })?;
     fs::create_dir_all(parent_dir(output)).with_path(parent_dir(output))?;
     write_atomically_with_mode(output, Some(mode), |f| f.write_all(&t.bytes))?;
@@ -145,39 +145,49 @@ pub fn restore(input: &Path, output: &Path, opts: &RestoreOptions) -> Result<Res
 }
 
 /// The HIPK metadata, the distinct code object indices of the wrappers
-/// (sorted) and the machine of an offloaded binary; anything else is
+/// (sorted) and the ELF view of an offloaded binary; anything else is
 /// refused, saying what it is.
-fn offloaded(input: &Path, bytes: &[u8]) -> Result<(HipkMetadata, Vec<u32>, u16)> {
-    match classify(bytes) {
+fn offloaded<'a>(
+    input: &Path,
+    file: &Classified<'a>,
+) -> Result<(HipkMetadata, Vec<u32>, ElfView<'a>)> {
+    match &file.class {
         Class::Offloaded => {}
-        Class::Fat => return Err(request(input, "a fat binary already (nothing to restore)")),
-        Class::Inconsistent(why) => return Err(request(input, why)),
+        Class::Fat => {
+            return Err(Error::request(
+                input,
+                "a fat binary already (nothing to restore)",
+            ))
+        }
+        Class::Inconsistent(why) => return Err(why.clone()).with_path(input),
         Class::HostOnly | Class::DebugOnly => {
-            return Err(request(
+            return Err(Error::request(
                 input,
                 "not an offloaded binary (no HIPK wrappers and metadata)",
             ))
         }
-        _ => return Err(request(input, "not an offloaded host binary")),
+        _ => return Err(Error::request(input, "not an offloaded host binary")),
     }
-    let DeviceCode::Offloaded(o) = read_device_code(input, bytes)? else {
-        return Err(request(input, "not an offloaded host binary"));
+    let DeviceCode::Offloaded(o) = device_code(input, file)? else {
+        return Err(Error::request(input, "not an offloaded host binary"));
     };
     let mut cos = Vec::with_capacity(o.wrappers.len());
     for w in &o.wrappers {
-        let co = u32::try_from(w.reserved1)
-            .map_err(|_| request(input, "a wrapper's code object index does not fit 32 bits"))?;
+        let co = u32::try_from(w.reserved1).map_err(|_| {
+            Error::request(input, "a wrapper's code object index does not fit 32 bits")
+        })?;
         cos.push(co);
     }
     cos.sort_unstable();
     cos.dedup();
     if cos.is_empty() {
-        return Err(request(input, "no wrappers: nothing to restore"));
+        return Err(Error::request(input, "no wrappers: nothing to restore"));
     }
-    let machine = crate::elf::ElfView::parse(bytes)
-        .with_path(input)?
-        .machine();
-    Ok((o.metadata, cos, machine))
+    let elf = match file.binary.clone().with_path(input)? {
+        HostBinary::Elf(elf) => elf,
+        HostBinary::Pe(_) => return Err(ElfError::NotElf).with_path(input),
+    };
+    Ok((o.metadata, cos, elf))
 }
 
 /// The targets to restore: those of the archives the search finds that
@@ -197,7 +207,7 @@ fn chosen_targets(
     available.sort();
     available.dedup();
     if available.is_empty() {
-        return Err(request(
+        return Err(Error::request(
             input,
             format!(
                 "no archive found along its search paths ({}; ROCM_KPACK_PATH and ROCM_KPACK_PATH_PREFIX honoured)",
@@ -219,7 +229,7 @@ fn chosen_targets(
         .cloned()
         .collect();
     if chosen.is_empty() {
-        return Err(request(
+        return Err(Error::request(
             input,
             format!(
                 "the archives have no code objects for {} (they have {})",
@@ -262,11 +272,10 @@ impl Source<'_> {
             let hit = self
                 .loader
                 .load_target(self.metadata, self.binary_path, co, id)
-                .map_err(|e| {
-                    request(
-                        self.input,
-                        format!("{}#{co}: {e}", self.metadata.kernel_name),
-                    )
+                .map_err(|e| Error::Load {
+                    path: self.input.into(),
+                    key: archive_key(&self.metadata.kernel_name, co as usize),
+                    source: Box::new(e),
                 })?;
             if let Some((data, hit)) = hit {
                 let triple = hit
@@ -303,7 +312,11 @@ impl Source<'_> {
         };
         b.bytes = compress_bundle_at(&b.bytes, v, Method::Zstd, level)
             .or_else(|_| compress_bundle_at(&b.bytes, 3, Method::Zstd, level))
-            .map_err(|e| request(self.input, format!("compressing a bundle: {e}")))?;
+            .map_err(|source| Error::Compress {
+                path: self.input.into(),
+                what: "a bundle",
+                source,
+            })?;
         Ok(b)
     }
 
@@ -360,7 +373,7 @@ impl Built {
         out.archives.sort();
         out.archives.dedup();
         if out.bundles.iter().all(|b| b.targets.is_empty()) {
-            return Err(request(
+            return Err(Error::request(
                 src.input,
                 format!(
                     "the archives hold no code object of {} for {}",
@@ -394,9 +407,9 @@ impl Built {
         Built::new(src, each, 16)
     }
 
-    fn rewrite(&self, bytes: &[u8]) -> std::result::Result<Transformed, TransformError> {
+    fn rewrite(&self, elf: ElfView) -> std::result::Result<Transformed, TransformError> {
         rewrite(
-            bytes,
+            elf,
             &Request::Restore {
                 bundles: &self.payload,
                 starts: self.starts.clone(),
@@ -421,7 +434,7 @@ fn host_triple(machine: u16) -> String {
 /// is ever held: for `auto`, their uncompressed size is measured first.
 fn place(
     src: &Source,
-    bytes: &[u8],
+    elf: ElfView,
     co_indices: &[u32],
     compression: Compression,
 ) -> Result<(Transformed, Built, bool)> {
@@ -430,44 +443,33 @@ fn place(
     // worse than clang's own), the strongest level.
     let compressed = || -> Result<(Transformed, Built, bool)> {
         let mut built = Built::compressed(src, co_indices, 3)?;
-        let t = match built.rewrite(bytes) {
+        let t = match built.rewrite(elf) {
             Err(TransformError::RangeTooSmall { .. }) => {
                 built = Built::compressed(src, co_indices, STRONGEST_LEVEL)?;
-                built.rewrite(bytes)
+                built.rewrite(elf)
             }
             t => t,
         }
-        .map_err(fail(input))?;
+        .with_path(input)?;
         Ok((t, built, true))
     };
     let plain = || -> Result<std::result::Result<(Transformed, Built, bool), TransformError>> {
         let built = Built::plain(src, co_indices)?;
-        Ok(built.rewrite(bytes).map(|t| (t, built, false)))
+        Ok(built.rewrite(elf).map(|t| (t, built, false)))
     };
     match compression {
-        Compression::None => plain()?.map_err(fail(input)),
+        Compression::None => plain()?.with_path(input),
         Compression::Zstd => compressed(),
         Compression::Auto => {
-            let room = restore_room(bytes).map_err(fail(input))?;
+            let room = restore_room(elf).with_path(input)?;
             let need = src.plain_size(co_indices)?;
             if align_up(room.start, 4096).saturating_add(need) > room.end {
                 return compressed();
             }
             match plain()? {
                 Err(TransformError::RangeTooSmall { .. }) => compressed(),
-                other => other.map_err(fail(input)),
+                other => other.with_path(input),
             }
         }
-    }
-}
-
-fn fail(input: &Path) -> impl Fn(TransformError) -> Error + '_ {
-    move |e| request(input, e.to_string())
-}
-
-fn request(path: &Path, what: impl Into<String>) -> Error {
-    Error::Request {
-        path: path.into(),
-        what: what.into(),
     }
 }

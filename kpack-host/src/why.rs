@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::binary::{classify, Class};
+use crate::binary::{classify_parsed, Class};
 use crate::error::{Error, Result, WithPath};
-use crate::fatbin::{read_device_code, DeviceCode};
+use crate::fatbin::{device_code, DeviceCode};
 use crate::input::map_file;
 use crate::loader::{Loader, Trace};
 
@@ -76,24 +76,21 @@ pub fn why(binary: &Path, archs: &[String]) -> Result<Why> {
 
 /// [`why`] with a given loader (and so configuration).
 pub fn why_with(loader: &Loader, binary: &Path, archs: &[String]) -> Result<Why> {
-    let request = |what: String| Error::Request {
-        path: binary.into(),
-        what,
-    };
+    let request = |what: &str| Error::request(binary, what);
     if archs.is_empty() {
-        return Err(request("no architecture given (--arch)".into()));
+        return Err(request("no architecture given (--arch)"));
     }
     let mapped = map_file(binary)?;
-    match classify(&mapped) {
+    let file = classify_parsed(&mapped);
+    match file.class {
         Class::Offloaded => {}
         Class::Fat => return Err(request(
-            "a fat binary: its code objects are inside it (the runtime loads them without kpack)"
-                .into(),
+            "a fat binary: its code objects are inside it (the runtime loads them without kpack)",
         )),
-        _ => return Err(request("not an offloaded host binary".into())),
+        _ => return Err(request("not an offloaded host binary")),
     }
-    let DeviceCode::Offloaded(o) = read_device_code(binary, &mapped)? else {
-        return Err(request("not an offloaded host binary".into()));
+    let DeviceCode::Offloaded(o) = device_code(binary, &file)? else {
+        return Err(request("not an offloaded host binary"));
     };
     let binary_path = std::fs::canonicalize(binary).with_path(binary)?;
     let arch_refs: Vec<&str> = archs.iter().map(String::as_str).collect();

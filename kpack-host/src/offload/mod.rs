@@ -12,7 +12,10 @@
 
 pub mod pe;
 pub mod transform;
-pub mod verify;
+
+/// The verifiers of rewritten binaries: ELF's, and what PE's shares with
+/// it ([`pe::verify`] is PE's).
+pub use transform::verify;
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -23,7 +26,7 @@ use std::path::{Component, Path, PathBuf};
 use serde::Serialize;
 
 use crate::archive::{Scheme, DEFAULT_ZSTD_LEVEL};
-use crate::binary::{classify, Class, HostBinary, Role};
+use crate::binary::{classify_parsed, Class, Classified, HostBinary};
 use crate::bundle::parse_fatbin;
 use crate::error::{Error, Result, WithPath};
 use crate::hipk::HipkMetadata;
@@ -228,7 +231,8 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
         transform_seconds: 0.0,
         archive_seconds: 0.0,
     };
-    if let Some((outcome, note)) = pass_through(input, bytes)? {
+    let file = classify_parsed(bytes);
+    if let Some((outcome, note)) = pass_through(input, &file)? {
         if !same_file(input, output) {
             fs::create_dir_all(parent_dir(output)).with_path(parent_dir(output))?;
             write_atomically_with_mode(output, Some(mode), |f| f.write_all(bytes))?;
@@ -237,11 +241,13 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
         summary.note = Some(note.into());
         return Ok(summary);
     }
-    let code = code_objects_by_target(input, bytes)?;
+    // A fat binary: parsed as it was classified.
+    let bin = file.binary.with_path(input)?;
+    let code = code_objects_by_target(input, &bin)?;
     let metadata = metadata_for(output, opts)?;
     // The host binary, checked before anything is written.
     let clock = std::time::Instant::now();
-    let t = rewrite(input, bytes, &metadata)?;
+    let t = rewrite_binary(input, &bin, &metadata)?;
     summary.transform_seconds = clock.elapsed().as_secs_f64();
     // Directories only once the input is known to be good: bad input leaves
     // nothing behind.
@@ -264,8 +270,8 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
 
 /// What to do with an input that is not a fat binary: copy it unchanged
 /// (with this outcome and note), or refuse it. `None` for a fat binary.
-fn pass_through(input: &Path, bytes: &[u8]) -> Result<Option<(Outcome, &'static str)>> {
-    Ok(Some(match classify(bytes) {
+fn pass_through(input: &Path, file: &Classified) -> Result<Option<(Outcome, &'static str)>> {
+    Ok(Some(match &file.class {
         Class::Fat => return Ok(None),
         Class::StaticArchive => (
             Outcome::LinkInput,
@@ -283,19 +289,19 @@ fn pass_through(input: &Path, bytes: &[u8]) -> Result<Option<(Outcome, &'static 
             Outcome::DebugOnly,
             "debug-info file (NOBITS .hip_fatbin, no metadata): no device code, copied unchanged",
         ),
-        Class::Inconsistent(why) => return Err(request(input, why)),
-        Class::HostOnly => return Err(not_fat(input, bytes)),
+        Class::Inconsistent(why) => return Err(why.clone()).with_path(input),
+        Class::HostOnly => return Err(not_fat(input, file.binary.as_ref().ok())),
         Class::CodeObject => {
-            return Err(request(
+            return Err(Error::request(
                 input,
                 "an AMDGPU code object (device code on its own), not a host binary",
             ))
         }
         Class::Bundle | Class::Archive | Class::Other => {
-            return Err(HostBinary::parse(bytes).err().map_or_else(
-                || request(input, "not a host binary"),
-                |e| Err::<(), _>(e).with_path(input).unwrap_err(),
-            ))
+            return Err(match &file.binary {
+                Err(e) => Error::binary(input, e.clone()),
+                Ok(_) => Error::request(input, "not a host binary"),
+            })
         }
     }))
 }
@@ -332,9 +338,9 @@ fn metadata_for(output: &Path, opts: &OffloadOptions) -> Result<HipkMetadata> {
 
 type ByTarget<'a> = BTreeMap<String, Vec<CodeObject<'a>>>;
 
-fn code_objects_by_target<'a>(input: &Path, bytes: &'a [u8]) -> Result<ByTarget<'a>> {
+fn code_objects_by_target<'a>(input: &Path, bin: &HostBinary<'a>) -> Result<ByTarget<'a>> {
     let mut by_target = ByTarget::new();
-    for co in code_objects(input, bytes)? {
+    for co in code_objects_of(input, bin)? {
         by_target.entry(co.target.clone()).or_default().push(co);
     }
     Ok(by_target)
@@ -385,11 +391,15 @@ fn write_archives(
 /// Every device code object of a fat binary's `.hip_fatbin`, in bundle
 /// order.
 pub fn code_objects<'a>(path: &Path, bytes: &'a [u8]) -> Result<Vec<CodeObject<'a>>> {
-    let bin = HostBinary::parse(bytes).with_path(path)?;
+    code_objects_of(path, &HostBinary::parse(bytes).with_path(path)?)
+}
+
+/// [`code_objects`] of a parsed binary.
+pub fn code_objects_of<'a>(path: &Path, bin: &HostBinary<'a>) -> Result<Vec<CodeObject<'a>>> {
     let section = bin
         .fatbin()
         .with_path(path)?
-        .ok_or_else(|| not_fat(path, bytes))?;
+        .ok_or_else(|| not_fat(path, Some(bin)))?;
     let bundles = parse_fatbin(section.data).with_path(path)?;
     let mut out = Vec::new();
     for b in &bundles {
@@ -412,15 +422,27 @@ pub fn rewrite(
     bytes: &[u8],
     metadata: &HipkMetadata,
 ) -> Result<transform::Transformed> {
+    rewrite_binary(path, &HostBinary::parse(bytes).with_path(path)?, metadata)
+}
+
+/// [`rewrite`] of a parsed binary.
+pub fn rewrite_binary(
+    path: &Path,
+    bin: &HostBinary,
+    metadata: &HipkMetadata,
+) -> Result<transform::Transformed> {
     let encoded = metadata.encode();
-    let t = if crate::pe::is_pe(bytes) {
-        pe::transform(bytes, &encoded).map_err(|e| request(path, e.to_string()))?
-    } else {
-        transform::transform(bytes, &encoded).map_err(|e| transform_error(path, e))?
+    let t = match *bin {
+        HostBinary::Pe(pe) => pe::rewrite(pe, &encoded).with_path(path)?,
+        HostBinary::Elf(elf) => {
+            let request = transform::Request::Offload { metadata: &encoded };
+            transform::rewrite(elf, &request).with_path(path)?
+        }
     };
-    verify_binary(&t.bytes, Some(t.bundles)).map_err(|e| Error::Request {
+    verify_binary(&t.bytes, Some(t.bundles)).map_err(|source| Error::SelfCheck {
         path: path.into(),
-        what: format!("internal error: the rewritten binary fails verification: {e}"),
+        output: "rewritten",
+        source,
     })?;
     Ok(t)
 }
@@ -437,16 +459,17 @@ pub fn verify_binary(b: &[u8], bundles: Option<usize>) -> Result<Verified, Verif
 }
 
 /// "Not a fat binary", naming the container's bundle section.
-fn not_fat(path: &Path, bytes: &[u8]) -> Error {
-    match HostBinary::parse(bytes) {
-        Ok(bin) if bin.pe().is_some() => request(
+fn not_fat(path: &Path, bin: Option<&HostBinary>) -> Error {
+    let path = path.into();
+    match bin {
+        Some(HostBinary::Pe(_)) => Error::PeTransform {
             path,
-            format!(
-                "no {} section: not a fat binary",
-                bin.section_name(Role::Fatbin)
-            ),
-        ),
-        _ => transform_error(path, TransformError::NotFat),
+            source: PeTransformError::NotFat,
+        },
+        _ => Error::Transform {
+            path,
+            source: TransformError::NotFat,
+        },
     }
 }
 
@@ -457,35 +480,18 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-fn transform_error(path: &Path, e: TransformError) -> Error {
-    request(path, e.to_string())
-}
-
-fn request(path: &Path, what: impl Into<String>) -> Error {
-    Error::Request {
-        path: path.into(),
-        what: what.into(),
-    }
-}
-
 /// Check a fat binary on disk, as prune and restore write them
 /// ([`verify_fat`]).
 pub fn verify_fat_file(path: &Path) -> Result<VerifiedFat> {
     let mapped = map_file(path)?;
-    verify_fat(&mapped).map_err(|e| Error::Request {
-        path: path.into(),
-        what: e.to_string(),
-    })
+    verify_fat(&mapped).with_path(path)
 }
 
 /// Check an offloaded binary (ELF or PE) on disk (`kpack verify-binary`,
 /// `kpack verify-elf`).
 pub fn verify_file(path: &Path) -> Result<Verified> {
     let mapped = map_file(path)?;
-    verify_binary(&mapped, None).map_err(|e| Error::Request {
-        path: path.into(),
-        what: e.to_string(),
-    })
+    verify_binary(&mapped, None).with_path(path)
 }
 
 #[cfg(test)]

@@ -2,10 +2,9 @@
 //! plan relies on, before anything is planned or written.
 
 use super::PeTransformError as E;
-use crate::binary::{HostBinary, WrapperTable};
+use crate::binary::{Address, HostBinary, WrapperError, WrapperTable};
 use crate::bundle::parse_fatbin;
 use crate::elf::PointerKind;
-use crate::hipk::{HIPF_MAGIC, HIPK_MAGIC};
 use crate::offload::WrapperChange;
 use crate::pe::{
     BaseReloc, PeSection, PeView, DEBUG_ENTRY_SIZE, FATBIN_SECTION, IMAGE_DIRECTORY_ENTRY_DEBUG,
@@ -36,8 +35,7 @@ impl<'a> Input<'a> {
     }
 }
 
-pub fn analyze(b: &[u8]) -> Result<Input<'_>, E> {
-    let pe = PeView::parse(b)?;
+pub fn analyze(pe: PeView<'_>) -> Result<Input<'_>, E> {
     let sections = pe.sections()?;
     if pe.section_index(METADATA_SECTION).is_some() {
         return Err(E::HasMetadata);
@@ -47,16 +45,13 @@ pub fn analyze(b: &[u8]) -> Result<Input<'_>, E> {
     if f.raw_size == 0 {
         return Err(E::FatbinEmpty);
     }
-    let tail_start = check_layout(&pe, &sections)?;
+    let tail_start = check_layout(&pe, &sections, f)?;
     check_header_room(&pe)?;
     let starts: Vec<(usize, usize)> = parse_fatbin(f.data)?
         .iter()
         .map(|bundle| (bundle.range.start, bundle.index))
         .collect();
-    let table = HostBinary::Pe(pe).wrappers().map_err(|e| match e {
-        crate::binary::BinaryError::Pe(e) => E::Pe(e),
-        e => E::Layout(e.to_string()),
-    })?;
+    let table = HostBinary::Pe(pe).wrappers().map_err(WrapperError::Table)?;
     // Read here, not taken from the table: without a wrapper section the
     // table is empty, relocations included.
     let relocs = pe.base_relocations()?;
@@ -82,7 +77,7 @@ pub fn analyze(b: &[u8]) -> Result<Input<'_>, E> {
 /// directories in sections; the certificate and COFF symbol tables after
 /// the sections, inside the file): what the plan moves must be sound to
 /// begin with. Returns the end of the last section's raw data.
-fn check_layout(pe: &PeView, sections: &[PeSection]) -> Result<u64, E> {
+fn check_layout(pe: &PeView, sections: &[PeSection], f: &PeSection) -> Result<u64, E> {
     let (fa, sa) = (pe.file_alignment(), pe.section_alignment());
     if !fa.is_power_of_two() || !sa.is_power_of_two() || fa > sa || fa > 1 << 16 {
         return Err(E::Layout(format!(
@@ -101,11 +96,7 @@ fn check_layout(pe: &PeView, sections: &[PeSection]) -> Result<u64, E> {
     if let Some(problem) = bad.into_iter().next() {
         return Err(E::Layout(problem));
     }
-    let f = sections
-        .iter()
-        .find(|s| s.name == FATBIN_SECTION)
-        .expect("checked");
-    if f.raw_size % fa != 0 {
+    if !f.raw_size.is_multiple_of(fa) {
         return Err(E::Layout(format!(
             "{FATBIN_SECTION}: SizeOfRawData {:#x} is not a multiple of FileAlignment",
             f.raw_size
@@ -157,29 +148,24 @@ fn resolve_wrappers(
     let mut changes = Vec::new();
     for slot in &table.slots {
         let index = slot.index;
-        match slot.wrapper.magic {
-            HIPF_MAGIC => {}
-            HIPK_MAGIC => return Err(E::MixedWrappers),
-            magic => return Err(E::UnknownMagic { index, magic }),
-        }
+        slot.check_hipf()?;
         if slot.wrapper.version != 1 {
             let version = slot.wrapper.version;
-            return Err(E::UnknownVersion { index, version });
+            return Err(WrapperError::UnknownVersion { index, version }.into());
         }
-        let p = slot.pointer.clone().map_err(|e| E::Layout(e.to_string()))?;
+        let p = slot.resolved()?;
         if relocatable && p.kind != PointerKind::BaseRelocDir64 {
-            return Err(E::Layout(format!(
-                "wrapper {index}: the image has base relocations but none rebases its pointer"
-            )));
+            return Err(WrapperError::NotRebased { index }.into());
         }
         let co_index = p
             .value
             .checked_sub(f.rva)
             .and_then(|rel| starts.iter().find(|&&(s, _)| s as u64 == rel))
             .map(|&(_, bundle)| bundle)
-            .ok_or(E::PointerNotAtBundle {
+            .ok_or(WrapperError::PointerNotAtBundle {
                 index,
-                pointer: p.value,
+                pointer: Address::Rva(p.value),
+                section: FATBIN_SECTION,
                 start: f.rva,
                 end: f.rva + f.mem_size(),
             })? as u32;

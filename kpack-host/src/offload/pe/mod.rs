@@ -37,10 +37,10 @@ mod write;
 #[cfg(test)]
 mod tests;
 
+use crate::binary::WrapperError;
 use crate::bundle::BundleError;
-use crate::hipk::HIPF_MAGIC;
 use crate::offload::transform::Transformed;
-use crate::pe::{PeError, FATBIN_SECTION, METADATA_SECTION};
+use crate::pe::{PeError, PeView, FATBIN_SECTION, METADATA_SECTION};
 
 pub use verify::verify_pe;
 
@@ -56,19 +56,10 @@ pub enum PeTransformError {
     FatbinEmpty,
     #[error("a {METADATA_SECTION} section exists already")]
     HasMetadata,
-    #[error("wrapper {index}: unknown magic {magic:#010x} (expected HIPF {HIPF_MAGIC:#010x})")]
-    UnknownMagic { index: usize, magic: u32 },
-    #[error("wrapper {index}: version {version} (expected 1)")]
-    UnknownVersion { index: usize, version: u32 },
-    #[error("wrappers mix HIPF and HIPK magics: a partly offloaded binary")]
-    MixedWrappers,
-    #[error("wrapper {index}: binary pointer RVA {pointer:#x} does not point at the start of a bundle in {FATBIN_SECTION} [{start:#x}, {end:#x})")]
-    PointerNotAtBundle {
-        index: usize,
-        pointer: u64,
-        start: u64,
-        end: u64,
-    },
+    /// A wrapper the transform cannot take; one whose pointer does not
+    /// resolve, or is not rebased, is a layout it does not support.
+    #[error("{}{}", layout_prefix(.0), .0)]
+    Wrapper(#[from] WrapperError),
     #[error("base relocation at RVA {rva:#x} {what} inside {FATBIN_SECTION} [{start:#x}, {end:#x}), whose bytes are removed")]
     RelocationIntoRemoved {
         rva: u64,
@@ -82,9 +73,22 @@ pub enum PeTransformError {
     Layout(String),
 }
 
+fn layout_prefix(e: &WrapperError) -> &'static str {
+    match e {
+        WrapperError::Pointer { .. } | WrapperError::NotRebased { .. } => "unsupported layout: ",
+        _ => "",
+    }
+}
+
 /// Transform a fat PE image. `metadata` is the encoded HIPK metadata.
 pub fn transform(b: &[u8], metadata: &[u8]) -> Result<Transformed, PeTransformError> {
-    let input = analyze::analyze(b)?;
+    rewrite(PeView::parse(b)?, metadata)
+}
+
+/// Rewrite a fat PE image, parsed, with the encoded HIPK `metadata`:
+/// analyze, plan, write.
+pub fn rewrite(pe: PeView, metadata: &[u8]) -> Result<Transformed, PeTransformError> {
+    let input = analyze::analyze(pe)?;
     let plan = plan::plan(&input, metadata.len() as u64)?;
     let bytes = write::output(&input, &plan, metadata)?;
     Ok(Transformed {

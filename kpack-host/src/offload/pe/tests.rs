@@ -6,14 +6,18 @@
 use object::pe::{ImageFileHeader, ImageOptionalHeader64, ImageSectionHeader};
 use object::{LittleEndian as LE, U16, U32};
 
-use super::analyze::analyze;
 use super::plan::plan;
 use super::*;
-use crate::binary::{classify, Class, HostBinary};
+use crate::binary::{classify, Address, Class, HostBinary, WrapperError};
 use crate::bundle::{write_bundle, BUNDLE_MAGIC};
 use crate::bytes::{put_u16, put_u32, put_u64, u32_at, u64_at};
 use crate::hipk::{HipkMetadata, HIPF_MAGIC, HIPK_MAGIC};
 use crate::pe::{checksum, PeView, CHECKSUM_OFFSET, IMAGE_REL_BASED_DIR64};
+
+/// Step 1 on a file's bytes.
+fn analyze(b: &[u8]) -> Result<analyze::Input<'_>, PeTransformError> {
+    analyze::analyze(PeView::parse(b)?)
+}
 
 const BASE: u64 = 0x1_8000_0000;
 const FA: u64 = 0x200;
@@ -497,12 +501,17 @@ fn refuses_pointers_and_relocations_into_the_removed_bytes() {
     assert!(
         matches!(
             e,
-            PeTransformError::PointerNotAtBundle {
+            PeTransformError::Wrapper(WrapperError::PointerNotAtBundle {
                 index: 0,
-                pointer: 0x3010,
+                pointer: Address::Rva(0x3010),
                 ..
-            }
+            })
         ),
+        "{e}"
+    );
+    assert!(
+        e.to_string()
+            .starts_with("wrapper 0: binary pointer RVA 0x3010 does not point at the start of a bundle in .hip_fat ["),
         "{e}"
     );
     let e = refused(&Spec {
@@ -565,16 +574,16 @@ fn refuses_mixed_wrappers_and_a_full_header() {
     put_u32(&mut b, (HEADERS + FA + 24) as usize, HIPK_MAGIC);
     assert_eq!(
         transform(&b, &meta()).unwrap_err(),
-        PeTransformError::MixedWrappers
+        PeTransformError::Wrapper(WrapperError::Mixed)
     );
     put_u32(&mut b, (HEADERS + FA + 24) as usize, HIPF_MAGIC);
     put_u32(&mut b, (HEADERS + FA + 4) as usize, 7);
     assert_eq!(
         transform(&b, &meta()).unwrap_err(),
-        PeTransformError::UnknownVersion {
+        PeTransformError::Wrapper(WrapperError::UnknownVersion {
             index: 0,
             version: 7
-        }
+        })
     );
     let e = refused(&Spec {
         tight_headers: true,

@@ -168,7 +168,9 @@ fn write_headers(out: &mut [u8], input: &Input, plan: &Plan) -> Result<(), E> {
     let (cert, size) = pe.directory(IMAGE_DIRECTORY_ENTRY_SECURITY);
     if size > 0 {
         let at = pe.directories_offset() + 8 * IMAGE_DIRECTORY_ENTRY_SECURITY as u64;
-        let m = plan.map_off(cert).expect("after the sections (checked)");
+        let m = plan
+            .map_off(cert)
+            .ok_or_else(|| E::Layout("the certificate table lies in the removed bytes".into()))?;
         put_u32(
             region(out, Some(at), 4, "the certificate directory")?,
             0,

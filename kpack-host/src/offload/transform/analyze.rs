@@ -5,13 +5,12 @@ use object::elf;
 use object::read::elf::{ProgramHeader as _, SectionHeader as _};
 
 use super::{TransformError, WrapperChange};
-use crate::binary::{HostBinary, WrapperSlot, WrapperTable};
+use crate::binary::{Address, HostBinary, WrapperError, WrapperSlot, WrapperTable};
 use crate::bundle::parse_fatbin;
 use crate::elf::{
     file_size, ElfError, ElfView, PhdrExt, Pointer, ProgramHeader, RelocKinds, Relocations,
     SectionHeader, FATBIN_SECTION, LE, METADATA_SECTION,
 };
-use crate::hipk::{HIPF_MAGIC, HIPK_MAGIC};
 
 /// What the transform needs to know about its input.
 pub struct Input<'a> {
@@ -94,13 +93,13 @@ pub struct Hole {
     pub x2: Option<usize>,
 }
 
-pub fn analyze(b: &[u8]) -> Result<Input<'_>, TransformError> {
-    let (elf, kinds) = parse_rewritable(b)?;
+pub fn analyze(elf: ElfView<'_>) -> Result<Input<'_>, TransformError> {
+    let kinds = rewritable(&elf)?;
     let bin = HostBinary::Elf(elf);
     let (fatbin, bundle_starts) = find_fatbin(&elf)?;
     let (xi, x) = holding_segment(&elf, &fatbin)?;
     let unit = page_unit(&elf)?;
-    let table = bin.wrappers()?;
+    let table = bin.wrappers().map_err(WrapperError::Table)?;
     let wrappers = resolve_wrappers(&table, &fatbin, &bundle_starts)?;
     // All of the file's relocations, not the table's: a binary without a
     // wrapper table can still have relocations into the section.
@@ -119,20 +118,19 @@ pub fn analyze(b: &[u8]) -> Result<Input<'_>, TransformError> {
     })
 }
 
-/// The ELF view of a binary the transform can rewrite (an executable or
-/// shared object of a machine it knows, headers in range) and that
-/// machine's relocation kinds.
-fn parse_rewritable(b: &[u8]) -> Result<(ElfView<'_>, RelocKinds), TransformError> {
-    let elf = ElfView::parse(b)?;
+/// The relocation kinds of the machine of a binary the transform can
+/// rewrite (an executable or shared object of a machine it knows, headers
+/// in range).
+fn rewritable(elf: &ElfView) -> Result<RelocKinds, TransformError> {
     elf.check_sections()?;
-    validate_layout(&elf)?;
+    validate_layout(elf)?;
     let machine = elf.machine();
     let kinds =
         RelocKinds::for_machine(machine).ok_or(TransformError::UnsupportedMachine(machine))?;
     if elf.e_type() != elf::ET_EXEC && elf.e_type() != elf::ET_DYN {
         return Err(TransformError::UnsupportedType(elf.e_type()));
     }
-    Ok((elf, kinds))
+    Ok(kinds)
 }
 
 /// Reject headers whose ranges overflow or leave the file, so that the
@@ -254,25 +252,21 @@ fn resolve_wrappers(
 ) -> Result<Wrappers, TransformError> {
     let mut out = Wrappers::default();
     for slot in &table.slots {
-        let index = slot.index;
-        match slot.wrapper.magic {
-            HIPF_MAGIC => {}
-            HIPK_MAGIC => return Err(TransformError::MixedWrappers),
-            magic => return Err(TransformError::UnknownMagic { index, magic }),
-        }
-        let p = slot.pointer.clone()?;
+        slot.check_hipf()?;
+        let p = slot.resolved()?;
         let co_index = p
             .value
             .checked_sub(f.addr)
             .and_then(|rel| bundle_starts.iter().find(|&&(s, _)| s as u64 == rel))
             .map(|&(_, bundle)| bundle)
-            .ok_or(TransformError::PointerNotAtBundle {
-                index,
-                pointer: p.value,
+            .ok_or(WrapperError::PointerNotAtBundle {
+                index: slot.index,
+                pointer: Address::Virtual(p.value),
+                section: FATBIN_SECTION,
                 start: f.addr,
                 end: f.end(),
             })? as u32;
-        out.push(slot, &p, co_index);
+        out.push(slot, p, co_index);
         out.targets.push(p.value - f.addr);
     }
     Ok(out)
@@ -324,15 +318,17 @@ fn check_relocations(
 /// headers, the HIPK wrappers (their code object indices), the read-only
 /// segment X1 whose zero-filled tail is the removed pages, and the free
 /// range the bundles may take ([`Hole`]).
-pub fn analyze_offloaded(b: &[u8]) -> Result<(Input<'_>, Hole), TransformError> {
-    let (elf, kinds) = parse_rewritable(b)?;
+pub fn analyze_offloaded(elf: ElfView<'_>) -> Result<(Input<'_>, Hole), TransformError> {
+    let kinds = rewritable(&elf)?;
     let (fatbin, meta) = offloaded_sections(&elf)?;
     let (xi, x) = holding_segment(&elf, &meta)?;
     let unit = page_unit(&elf)?;
     let x2 = segment_after_tail(&elf, &x, unit)?;
     let x_end = x.p_vaddr(LE) + x.p_memsz(LE);
     let (start, end) = free_range(&elf, &fatbin, &meta, x_end)?;
-    let table = HostBinary::Elf(elf).wrappers()?;
+    let table = HostBinary::Elf(elf)
+        .wrappers()
+        .map_err(WrapperError::Table)?;
     let wrappers = hipk_wrappers(&table)?;
     let hole = Hole {
         meta,
@@ -395,10 +391,10 @@ fn hipk_wrappers(table: &WrapperTable) -> Result<Wrappers, TransformError> {
     }
     let mut wrappers = Wrappers::default();
     for slot in &table.slots {
-        let p = slot.pointer.clone()?;
+        let p = slot.resolved()?;
         let co_index = u32::try_from(slot.wrapper.reserved1)
             .map_err(|_| not_restorable("a wrapper's code object index does not fit in 32 bits"))?;
-        wrappers.push(slot, &p, co_index);
+        wrappers.push(slot, p, co_index);
     }
     Ok(wrappers)
 }

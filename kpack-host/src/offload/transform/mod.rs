@@ -26,22 +26,25 @@
 //! section table (so no section index changes), its name added to a new copy
 //! of `.shstrtab` written at the end of the file.
 //!
-//! The steps: [`analyze`] reads and checks the input, [`layout::plan`]
-//! decides what moves where, [`write::output`] produces the bytes.
+//! The steps: [`analyze`] reads and checks the input, [`plan::plan`]
+//! decides what moves where, [`write::output`] produces the bytes;
+//! [`verify::verify_elf`] checks a result ([`verify::verify_fat`], one of
+//! prune or restore).
 
 mod analyze;
-mod layout;
+mod plan;
+pub mod verify;
 mod write;
 
-pub use layout::align_up;
+pub use plan::align_up;
 
 #[cfg(test)]
 mod tests;
 
+use crate::binary::WrapperError;
 use crate::bundle::BundleError;
 pub use crate::elf::PointerKind;
-use crate::elf::{ElfError, FATBIN_SECTION};
-use crate::hipk::HIPF_MAGIC;
+use crate::elf::{ElfError, ElfView, FATBIN_SECTION};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TransformError {
@@ -57,17 +60,8 @@ pub enum TransformError {
     UnsupportedMachine(u16),
     #[error("unsupported ELF type {0} (kpack rewrites executables and shared objects)")]
     UnsupportedType(u16),
-    #[error("wrapper {index}: unknown magic {magic:#010x} (expected HIPF {HIPF_MAGIC:#010x})")]
-    UnknownMagic { index: usize, magic: u32 },
-    #[error("wrappers mix HIPF and HIPK magics: a partly offloaded binary")]
-    MixedWrappers,
-    #[error("wrapper {index}: binary pointer {pointer:#x} does not point at the start of a bundle in {FATBIN_SECTION} [{start:#x}, {end:#x})")]
-    PointerNotAtBundle {
-        index: usize,
-        pointer: u64,
-        start: u64,
-        end: u64,
-    },
+    #[error(transparent)]
+    Wrapper(#[from] WrapperError),
     #[error("relocation at {r_offset:#x} {what} inside {FATBIN_SECTION} [{start:#x}, {end:#x}), whose bytes are removed")]
     RelocationIntoRemoved {
         r_offset: u64,
@@ -167,29 +161,29 @@ pub struct Transformed {
 
 /// Transform a fat binary. `metadata` is the encoded HIPK metadata.
 pub fn transform(b: &[u8], metadata: &[u8]) -> Result<Transformed, TransformError> {
-    rewrite(b, &Request::Offload { metadata })
+    rewrite(ElfView::parse(b)?, &Request::Offload { metadata })
 }
 
 /// The address range that restore may fill with bundles in an offloaded
 /// binary (what [`Request::Restore`]'s payload must fit, after aligning
 /// its start).
-pub fn restore_room(b: &[u8]) -> Result<std::ops::Range<u64>, TransformError> {
-    let (_, hole) = analyze::analyze_offloaded(b)?;
+pub fn restore_room(elf: ElfView) -> Result<std::ops::Range<u64>, TransformError> {
+    let (_, hole) = analyze::analyze_offloaded(elf)?;
     Ok(hole.start..hole.end)
 }
 
 /// Rewrite a fat binary (offload, prune) or an offloaded one (restore) as
 /// `request` says: analyze, plan, write.
-pub fn rewrite(b: &[u8], request: &Request) -> Result<Transformed, TransformError> {
+pub fn rewrite(elf: ElfView, request: &Request) -> Result<Transformed, TransformError> {
     let (input, plan) = match request {
         Request::Restore { .. } => {
-            let (input, hole) = analyze::analyze_offloaded(b)?;
-            let plan = layout::plan_restore(&input, &hole, request)?;
+            let (input, hole) = analyze::analyze_offloaded(elf)?;
+            let plan = plan::plan_restore(&input, &hole, request)?;
             (input, plan)
         }
         _ => {
-            let input = analyze::analyze(b)?;
-            let plan = layout::plan(&input, request)?;
+            let input = analyze::analyze(elf)?;
+            let plan = plan::plan(&input, request)?;
             (input, plan)
         }
     };

@@ -6,10 +6,9 @@ use object::elf;
 use object::read::elf::{ProgramHeader as _, SectionHeader as _, Sym as _};
 use object::{I64, U16, U32, U64};
 
-use super::analyze::analyze;
-use super::layout::plan;
+use super::plan::plan;
 use super::*;
-use crate::binary::{classify, Class};
+use crate::binary::{classify, Class, WrapperError};
 use crate::bundle::write_bundle;
 use crate::elf::{
     ElfView, FileHeader, PhdrExt, ProgramHeader, Rela, SectionHeader, Sym, EHDR_SIZE, LE,
@@ -19,6 +18,16 @@ use crate::hipk::{Wrapper, HIPF_MAGIC, HIPK_MAGIC};
 use crate::offload::verify::verify_elf;
 
 const PAGE: u64 = 0x1000;
+
+/// Step 1 on a file's bytes.
+fn analyze(b: &[u8]) -> Result<analyze::Input<'_>, TransformError> {
+    analyze::analyze(ElfView::parse(b)?)
+}
+
+/// [`super::rewrite`] of a file's bytes.
+fn rewrite(b: &[u8], request: &Request) -> Result<Transformed, TransformError> {
+    super::rewrite(ElfView::parse(b)?, request)
+}
 
 /// What the synthetic binary looks like.
 #[derive(Clone)]
@@ -463,7 +472,7 @@ fn analyze_refuses_what_cannot_be_rewritten() {
             wrappers: vec![None],
             ..Spec::default()
         }),
-        TransformError::PointerNotAtBundle { index: 0, .. }
+        TransformError::Wrapper(WrapperError::PointerNotAtBundle { index: 0, .. })
     ));
     assert!(matches!(
         err(Spec {
@@ -494,7 +503,10 @@ fn analyze_refuses_what_cannot_be_rewritten() {
         .unwrap()
         .offset;
     crate::bytes::put_u32(&mut b, at as usize, HIPK_MAGIC);
-    assert_eq!(analyze(&b).err().unwrap(), TransformError::MixedWrappers);
+    assert_eq!(
+        analyze(&b).err().unwrap(),
+        TransformError::Wrapper(WrapperError::Mixed)
+    );
 }
 
 #[test]

@@ -6,7 +6,7 @@ use object::elf;
 use object::read::elf::{FileHeader as _, SectionHeader as _};
 
 use super::analyze::Input;
-use super::layout::{self, align_up, Form, Plan};
+use super::plan::{align_up, sections, Form, Plan};
 use super::TransformError;
 use crate::bytes::{put_u16, put_u32, put_u64, u16_at, u64_at};
 use crate::elf::{
@@ -48,7 +48,7 @@ pub fn output(input: &Input, plan: &Plan, payload: &[u8]) -> Result<Vec<u8>, Tra
     move_block(&mut out, input, plan);
     write_phdrs(&mut out, input, plan, payload)?;
     fix_dynamic(&mut out, input, plan)?;
-    let (mut shdrs, moved) = layout::sections(input, plan)?;
+    let (mut shdrs, moved) = sections(input, plan)?;
     append_section_table(&mut out, input, plan, &mut shdrs)?;
     fix_symbols(&mut out, input, plan, &shdrs, &moved)?;
     write_file_header(&mut out, input, plan, shdrs.len())?;

@@ -14,7 +14,10 @@ use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _}
 
 use super::analyze::{Fatbin, Hole, Input};
 use super::{Request, TransformError};
-use crate::elf::{file_size, ElfView, PhdrExt, ProgramHeader, SectionHeader, LE, PHDR_SIZE};
+use crate::binary::{Address, WrapperError};
+use crate::elf::{
+    file_size, ElfView, PhdrExt, ProgramHeader, SectionHeader, FATBIN_SECTION, LE, PHDR_SIZE,
+};
 use crate::hipk::{HIPF_MAGIC, HIPK_MAGIC};
 
 /// The file range of the input that leaves the file (`[start, end)`,
@@ -377,9 +380,10 @@ fn wrappers_for(input: &Input, request: &Request) -> Result<WrapperPlan, Transfo
             let moved = |old: u64| starts.iter().find(|&&(o, _)| o == old).map(|&(_, n)| n);
             let mut out = Vec::with_capacity(w.targets.len());
             for (c, &target) in w.changes.iter().zip(&w.targets) {
-                let new = moved(target).ok_or(TransformError::PointerNotAtBundle {
+                let new = moved(target).ok_or(WrapperError::PointerNotAtBundle {
                     index: c.index,
-                    pointer: f.addr + target,
+                    pointer: Address::Virtual(f.addr + target),
+                    section: FATBIN_SECTION,
                     start: f.addr,
                     end: f.end(),
                 })?;
