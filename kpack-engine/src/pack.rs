@@ -28,9 +28,9 @@ use crate::input::{map_file, Mapped};
 use crate::msgpack::Value;
 use crate::tree::{copy_file, copy_symlink, make_dirs, write_file, Node, NodeKind};
 use crate::{ArtifactError, Observer, Result};
-use kpack_host::binary::{classify, could_be_binary, Class};
+use kpack_host::binary::{classify_parsed, could_be_binary, Class, Classified};
 use kpack_host::offload::{archive_file_name, GFXARCH};
-use kpack_host::offload::{archive_key, code_objects, rewrite, CodeObject};
+use kpack_host::offload::{archive_key, code_objects_of, rewrite_binary, CodeObject};
 use kpack_host::{ArchiveWriter, FileRange};
 
 /// One `.kpack` archive written by split or pack-tree.
@@ -287,9 +287,12 @@ impl Packer<'_> {
                 let bytes_out = copy_file(&job.src, &job.dst, job.mode)?;
                 Ok(Done { outcome, bytes_out })
             };
-            match classify(&mapped) {
+            let classified = classify_parsed(&mapped);
+            match classified.class {
                 // Device code with something wrong: offloading reports what.
-                Class::Fat | Class::Inconsistent(_) => return self.offload(index, job, mapped),
+                Class::Fat | Class::Inconsistent(_) => {
+                    return self.offload(index, job, &mapped, &classified)
+                }
                 Class::Offloaded => return unchanged(Outcome::AlreadyOffloaded),
                 Class::DebugOnly => return unchanged(Outcome::DebugOnly),
                 Class::Relocatable { device_code } => {
@@ -315,23 +318,29 @@ impl Packer<'_> {
     /// A fat binary: its host-only form written to the destination, its
     /// code objects (those `keep_target` takes) recorded where their bytes
     /// are.
-    fn offload(&self, index: usize, job: &FileJob, mapped: Mapped) -> Result<Done> {
+    fn offload(
+        &self,
+        index: usize,
+        job: &FileJob,
+        mapped: &Mapped,
+        classified: &Classified,
+    ) -> Result<Done> {
         let kernel_name = job
             .kernel_name
             .clone()
             .ok_or_else(|| ArtifactError::input(&job.src, "file name is not valid UTF-8"))?;
-        let bytes: &[u8] = &mapped;
-        let cos = code_objects(&job.src, bytes)?;
+        let bin = (classified.binary.as_ref())
+            .map_err(|e| kpack_host::Error::binary(&job.src, e.clone()))?;
+        let cos = code_objects_of(&job.src, bin)?;
         let metadata = HipkMetadata {
             kernel_name: kernel_name.clone(),
             search_paths: vec![job.search_path.clone()],
         };
-        let t = rewrite(&job.src, bytes, &metadata)?;
+        let t = rewrite_binary(&job.src, bin, &metadata)?;
         write_file(&job.dst, &t.bytes, job.mode)?;
-        let (kept, dropped, spill) = self.locate(index, &cos, &mapped)?;
+        // Phase 2 reads the code objects through the files, not the map.
+        let (kept, dropped, spill) = self.locate(index, &cos, mapped)?;
         drop(cos);
-        // Phase 2 reads the code objects through the files, not this map.
-        drop(mapped);
         let code_objects = refs(kept, &job.src, spill);
         Ok(Done {
             outcome: Outcome::Offloaded(Box::new(Offloaded {
