@@ -521,4 +521,458 @@ mod tests {
         assert_eq!((e.ordinal, e.original_size), (0, 3));
         assert_eq!(e.metadata.as_ref(), Some(&md));
     }
+
+    // What a hand-made TOC reads as: the reader's rules beyond the
+    // writer's output (unknown and repeated keys, the other scheme's
+    // fields, which fault is reported first).
+
+    fn s(x: &str) -> Value {
+        Value::from(x)
+    }
+
+    fn map(entries: Vec<(Value, Value)>) -> Value {
+        Value::Map(entries)
+    }
+
+    fn entry(ordinal: u64) -> Value {
+        msgpack::str_map([
+            ("type", s("hsaco")),
+            ("ordinal", Value::from(ordinal)),
+            ("original_size", Value::from(3u64)),
+        ])
+    }
+
+    /// A valid scheme-`none` TOC: `a#0` @ gfx900 and gfx906, `b#0` @
+    /// gfx900, three 3-byte blobs at 64, 67, 70 (the TOC at 73).
+    fn toc_none() -> Value {
+        msgpack::str_map([
+            ("format_version", Value::from(1u64)),
+            ("group_name", s("g")),
+            ("gfx_arch_family", s("gfx9")),
+            ("gfx_arches", Value::Array(vec![s("gfx900"), s("gfx906")])),
+            (
+                "toc",
+                msgpack::str_map([
+                    (
+                        "a#0",
+                        msgpack::str_map([("gfx900", entry(0)), ("gfx906", entry(1))]),
+                    ),
+                    ("b#0", msgpack::str_map([("gfx900", entry(2))])),
+                ]),
+            ),
+            ("compression_scheme", s("none")),
+            (
+                "blobs",
+                Value::Array(
+                    [64u64, 67, 70]
+                        .iter()
+                        .map(|&o| {
+                            msgpack::str_map([
+                                ("offset", Value::from(o)),
+                                ("size", Value::from(3u64)),
+                            ])
+                        })
+                        .collect(),
+                ),
+            ),
+        ])
+    }
+
+    const TOC_AT: u64 = 73;
+
+    /// A valid scheme-`zstd-per-kernel` TOC (one key, two targets) and the
+    /// archive bytes before it: the blob at 64..72 says 2 frames.
+    fn toc_zstd() -> (Value, Vec<u8>) {
+        let toc = msgpack::str_map([
+            ("group_name", s("g")),
+            ("gfx_arch_family", s("gfx9")),
+            ("gfx_arches", Value::Array(vec![])),
+            (
+                "toc",
+                msgpack::str_map([(
+                    "a#0",
+                    msgpack::str_map([("gfx900", entry(0)), ("gfx906", entry(1))]),
+                )]),
+            ),
+            ("compression_scheme", s("zstd-per-kernel")),
+            ("zstd_offset", Value::from(64u64)),
+            ("zstd_size", Value::from(8u64)),
+        ]);
+        let mut data = vec![0u8; 72];
+        data[64..68].copy_from_slice(&2u32.to_le_bytes());
+        (toc, data)
+    }
+
+    fn parse_none(toc: &Value) -> Result<ParsedToc, ArchiveError> {
+        parse(toc, &[0u8; TOC_AT as usize], TOC_AT)
+    }
+
+    /// The value at `path` (string keys / array indices) in `v`.
+    fn at<'v>(v: &'v mut Value, path: &[&str]) -> &'v mut Value {
+        let mut v = v;
+        for p in path {
+            v = match v {
+                Value::Map(m) => &mut m.iter_mut().find(|(k, _)| k.as_str() == Some(p)).unwrap().1,
+                Value::Array(a) => &mut a[p.parse::<usize>().unwrap()],
+                _ => panic!("no {p}"),
+            };
+        }
+        v
+    }
+
+    fn push(v: &mut Value, k: Value, x: Value) {
+        let Value::Map(m) = v else { panic!() };
+        m.push((k, x));
+    }
+
+    fn remove(v: &mut Value, key: &str) {
+        let Value::Map(m) = v else { panic!() };
+        m.retain(|(k, _)| k.as_str() != Some(key));
+    }
+
+    fn field_of(e: ArchiveError) -> String {
+        match e {
+            ArchiveError::TocFieldType { field, .. }
+            | ArchiveError::TocFieldMissing { field }
+            | ArchiveError::TocFieldValue { field, .. } => field,
+            other => panic!("{other}"),
+        }
+    }
+
+    #[test]
+    fn hand_made_tocs_parse() {
+        let p = parse_none(&toc_none()).unwrap();
+        let names: Vec<_> = p
+            .entries
+            .iter()
+            .map(|e| (e.key.as_str(), e.target.as_str(), e.ordinal))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("a#0", "gfx900", 0),
+                ("a#0", "gfx906", 1),
+                ("b#0", "gfx900", 2)
+            ]
+        );
+        assert_eq!(p.layout, Layout::Blobs(vec![(64, 3), (67, 3), (70, 3)]));
+        let (toc, data) = toc_zstd();
+        let p = parse(&toc, &data, 72).unwrap();
+        assert_eq!(p.scheme, Scheme::ZstdPerKernel);
+        assert_eq!(
+            p.layout,
+            Layout::Zstd {
+                offset: 64,
+                size: 8,
+                count: 2
+            }
+        );
+    }
+
+    /// Keys the schema does not name, and keys that are not strings in
+    /// the maps of fixed fields, are ignored.
+    #[test]
+    fn unknown_and_non_str_keys_are_ignored() {
+        let mut t = toc_none();
+        push(&mut t, s("zzz"), Value::Array(vec![Value::Nil]));
+        push(&mut t, Value::from(5u64), s("x"));
+        push(&mut t, Value::Nil, Value::Nil);
+        let e = at(&mut t, &["toc", "a#0", "gfx906"]);
+        push(e, s("extra"), map(vec![(Value::from(1u64), Value::Nil)]));
+        push(e, Value::Boolean(true), Value::from(-1i64));
+        push(
+            at(&mut t, &["blobs", "1"]),
+            s("crc"),
+            Value::Binary(vec![1]),
+        );
+        let p = parse_none(&t).unwrap();
+        assert_eq!(p.entries.len(), 3);
+        assert_eq!(p.entries[1].metadata, None);
+    }
+
+    /// A field given twice in a map of fixed fields: the first one counts.
+    #[test]
+    fn first_of_repeated_fields_wins() {
+        let mut t = toc_none();
+        push(&mut t, s("group_name"), Value::from(7u64));
+        push(&mut t, s("format_version"), Value::from(2u64));
+        push(&mut t, s("blobs"), Value::Nil);
+        push(
+            at(&mut t, &["toc", "b#0", "gfx900"]),
+            s("ordinal"),
+            s("bad"),
+        );
+        push(at(&mut t, &["blobs", "2"]), s("size"), Value::from(-1i64));
+        let p = parse_none(&t).unwrap();
+        assert_eq!(p.group_name, "g");
+        assert_eq!(p.entries[2].ordinal, 2);
+        assert_eq!(p.layout, Layout::Blobs(vec![(64, 3), (67, 3), (70, 3)]));
+    }
+
+    /// The fields of the other scheme are not looked at.
+    #[test]
+    fn fields_of_the_other_scheme_are_ignored() {
+        let mut t = toc_none();
+        push(&mut t, s("zstd_offset"), s("x"));
+        push(&mut t, s("zstd_size"), Value::Nil);
+        parse_none(&t).unwrap();
+        let (mut t, data) = toc_zstd();
+        push(&mut t, s("blobs"), Value::from(5u64));
+        parse(&t, &data, 72).unwrap();
+    }
+
+    /// Optional fields may be left out, but not given as nil.
+    #[test]
+    fn optional_fields() {
+        let mut t = toc_none();
+        remove(&mut t, "format_version");
+        remove(&mut t, "compression_scheme");
+        remove(at(&mut t, &["toc", "a#0", "gfx900"]), "type");
+        let p = parse_none(&t).unwrap();
+        assert_eq!(
+            (p.scheme, p.entries[0].kind.as_deref()),
+            (Scheme::None, None)
+        );
+        for (path, want) in [
+            (&["format_version"][..], "format_version"),
+            (&["compression_scheme"][..], "compression_scheme"),
+            (
+                &["toc", "a#0", "gfx900", "type"][..],
+                r#"toc["a#0"]["gfx900"].type"#,
+            ),
+        ] {
+            let mut t = toc_none();
+            *at(&mut t, path) = Value::Nil;
+            match parse_none(&t) {
+                Err(ArchiveError::TocFieldType {
+                    field,
+                    found: "nil",
+                    ..
+                }) => assert_eq!(field, want),
+                Err(other) => panic!("{want}: {other}"),
+                Ok(_) => panic!("{want}: parsed"),
+            }
+        }
+        let mut t = toc_none();
+        push(
+            at(&mut t, &["toc", "a#0", "gfx900"]),
+            s("metadata"),
+            Value::Nil,
+        );
+        let e = parse_none(&t).err().unwrap();
+        assert!(
+            matches!(
+                e,
+                ArchiveError::TocFieldType {
+                    expected: "map",
+                    found: "nil",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(field_of(e), r#"toc["a#0"]["gfx900"].metadata"#);
+    }
+
+    /// Metadata is kept as written: any values, keys repeated, in order.
+    #[test]
+    fn metadata_is_kept_as_written() {
+        let md = vec![
+            ("target".to_string(), s("hipv4-amdgcn--gfx900")),
+            ("n".to_string(), Value::from(-3i64)),
+            ("big".to_string(), Value::from(u64::MAX)),
+            ("f".to_string(), Value::F32(1.5)),
+            ("d".to_string(), Value::F64(-0.25)),
+            ("bin".to_string(), Value::Binary(vec![0, 0xff])),
+            (
+                "nested".to_string(),
+                map(vec![
+                    (
+                        Value::from(1u64),
+                        Value::Array(vec![Value::Nil, Value::Boolean(false)]),
+                    ),
+                    (Value::Binary(vec![1]), map(vec![])),
+                ]),
+            ),
+            ("n".to_string(), s("again")),
+        ];
+        let mut t = toc_none();
+        push(
+            at(&mut t, &["toc", "b#0", "gfx900"]),
+            s("metadata"),
+            map(md.iter().map(|(k, v)| (s(k), v.clone())).collect()),
+        );
+        let p = parse_none(&t).unwrap();
+        assert_eq!(p.entries[2].metadata.as_ref(), Some(&md));
+        assert_eq!(p.entries[0].metadata, None);
+    }
+
+    #[test]
+    fn field_paths() {
+        let cases: Vec<(Vec<&str>, Value, &str)> = vec![
+            (vec!["format_version"], s("1"), "format_version"),
+            (
+                vec!["gfx_arch_family"],
+                Value::Binary(vec![]),
+                "gfx_arch_family",
+            ),
+            (vec!["gfx_arches", "0"], Value::from(1u64), "gfx_arches[0]"),
+            (
+                vec!["toc", "a#0", "gfx906"],
+                Value::Array(vec![]),
+                r#"toc["a#0"]["gfx906"]"#,
+            ),
+            (
+                vec!["toc", "a#0", "gfx906", "ordinal"],
+                Value::F64(1.0),
+                r#"toc["a#0"]["gfx906"].ordinal"#,
+            ),
+            (vec!["blobs"], map(vec![]), "blobs"),
+            (vec!["blobs", "1", "offset"], Value::Nil, "blobs[1].offset"),
+        ];
+        for (path, v, want) in cases {
+            let mut t = toc_none();
+            *at(&mut t, &path) = v;
+            assert_eq!(field_of(parse_none(&t).err().unwrap()), want);
+        }
+        // Keys of maps of kernels must be strings.
+        let mut t = toc_none();
+        push(at(&mut t, &["toc"]), Value::from(1u64), map(vec![]));
+        assert_eq!(field_of(parse_none(&t).err().unwrap()), "toc (a key)");
+        let mut t = toc_none();
+        push(at(&mut t, &["toc", "b#0"]), Value::Nil, entry(0));
+        assert_eq!(
+            field_of(parse_none(&t).err().unwrap()),
+            r#"toc["b#0"] (a key)"#
+        );
+        let mut t = toc_none();
+        push(
+            at(&mut t, &["toc", "b#0", "gfx900"]),
+            s("metadata"),
+            map(vec![
+                (s("ok"), Value::Nil),
+                (Value::Binary(vec![]), Value::Nil),
+            ]),
+        );
+        let e = parse_none(&t).err().unwrap();
+        assert!(
+            matches!(
+                e,
+                ArchiveError::TocFieldType {
+                    expected: "str",
+                    found: "bin",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(field_of(e), r#"toc["b#0"]["gfx900"].metadata (a key)"#);
+        // The root.
+        let e = parse_none(&Value::from(1u64)).err().unwrap();
+        assert_eq!(
+            e.to_string(),
+            "TOC field `(TOC root)` is a int, expected map"
+        );
+        // Values out of range.
+        let mut t = toc_none();
+        *at(&mut t, &["format_version"]) = Value::from(-1i64);
+        let e = parse_none(&t).err().unwrap();
+        assert_eq!(
+            e.to_string(),
+            "TOC field `format_version` is invalid: -1 is negative"
+        );
+        let mut t = toc_none();
+        *at(&mut t, &["toc", "a#0", "gfx906", "ordinal"]) = Value::from(1u64 << 32);
+        let e = parse_none(&t).err().unwrap();
+        assert_eq!(
+            e.to_string(),
+            r#"TOC field `toc["a#0"]["gfx906"].ordinal` is invalid: 4294967296 does not fit in 32 bits"#
+        );
+        let (mut t, data) = toc_zstd();
+        *at(&mut t, &["zstd_size"]) = Value::from(3u64);
+        let e = parse(&t, &data, 72).err().unwrap();
+        assert_eq!(
+            e.to_string(),
+            "TOC field `zstd_size` is invalid: 3 is too small to hold the frame count"
+        );
+    }
+
+    /// With several faults, the one reported is the first in this order:
+    /// the version, the root fields in schema order, the scheme, the
+    /// layout (and its ranges), then the kernels.
+    #[test]
+    fn which_fault_is_reported() {
+        // The version before anything else.
+        let mut t = toc_none();
+        *at(&mut t, &["format_version"]) = Value::from(2u64);
+        remove(&mut t, "group_name");
+        *at(&mut t, &["toc"]) = Value::Nil;
+        assert!(matches!(
+            parse_none(&t),
+            Err(ArchiveError::UnsupportedTocVersion { version: 2 })
+        ));
+        let mut t = toc_none();
+        remove(&mut t, "format_version");
+        push(&mut t, s("format_version"), Value::from(0u64));
+        remove(&mut t, "group_name");
+        assert!(matches!(
+            parse_none(&t),
+            Err(ArchiveError::UnsupportedTocVersion { version: 0 })
+        ));
+        // Root fields in schema order, whatever the file's order.
+        let mut t = toc_none();
+        *at(&mut t, &["gfx_arches"]) = Value::Nil;
+        remove(&mut t, "group_name");
+        assert_eq!(field_of(parse_none(&t).err().unwrap()), "group_name");
+        let mut t = toc_none();
+        *at(&mut t, &["gfx_arches"]) = Value::Nil;
+        *at(&mut t, &["compression_scheme"]) = s("lz4");
+        assert_eq!(field_of(parse_none(&t).err().unwrap()), "gfx_arches");
+        // The scheme before the layout, the layout before the kernels.
+        let mut t = toc_none();
+        *at(&mut t, &["compression_scheme"]) = s("lz4");
+        remove(&mut t, "blobs");
+        assert!(matches!(
+            parse_none(&t),
+            Err(ArchiveError::UnknownScheme { .. })
+        ));
+        let mut t = toc_none();
+        *at(&mut t, &["toc"]) = Value::Nil;
+        remove(&mut t, "blobs");
+        assert_eq!(field_of(parse_none(&t).err().unwrap()), "blobs");
+        let mut t = toc_none();
+        *at(&mut t, &["toc"]) = Value::Nil;
+        *at(&mut t, &["blobs", "2", "size"]) = Value::from(4u64);
+        assert!(matches!(
+            parse_none(&t),
+            Err(ArchiveError::BlobOutOfRange { index: 2, .. })
+        ));
+        let (mut t, mut data) = toc_zstd();
+        *at(&mut t, &["toc"]) = Value::Nil;
+        data[64..68].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            parse(&t, &data, 72),
+            Err(ArchiveError::TooManyFrames { .. })
+        ));
+        // Within a key, a repeated target is reported where it repeats;
+        // a key listed twice, once all keys are read.
+        let mut t = toc_none();
+        let again = at(&mut t, &["toc", "a#0"]).clone();
+        push(at(&mut t, &["toc"]), s("a#0"), again);
+        push(at(&mut t, &["toc", "b#0"]), s("gfx900"), entry(0));
+        assert!(matches!(
+            parse_none(&t),
+            Err(ArchiveError::DuplicateKernel { ref key, ref target }) if key == "b#0" && target == "gfx900"
+        ));
+        let mut t = toc_none();
+        *at(&mut t, &["toc", "b#0", "gfx900", "ordinal"]) = Value::from(3u64);
+        assert!(matches!(
+            parse_none(&t),
+            Err(ArchiveError::OrdinalOutOfRange {
+                ordinal: 3,
+                count: 3,
+                ..
+            })
+        ));
+    }
 }
