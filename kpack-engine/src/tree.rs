@@ -341,10 +341,7 @@ mod tests {
                 ])
                 .arg("--clear-groups")
                 .arg(exe)
-                .args([
-                    "--exact",
-                    "tree::tests::copy_over_another_users_file",
-                ])
+                .args(["--exact", "tree::tests::copy_over_another_users_file"])
                 .env(AS_OTHER_USER, &dir)
                 .output()
                 .expect("setpriv (util-linux)");
