@@ -245,6 +245,15 @@ impl<R: Read> Decoder<R> {
     /// allocates only what the input really holds.
     fn bytes(&mut self, marker: Marker, at: u64) -> Result<Vec<u8>, DecodeError> {
         let len = self.len(marker, at)?;
+        // A short payload (nearly every string of a TOC: keys, targets,
+        // field names) is read whole into the stack, then copied into an
+        // allocation of its size: `read_to_end` below probes and grows,
+        // which cost more than the rest of decoding such a string.
+        let mut stack = [0u8; 64];
+        if let Some(short) = stack.get_mut(..len as usize) {
+            self.read_exact(short).map_err(truncated(at))?;
+            return Ok(short.to_vec());
+        }
         let mut buf = Vec::new();
         match self.by_ref().take(len.into()).read_to_end(&mut buf) {
             Ok(n) if n as u64 == u64::from(len) => Ok(buf),

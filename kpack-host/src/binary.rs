@@ -578,6 +578,7 @@ impl WrapperTable {
 mod tests {
     use super::*;
 
+    // By hand: bare magics and a cut PE header, not images object::write makes.
     #[test]
     fn classifies_by_magic() {
         assert_eq!(classify(b"KPAK\x01\0\0\0"), Class::Archive);

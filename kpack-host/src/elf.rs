@@ -509,6 +509,7 @@ pub fn file_size(sh: &SectionHeader) -> u64 {
 mod tests {
     use super::*;
 
+    // By hand: idents cut after a few bytes, which object::write cannot make.
     #[test]
     fn rejects_non_elf_and_truncated() {
         assert!(matches!(ElfView::parse(b"hello"), Err(ElfError::NotElf)));
@@ -548,6 +549,7 @@ mod tests {
     /// The reference's tools write section header tables at offsets that
     /// are not 8-byte aligned; readelf and ld.so accept them, and so must
     /// kpack.
+    // By hand: a section header table at an odd offset, which object::write cannot make.
     #[test]
     fn reads_unaligned_section_header_table() {
         let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();

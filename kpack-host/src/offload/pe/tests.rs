@@ -1,10 +1,11 @@
 //! Unit tests of each step of the PE transform on small PE32+ DLLs built
-//! here, byte by byte, so that every layout case is set up exactly (the
-//! end-to-end tests run the same code on DLLs and EXEs clang builds, under
-//! Wine).
+//! here (object's PE writer), so that every layout case is set up exactly
+//! (the end-to-end tests run the same code on DLLs and EXEs clang builds,
+//! under Wine).
 
-use object::pe::{ImageFileHeader, ImageOptionalHeader64, ImageSectionHeader};
-use object::{LittleEndian as LE, U16, U32};
+use object::pe::{ImageFileHeader, ImageOptionalHeader64};
+use object::write::pe::{NtHeaders, Writer};
+use object::LittleEndian as LE;
 
 use super::plan::plan;
 use super::*;
@@ -22,8 +23,9 @@ fn analyze(b: &[u8]) -> Result<analyze::Input<'_>, PeTransformError> {
 const BASE: u64 = 0x1_8000_0000;
 const FA: u64 = 0x200;
 const SA: u64 = 0x1000;
-/// Offsets of the synthetic image's headers.
-const NT: u64 = 0x40;
+/// Offsets of the synthetic image's headers (after the DOS header and
+/// stub).
+const NT: u64 = 0x80;
 const FILE_HEADER: u64 = NT + 4;
 const OPT: u64 = FILE_HEADER + 20;
 const TABLE: u64 = OPT + 240;
@@ -73,42 +75,8 @@ fn align(x: u64, a: u64) -> u64 {
     x.div_ceil(a) * a
 }
 
-fn zeroed<T: object::Pod>() -> T {
-    let z = vec![0u8; std::mem::size_of::<T>()];
-    *object::pod::from_bytes::<T>(&z).unwrap().0
-}
-
-/// A section: name, RVA, raw offset, virtual size, raw size, flags.
-struct Sec {
-    name: &'static str,
-    rva: u64,
-    raw: u64,
-    vsize: u64,
-    raw_size: u64,
-    flags: u32,
-}
-
+/// Section characteristics of initialized, readable data.
 const DATA: u32 = 0x4000_0040;
-
-fn header(s: &Sec) -> ImageSectionHeader {
-    let mut h: ImageSectionHeader = zeroed();
-    h.name[..s.name.len()].copy_from_slice(s.name.as_bytes());
-    h.virtual_size = U32::new(LE, s.vsize as u32);
-    h.virtual_address = U32::new(LE, s.rva as u32);
-    h.size_of_raw_data = U32::new(LE, s.raw_size as u32);
-    h.pointer_to_raw_data = U32::new(LE, s.raw as u32);
-    h.characteristics = U32::new(LE, s.flags);
-    h
-}
-
-fn put<T: object::Pod>(out: &mut Vec<u8>, at: u64, v: &T) {
-    let b = object::pod::bytes_of(v);
-    let at = at as usize;
-    if out.len() < at + b.len() {
-        out.resize(at + b.len(), 0);
-    }
-    out[at..at + b.len()].copy_from_slice(b);
-}
 
 /// The bundles of `spec` back to back, and where each starts.
 fn bundles(spec: &Spec) -> (Vec<u8>, Vec<u64>) {
@@ -126,177 +94,136 @@ fn bundles(spec: &Spec) -> (Vec<u8>, Vec<u64>) {
     (out, starts)
 }
 
-/// One base relocation block: the page and DIR64 entries at these RVAs.
-fn reloc_block(page: u64, rvas: &[u64]) -> Vec<u8> {
-    let mut entries: Vec<u16> = rvas
-        .iter()
-        .map(|r| (IMAGE_REL_BASED_DIR64 << 12) | (r - page) as u16)
-        .collect();
-    if entries.len() % 2 == 1 {
-        entries.push(0);
-    }
-    let mut b = Vec::new();
-    b.extend((page as u32).to_le_bytes());
-    b.extend((8 + 2 * entries.len() as u32).to_le_bytes());
-    for e in entries {
-        b.extend(e.to_le_bytes());
-    }
-    b
-}
-
-/// Build the DLL: headers; `.rdata` (RVA 0x1000: a stray pointer, a debug
-/// directory entry), `.hipFatB` (0x2000), `.hip_fat` (0x3000), `.reloc`,
-/// `.cv` (debug data); then the trailing data.
+/// Build the DLL with object's PE writer: DOS header and stub, NT headers,
+/// `.rdata` (RVA 0x1000: a stray pointer, a debug directory entry),
+/// `.hipFatB` (0x2000), `.hip_fat` (0x3000), `.reloc` (base relocations in
+/// page order), `.cv` (debug data); then the trailing data. What a linker
+/// would not write (a COFF symbol table in an image, `SizeOfHeaders`
+/// ending at the section table) is patched in afterwards.
 fn build(spec: &Spec) -> Vec<u8> {
     let (fat, starts) = bundles(spec);
-    let nw = spec.wrappers.len() as u64;
-    let mut secs = vec![
-        Sec {
-            name: ".rdata",
-            rva: 0x1000,
-            raw: HEADERS,
-            vsize: 0x100,
-            raw_size: FA,
-            flags: DATA,
-        },
-        Sec {
-            name: ".hipFatB",
-            rva: 0x2000,
-            raw: HEADERS + FA,
-            vsize: 24 * nw,
-            raw_size: align(24 * nw, FA),
-            flags: DATA,
-        },
-    ];
-    let fat_raw = HEADERS + FA + align(24 * nw, FA);
-    secs.push(Sec {
-        name: ".hip_fat",
-        rva: 0x3000,
-        raw: fat_raw,
-        vsize: fat.len() as u64,
-        raw_size: align(fat.len() as u64, FA),
-        flags: DATA,
-    });
-    let mut relocs = reloc_block(
-        0x2000,
-        &(0..nw).map(|k| 0x2000 + 24 * k + 8).collect::<Vec<_>>(),
+    let nw = spec.wrappers.len() as u32;
+    let nsec = 4 + u16::from(spec.debug);
+
+    let mut out = Vec::new();
+    let mut w = Writer::new(true, SA as u32, FA as u32, &mut out);
+    w.reserve_dos_header_and_stub();
+    w.reserve_nt_headers(16);
+    w.reserve_section_headers(nsec);
+    let rdata = w.reserve_section(*b".rdata\0\0", DATA, 0x100, 0x100);
+    let wrappers = w.reserve_section(*b".hipFatB", DATA, 24 * nw, 24 * nw);
+    let fatbin = w.reserve_section(*b".hip_fat", DATA, fat.len() as u32, fat.len() as u32);
+    assert_eq!(
+        (
+            w.nt_headers_offset(),
+            rdata.file_offset,
+            wrappers.file_offset
+        ),
+        (NT as u32, HEADERS as u32, (HEADERS + FA) as u32)
+    );
+    assert_eq!(
+        (rdata.virtual_address, fatbin.virtual_address),
+        (0x1000, 0x3000)
     );
     if spec.stray_pointer {
-        relocs.extend(reloc_block(0x1000, &[0x1000]));
+        w.add_reloc(0x1000, IMAGE_REL_BASED_DIR64);
+    }
+    for k in 0..nw {
+        w.add_reloc(0x2000 + 24 * k + 8, IMAGE_REL_BASED_DIR64);
     }
     if spec.reloc_in_fatbin {
-        relocs.extend(reloc_block(0x3000, &[0x3010]));
+        w.add_reloc(0x3010, IMAGE_REL_BASED_DIR64);
     }
-    let reloc_rva = align(0x3000 + fat.len() as u64, SA);
-    let reloc_raw = fat_raw + align(fat.len() as u64, FA);
-    secs.push(Sec {
-        name: ".reloc",
-        rva: reloc_rva,
-        raw: reloc_raw,
-        vsize: relocs.len() as u64,
-        raw_size: FA,
-        flags: 0x4200_0040,
-    });
-    let cv = (reloc_rva + SA, reloc_raw + FA);
+    w.reserve_reloc_section();
+    let cv = spec
+        .debug
+        .then(|| w.reserve_section(*b".cv\0\0\0\0\0", DATA, 0x40, 0x40));
     if spec.debug {
-        secs.push(Sec {
-            name: ".cv",
-            rva: cv.0,
-            raw: cv.1,
-            vsize: 0x40,
-            raw_size: FA,
-            flags: DATA,
-        });
+        w.set_data_directory(6, 0x1040, 28);
     }
-    let last = secs.last().unwrap();
-    let (image_end, raw_end) = (align(last.rva + last.vsize, SA), last.raw + last.raw_size);
+    let overlay = w.reserve(spec.overlay.len() as u32, 1);
+    let symbols = spec.symbols.then(|| w.reserve(22, 1));
+    if spec.certificate {
+        w.reserve_certificate_table(16);
+    }
 
-    let mut out = vec![0u8; raw_end as usize];
-    out[..2].copy_from_slice(b"MZ");
-    put_u32(&mut out, 0x3c, NT as u32);
-    out[NT as usize..NT as usize + 4].copy_from_slice(b"PE\0\0");
+    w.write_dos_header_and_stub().unwrap();
+    w.write_nt_headers(NtHeaders {
+        machine: object::pe::IMAGE_FILE_MACHINE_AMD64,
+        time_date_stamp: 0,
+        characteristics: 0x2022,
+        major_linker_version: 0,
+        minor_linker_version: 0,
+        address_of_entry_point: 0,
+        image_base: BASE,
+        major_operating_system_version: 0,
+        minor_operating_system_version: 0,
+        major_image_version: 0,
+        minor_image_version: 0,
+        major_subsystem_version: 0,
+        minor_subsystem_version: 0,
+        subsystem: 2,
+        dll_characteristics: 0,
+        size_of_stack_reserve: 0,
+        size_of_stack_commit: 0,
+        size_of_heap_reserve: 0,
+        size_of_heap_commit: 0,
+    });
+    w.write_section_headers();
     // .rdata: the stray pointer and the debug directory entry.
+    let mut data = vec![0u8; 0x100];
     if spec.stray_pointer {
-        put_u64(&mut out, HEADERS as usize, BASE + 0x3000 + 64);
+        put_u64(&mut data, 0, BASE + 0x3000 + 64);
     }
-    if spec.debug {
-        let e = HEADERS as usize + 0x40;
-        put_u32(&mut out, e + 12, 2); // IMAGE_DEBUG_TYPE_CODEVIEW
-        put_u32(&mut out, e + 16, 0x40);
-        put_u32(&mut out, e + 20, cv.0 as u32);
-        put_u32(&mut out, e + 24, cv.1 as u32);
-        out[cv.1 as usize..cv.1 as usize + 4].copy_from_slice(b"RSDS");
+    if let Some(cv) = cv {
+        put_u32(&mut data, 0x40 + 12, 2); // IMAGE_DEBUG_TYPE_CODEVIEW
+        put_u32(&mut data, 0x40 + 16, 0x40);
+        put_u32(&mut data, 0x40 + 20, cv.virtual_address);
+        put_u32(&mut data, 0x40 + 24, cv.file_offset);
     }
-    for (k, w) in spec.wrappers.iter().enumerate() {
-        let at = (HEADERS + FA) as usize + 24 * k;
-        let target = match w {
+    w.write_section(rdata.file_offset, &data);
+    let mut data = vec![0u8; 24 * nw as usize];
+    for (k, wrapper) in spec.wrappers.iter().enumerate() {
+        let target = match wrapper {
             Some(b) => 0x3000 + starts[*b],
             None => 0x3000 + 16,
         };
-        put_u32(&mut out, at, HIPF_MAGIC);
-        put_u32(&mut out, at + 4, 1);
-        put_u64(&mut out, at + 8, BASE + target);
+        put_u32(&mut data, 24 * k, HIPF_MAGIC);
+        put_u32(&mut data, 24 * k + 4, 1);
+        put_u64(&mut data, 24 * k + 8, BASE + target);
     }
-    out[fat_raw as usize..fat_raw as usize + fat.len()].copy_from_slice(&fat);
-    out[reloc_raw as usize..reloc_raw as usize + relocs.len()].copy_from_slice(&relocs);
+    w.write_section(wrappers.file_offset, &data);
+    w.write_section(fatbin.file_offset, &fat);
+    w.write_reloc_section();
+    if let Some(cv) = cv {
+        w.write_section(cv.file_offset, b"RSDS");
+    }
+    // Trailing data: overlay, COFF symbols, certificate.
+    w.pad_until(overlay);
+    w.write(&spec.overlay);
+    if symbols.is_some() {
+        w.write(&[b's'; 18]);
+        w.write(&4u32.to_le_bytes());
+    }
+    if spec.certificate {
+        let mut cert = 16u32.to_le_bytes().to_vec();
+        cert.extend(0x200u16.to_le_bytes());
+        cert.extend(2u16.to_le_bytes());
+        cert.extend(*b"SIGNATUR");
+        w.write_certificate_table(&cert);
+    }
 
-    // Trailing data.
-    out.extend_from_slice(&spec.overlay);
-    let symbols = spec.symbols.then(|| {
-        let at = out.len() as u64;
-        out.extend([b's'; 18]);
-        out.extend(4u32.to_le_bytes());
-        at
-    });
-    let cert = spec.certificate.then(|| {
-        out.resize(align(out.len() as u64, 8) as usize, 0);
-        let at = out.len() as u64;
-        out.extend(16u32.to_le_bytes());
-        out.extend(0x200u16.to_le_bytes());
-        out.extend(2u16.to_le_bytes());
-        out.extend(*b"SIGNATUR");
-        at
-    });
-
-    let mut fh: ImageFileHeader = zeroed();
-    fh.machine = U16::new(LE, object::pe::IMAGE_FILE_MACHINE_AMD64);
-    fh.number_of_sections = U16::new(LE, secs.len() as u16);
-    fh.size_of_optional_header = U16::new(LE, 240);
-    fh.characteristics = U16::new(LE, 0x2022);
+    let field = |header: u64, offset: usize| (header as usize) + offset;
     if let Some(at) = symbols {
-        fh.pointer_to_symbol_table = U32::new(LE, at as u32);
-        fh.number_of_symbols = U32::new(LE, 1);
+        let pointer = std::mem::offset_of!(ImageFileHeader, pointer_to_symbol_table);
+        put_u32(&mut out, field(FILE_HEADER, pointer), at);
+        let count = std::mem::offset_of!(ImageFileHeader, number_of_symbols);
+        put_u32(&mut out, field(FILE_HEADER, count), 1);
     }
-    put(&mut out, FILE_HEADER, &fh);
-    let mut oh: ImageOptionalHeader64 = zeroed();
-    oh.magic = U16::new(LE, object::pe::IMAGE_NT_OPTIONAL_HDR64_MAGIC);
-    oh.size_of_initialized_data = U32::new(LE, secs.iter().map(|s| s.raw_size).sum::<u64>() as u32);
-    oh.image_base = object::U64::new(LE, BASE);
-    oh.section_alignment = U32::new(LE, SA as u32);
-    oh.file_alignment = U32::new(LE, FA as u32);
-    oh.size_of_image = U32::new(LE, image_end as u32);
-    let headers = if spec.tight_headers {
-        TABLE + 40 * secs.len() as u64
-    } else {
-        HEADERS
-    };
-    oh.size_of_headers = U32::new(LE, headers as u32);
-    oh.subsystem = U16::new(LE, 2);
-    oh.number_of_rva_and_sizes = U32::new(LE, 16);
-    put(&mut out, OPT, &oh);
-    let dir = |out: &mut Vec<u8>, i: u64, a: u64, s: u64| {
-        put_u32(out, (OPT + 112 + 8 * i) as usize, a as u32);
-        put_u32(out, (OPT + 112 + 8 * i + 4) as usize, s as u32);
-    };
-    dir(&mut out, 5, reloc_rva, relocs.len() as u64);
-    if spec.debug {
-        dir(&mut out, 6, 0x1040, 28);
-    }
-    if let Some(at) = cert {
-        dir(&mut out, 4, at, 16);
-    }
-    for (i, s) in secs.iter().enumerate() {
-        put(&mut out, TABLE + 40 * i as u64, &header(s));
+    if spec.tight_headers {
+        let headers = (TABLE + 40 * u64::from(nsec)) as u32;
+        let at = std::mem::offset_of!(ImageOptionalHeader64, size_of_headers);
+        put_u32(&mut out, field(OPT, at), headers);
     }
     if spec.checksum {
         let sum = checksum(&out, OPT + CHECKSUM_OFFSET);
@@ -558,8 +485,11 @@ fn refuses_a_wrapper_pointer_outside_the_section() {
         ..Spec::default()
     });
     let pe = PeView::parse(&b).unwrap();
-    let off = pe.rva_to_offset(pe.directory(5).0, 8).unwrap() as usize;
-    put_u32(&mut b, off, 0x4000);
+    let mut block = pe.rva_to_offset(pe.directory(5).0, 8).unwrap();
+    while u32_at(&b, block) != Some(0x2000) {
+        block += u64::from(u32_at(&b, block + 4).unwrap());
+    }
+    put_u32(&mut b, block as usize, 0x4000);
     let e = transform(&b, &meta()).unwrap_err();
     assert!(e.to_string().contains("none rebases its pointer"), "{e}");
 }

@@ -1,19 +1,17 @@
 //! Unit tests of each step of the transform on small ELF shared objects
-//! built here, byte by byte, so that every layout case is set up exactly
-//! (the end-to-end tests run the same code on compiled fixtures).
+//! built here (object's ELF writer, every part at an offset chosen here),
+//! so that every layout case is set up exactly (the end-to-end tests run
+//! the same code on compiled fixtures).
 
 use object::elf;
 use object::read::elf::{ProgramHeader as _, SectionHeader as _, Sym as _};
-use object::{I64, U16, U32, U64};
+use object::write::elf::{FileHeader, ProgramHeader, Rel, SectionHeader, Sym, Writer};
 
 use super::plan::plan;
 use super::*;
 use crate::binary::{classify, Class, WrapperError};
 use crate::bundle::write_bundle;
-use crate::elf::{
-    ElfView, FileHeader, PhdrExt, ProgramHeader, Rela, SectionHeader, Sym, EHDR_SIZE, LE,
-    PHDR_SIZE, SHDR_SIZE,
-};
+use crate::elf::{ElfView, PhdrExt, EHDR_SIZE, LE, PHDR_SIZE};
 use crate::hipk::{Wrapper, HIPF_MAGIC, HIPK_MAGIC};
 use crate::offload::verify::verify_elf;
 
@@ -66,76 +64,23 @@ impl Default for Spec {
     }
 }
 
-fn u16_(v: u16) -> U16<object::LittleEndian> {
-    U16::new(LE, v)
-}
-fn u32_(v: u32) -> U32<object::LittleEndian> {
-    U32::new(LE, v)
-}
-fn u64_(v: u64) -> U64<object::LittleEndian> {
-    U64::new(LE, v)
-}
-
-fn put<T: object::Pod>(out: &mut Vec<u8>, at: u64, v: &T) {
-    let b = object::pod::bytes_of(v);
-    let at = at as usize;
-    if out.len() < at + b.len() {
-        out.resize(at + b.len(), 0);
-    }
-    out[at..at + b.len()].copy_from_slice(b);
-}
-
-fn phdr(
-    p_type: u32,
-    flags: u32,
-    off: u64,
-    addr: u64,
-    size: (u64, u64),
-    align: u64,
-) -> ProgramHeader {
-    let (filesz, memsz) = size;
+/// A segment (program header).
+fn segment(p_type: u32, flags: u32, off: u64, addr: u64, size: u64, align: u64) -> ProgramHeader {
     ProgramHeader {
-        p_type: u32_(p_type),
-        p_flags: u32_(flags),
-        p_offset: u64_(off),
-        p_vaddr: u64_(addr),
-        p_paddr: u64_(addr),
-        p_filesz: u64_(filesz),
-        p_memsz: u64_(memsz),
-        p_align: u64_(align),
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn shdr(
-    name: u32,
-    t: u32,
-    flags: u32,
-    addr: u64,
-    off: u64,
-    size: u64,
-    link: u32,
-    align: u64,
-    entsize: u64,
-) -> SectionHeader {
-    SectionHeader {
-        sh_name: u32_(name),
-        sh_type: u32_(t),
-        sh_flags: u64_(u64::from(flags)),
-        sh_addr: u64_(addr),
-        sh_offset: u64_(off),
-        sh_size: u64_(size),
-        sh_link: u32_(link),
-        sh_info: u32_(if t == elf::SHT_DYNSYM { 1 } else { 0 }),
-        sh_addralign: u64_(align),
-        sh_entsize: u64_(entsize),
+        p_type,
+        p_flags: flags,
+        p_offset: off,
+        p_vaddr: addr,
+        p_paddr: addr,
+        p_filesz: size,
+        p_memsz: size,
+        p_align: align,
     }
 }
 
 /// Section indices of the synthetic binary.
 const DYNSYM: usize = 1;
 const FATBIN: usize = 4;
-const SHSTRTAB: usize = 7;
 
 /// Build the binary: ELF header, four program headers (PT_PHDR, R
 /// PT_LOAD from 0 to the end of `.hip_fatbin`, RW PT_LOAD, PT_DYNAMIC),
@@ -143,9 +88,12 @@ const SHSTRTAB: usize = 7;
 /// the next page, then `.hipFatBinSegment` and `.dynamic` in the RW
 /// segment, `.shstrtab` and the section headers.
 ///
-/// Long on purpose: one file layout written top to bottom, whose offsets
-/// tie every part to the others; split up, they would have to be passed
-/// around or recomputed.
+/// object's ELF writer encodes the headers, symbols, relocations, dynamic
+/// entries and names; the layout stays explicit, every part reserved in
+/// file order at the offset the tests need (the writer's own placement
+/// would not give the segments these exact offsets and addresses). Long on
+/// purpose: one file layout written top to bottom, whose offsets tie every
+/// part to the others.
 fn build(spec: &Spec) -> Vec<u8> {
     let mut bundles = Vec::new();
     let mut starts = Vec::new();
@@ -162,259 +110,182 @@ fn build(spec: &Spec) -> Vec<u8> {
     if spec.fatbin_ends_on_page {
         bundles.resize(bundles.len().div_ceil(PAGE as usize) * PAGE as usize, 0);
     }
-    let phoff = EHDR_SIZE as u64;
-    let phnum = 4 + u64::from(spec.note);
-    let note_off = phoff + phnum * PHDR_SIZE as u64;
-    let note_len = if spec.note { NOTE.len() as u64 } else { 0 };
-    let dynsym_off = (note_off + note_len).div_ceil(8) * 8;
-    let dynstr_off = dynsym_off + 2 * 24;
-    let dynstr = b"\0__hip_fatbin\0";
-    let nrel = spec.wrappers.len() + usize::from(spec.stray_reloc);
-    let rela_off = (dynstr_off + dynstr.len() as u64).div_ceil(8) * 8;
-    let fat_off = PAGE;
-    let fat_end = fat_off + bundles.len() as u64;
-    let rw_off = fat_end.div_ceil(PAGE) * PAGE;
-    let wrap_off = rw_off;
-    let data_off = wrap_off + 24 * spec.wrappers.len() as u64;
-    let dyn_off = data_off + 8;
-    let dyn_len = 6 * 16;
-    let str_off = dyn_off + dyn_len;
-    let names = b"\0.dynsym\0.dynstr\0.rela.dyn\0.hip_fatbin\0.hipFatBinSegment\0.dynamic\0.shstrtab\0.note.gnu.build-id\0";
-    let sh_off = (str_off + names.len() as u64).div_ceil(8) * 8;
-    let rw = |off: u64| off + spec.align;
+    let nw = spec.wrappers.len();
+    let nrel = nw + usize::from(spec.stray_reloc);
 
     let mut out = Vec::new();
-    // Sections.
+    let mut w = Writer::new(object::Endianness::Little, true, &mut out);
+    // Section indices and names, in section header order.
+    w.reserve_null_section_index();
+    assert_eq!(w.reserve_dynsym_section_index().0 as usize, DYNSYM);
+    w.reserve_dynstr_section_index();
+    let rela_name = w.add_section_name(b".rela.dyn");
+    w.reserve_section_index();
+    let fat_name = w.add_section_name(b".hip_fatbin");
+    let fat_index = w.reserve_section_index();
+    assert_eq!(fat_index.0 as usize, FATBIN);
+    let wrap_name = w.add_section_name(b".hipFatBinSegment");
+    w.reserve_section_index();
+    w.reserve_dynamic_section_index();
+    w.reserve_shstrtab_section_index();
+    let note_name = w.add_section_name(b".note.gnu.build-id");
     if spec.note {
-        out.resize(note_off as usize, 0);
-        out.extend_from_slice(NOTE);
+        w.reserve_section_index();
     }
-    put(&mut out, dynsym_off, &Sym::default_null());
-    let sym = Sym {
-        st_name: u32_(1),
+    w.reserve_null_dynamic_symbol_index();
+    let fatbin_sym = w.add_dynamic_string(b"__hip_fatbin");
+    w.reserve_dynamic_symbol_index();
+
+    // File ranges, in file order.
+    w.reserve_file_header();
+    let phnum = 4 + u32::from(spec.note);
+    w.reserve_program_headers(phnum);
+    let note_off = w.reserve(if spec.note { NOTE.len() } else { 0 }, 4) as u64;
+    let dynsym_off = w.reserve_dynsym() as u64;
+    let dynstr_off = w.reserve_dynstr() as u64;
+    let rela_off = w.reserve_relocations(nrel, true) as u64;
+    w.reserve_until(PAGE as usize);
+    let fat_off = w.reserve(bundles.len(), 1) as u64;
+    let fat_end = fat_off + bundles.len() as u64;
+    let rw_off = fat_end.div_ceil(PAGE) * PAGE;
+    w.reserve_until(rw_off as usize);
+    let wrap_off = w.reserve(24 * nw, 1) as u64;
+    let data_off = w.reserve(8, 1) as u64;
+    let dyn_off = w.reserve_dynamic(6) as u64;
+    let dyn_len = 6 * 16;
+    let rw_len = dyn_off + dyn_len - rw_off;
+    w.reserve_shstrtab();
+    w.reserve_section_headers();
+    let rw = |off: u64| off + spec.align;
+
+    w.write_file_header(&FileHeader {
+        os_abi: 0,
+        abi_version: 0,
+        e_type: elf::ET_DYN,
+        e_machine: elf::EM_X86_64,
+        e_entry: 0,
+        e_flags: 0,
+    })
+    .unwrap();
+    w.write_align_program_headers();
+    let x_flags = elf::PF_R | if spec.writable { elf::PF_W } else { 0 };
+    let (phoff, table) = (EHDR_SIZE as u64, u64::from(phnum) * PHDR_SIZE as u64);
+    let rw_flags = elf::PF_R | elf::PF_W;
+    let a = spec.align;
+    w.write_program_header(&segment(elf::PT_PHDR, elf::PF_R, phoff, phoff, table, 8));
+    w.write_program_header(&segment(elf::PT_LOAD, x_flags, 0, 0, fat_end, a));
+    w.write_program_header(&segment(
+        elf::PT_LOAD,
+        rw_flags,
+        rw_off,
+        rw(rw_off),
+        rw_len,
+        a,
+    ));
+    let dynamic = segment(elf::PT_DYNAMIC, rw_flags, dyn_off, rw(dyn_off), dyn_len, 8);
+    w.write_program_header(&dynamic);
+    if spec.note {
+        let n = NOTE.len() as u64;
+        w.write_program_header(&segment(elf::PT_NOTE, elf::PF_R, note_off, note_off, n, 4));
+        w.pad_until(note_off as usize);
+        w.write(NOTE);
+    }
+    w.write_null_dynamic_symbol();
+    w.write_dynamic_symbol(&Sym {
+        name: Some(fatbin_sym),
+        section: Some(fat_index),
         st_info: 0x11, // GLOBAL OBJECT
         st_other: 0,
-        st_shndx: u16_(FATBIN as u16),
-        st_value: u64_(fat_off),
-        st_size: u64_(bundles.len() as u64),
+        st_shndx: 0,
+        st_value: fat_off,
+        st_size: bundles.len() as u64,
+    });
+    w.write_dynstr();
+    w.write_align_relocation();
+    let relative = |at: u64, target: u64| Rel {
+        r_offset: at,
+        r_sym: 0,
+        r_type: elf::R_X86_64_RELATIVE,
+        r_addend: target as i64,
     };
-    put(&mut out, dynsym_off + 24, &sym);
-    out.resize(dynstr_off as usize, 0);
-    out.extend_from_slice(dynstr);
-    for (k, w) in spec.wrappers.iter().enumerate() {
-        let target = match w {
+    for (k, wrapper) in spec.wrappers.iter().enumerate() {
+        let target = match wrapper {
             Some(b) => fat_off + starts[*b],
             None => fat_off + 16,
         };
-        put(
-            &mut out,
-            rela_off + 24 * k as u64,
-            &rela(rw(wrap_off + 24 * k as u64 + 8), target),
-        );
+        let at = rw(wrap_off + 24 * k as u64 + 8);
+        w.write_relocation(true, &relative(at, target));
     }
     if spec.stray_reloc {
-        put(
-            &mut out,
-            rela_off + 24 * spec.wrappers.len() as u64,
-            &rela(rw(data_off), fat_off + 64),
-        );
+        w.write_relocation(true, &relative(rw(data_off), fat_off + 64));
     }
-    out.resize(fat_off as usize, 0);
-    out.extend_from_slice(&bundles);
-    out.resize(rw_off as usize, 0);
-    for k in 0..spec.wrappers.len() {
-        let w = Wrapper {
+    w.pad_until(fat_off as usize);
+    w.write(&bundles);
+    w.pad_until(rw_off as usize);
+    for _ in 0..nw {
+        let wrapper = Wrapper {
             magic: HIPF_MAGIC,
             version: 1,
             binary: 0,
             reserved1: 0,
         };
-        put(&mut out, wrap_off + 24 * k as u64, &w.to_bytes());
+        w.write(&wrapper.to_bytes());
     }
-    put(&mut out, data_off, &[0u8; 8]);
-    let dynamic: [(u32, u64); 6] = [
-        (elf::DT_SYMTAB, dynsym_off),
-        (elf::DT_STRTAB, dynstr_off),
-        (elf::DT_RELA, rela_off),
-        (elf::DT_RELASZ, 24 * nrel as u64),
-        (elf::DT_RELAENT, 24),
-        (elf::DT_NULL, 0),
-    ];
-    for (k, (tag, val)) in dynamic.iter().enumerate() {
-        put(&mut out, dyn_off + 16 * k as u64, &u64_(u64::from(*tag)));
-        put(&mut out, dyn_off + 16 * k as u64 + 8, &u64_(*val));
-    }
-    out.resize(str_off as usize, 0);
-    out.extend_from_slice(names);
-    out.resize(sh_off as usize, 0);
-    let a = elf::SHF_ALLOC;
-    let sections = [
-        shdr(0, 0, 0, 0, 0, 0, 0, 0, 0),
-        shdr(1, elf::SHT_DYNSYM, a, dynsym_off, dynsym_off, 48, 2, 8, 24),
-        shdr(
-            9,
-            elf::SHT_STRTAB,
-            a,
-            dynstr_off,
-            dynstr_off,
-            dynstr.len() as u64,
-            0,
-            1,
-            0,
-        ),
-        shdr(
-            17,
-            elf::SHT_RELA,
-            a,
-            rela_off,
-            rela_off,
-            24 * nrel as u64,
-            1,
-            8,
-            24,
-        ),
-        shdr(
-            27,
-            elf::SHT_PROGBITS,
-            a,
-            fat_off,
-            fat_off,
-            bundles.len() as u64,
-            0,
-            PAGE,
-            0,
-        ),
-        shdr(
-            39,
-            elf::SHT_PROGBITS,
-            a | elf::SHF_WRITE,
-            rw(wrap_off),
-            wrap_off,
-            24 * spec.wrappers.len() as u64,
-            0,
-            8,
-            0,
-        ),
-        shdr(
-            57,
-            elf::SHT_DYNAMIC,
-            a | elf::SHF_WRITE,
-            rw(dyn_off),
-            dyn_off,
-            dyn_len,
-            2,
-            8,
-            16,
-        ),
-        shdr(
-            66,
-            elf::SHT_STRTAB,
-            0,
-            0,
-            str_off,
-            names.len() as u64,
-            0,
-            1,
-            0,
-        ),
-    ];
-    let mut sections = sections.to_vec();
-    if spec.note {
-        let n = shdr(76, elf::SHT_NOTE, a, note_off, note_off, note_len, 0, 4, 0);
-        sections.push(n);
-    }
-    for (i, s) in sections.iter().enumerate() {
-        put(&mut out, sh_off + (i * SHDR_SIZE) as u64, s);
-    }
-    let x_flags = elf::PF_R | if spec.writable { elf::PF_W } else { 0 };
-    let rw_len = str_off - rw_off;
-    let table = phnum * PHDR_SIZE as u64;
-    let a = spec.align;
-    let mut phdrs = vec![
-        phdr(elf::PT_PHDR, elf::PF_R, phoff, phoff, (table, table), 8),
-        phdr(elf::PT_LOAD, x_flags, 0, 0, (fat_end, fat_end), a),
-        phdr(
-            elf::PT_LOAD,
-            elf::PF_R | elf::PF_W,
-            rw_off,
-            rw(rw_off),
-            (rw_len, rw_len),
-            a,
-        ),
-        phdr(
-            elf::PT_DYNAMIC,
-            elf::PF_R | elf::PF_W,
-            dyn_off,
-            rw(dyn_off),
-            (dyn_len, dyn_len),
-            8,
-        ),
-    ];
-    if spec.note {
-        let n = (note_len, note_len);
-        phdrs.push(phdr(elf::PT_NOTE, elf::PF_R, note_off, note_off, n, 4));
-    }
-    for (i, p) in phdrs.iter().enumerate() {
-        put(&mut out, phoff + (i * PHDR_SIZE) as u64, p);
-    }
-    let mut fh = file_header(phoff, sh_off, sections.len() as u16);
-    fh.e_phnum = u16_(phnum as u16);
-    put(&mut out, 0, &fh);
-    out
-}
+    w.write(&[0u8; 8]);
+    w.write_align_dynamic();
+    w.write_dynamic(elf::DT_SYMTAB, dynsym_off);
+    w.write_dynamic(elf::DT_STRTAB, dynstr_off);
+    w.write_dynamic(elf::DT_RELA, rela_off);
+    w.write_dynamic(elf::DT_RELASZ, 24 * nrel as u64);
+    w.write_dynamic(elf::DT_RELAENT, 24);
+    w.write_dynamic(elf::DT_NULL, 0);
+    w.write_shstrtab();
 
-trait NullSym {
-    fn default_null() -> Self;
-}
-
-impl NullSym for Sym {
-    fn default_null() -> Self {
-        Sym {
-            st_name: u32_(0),
-            st_info: 0,
-            st_other: 0,
-            st_shndx: u16_(0),
-            st_value: u64_(0),
-            st_size: u64_(0),
-        }
-    }
-}
-
-fn rela(at: u64, target: u64) -> Rela {
-    let mut r = Rela {
-        r_offset: u64_(at),
-        r_info: u64_(0),
-        r_addend: I64::new(LE, target as i64),
+    let alloc = u64::from(elf::SHF_ALLOC);
+    let progbits = |name, flags, addr, offset, size, align| SectionHeader {
+        name: Some(name),
+        sh_type: elf::SHT_PROGBITS,
+        sh_flags: flags,
+        sh_addr: addr,
+        sh_offset: offset,
+        sh_size: size,
+        sh_link: 0,
+        sh_info: 0,
+        sh_addralign: align,
+        sh_entsize: 0,
     };
-    r.set_r_info(LE, false, 0, elf::R_X86_64_RELATIVE);
-    r
-}
-
-fn file_header(phoff: u64, shoff: u64, shnum: u16) -> FileHeader {
-    FileHeader {
-        e_ident: elf::Ident {
-            magic: elf::ELFMAG,
-            class: elf::ELFCLASS64,
-            data: elf::ELFDATA2LSB,
-            version: elf::EV_CURRENT,
-            os_abi: 0,
-            abi_version: 0,
-            padding: [0; 7],
-        },
-        e_type: u16_(elf::ET_DYN),
-        e_machine: u16_(elf::EM_X86_64),
-        e_version: u32_(u32::from(elf::EV_CURRENT)),
-        e_entry: u64_(0),
-        e_phoff: u64_(phoff),
-        e_shoff: u64_(shoff),
-        e_flags: u32_(0),
-        e_ehsize: u16_(EHDR_SIZE as u16),
-        e_phentsize: u16_(PHDR_SIZE as u16),
-        e_phnum: u16_(4),
-        e_shentsize: u16_(SHDR_SIZE as u16),
-        e_shnum: u16_(shnum),
-        e_shstrndx: u16_(SHSTRTAB as u16),
+    w.write_null_section_header();
+    w.write_dynsym_section_header(dynsym_off, 1);
+    w.write_dynstr_section_header(dynstr_off);
+    w.write_section_header(&SectionHeader {
+        name: Some(rela_name),
+        sh_type: elf::SHT_RELA,
+        sh_flags: alloc,
+        sh_addr: rela_off,
+        sh_offset: rela_off,
+        sh_size: 24 * nrel as u64,
+        sh_link: DYNSYM as u32,
+        sh_info: 0,
+        sh_addralign: 8,
+        sh_entsize: 24,
+    });
+    let fat_size = bundles.len() as u64;
+    w.write_section_header(&progbits(fat_name, alloc, fat_off, fat_off, fat_size, PAGE));
+    let wrap_flags = alloc | u64::from(elf::SHF_WRITE);
+    let wrap_size = 24 * nw as u64;
+    let wrap = progbits(wrap_name, wrap_flags, rw(wrap_off), wrap_off, wrap_size, 8);
+    w.write_section_header(&wrap);
+    w.write_dynamic_section_header(rw(dyn_off));
+    w.write_shstrtab_section_header();
+    if spec.note {
+        w.write_section_header(&SectionHeader {
+            name: Some(note_name),
+            sh_type: elf::SHT_NOTE,
+            ..progbits(note_name, alloc, note_off, note_off, NOTE.len() as u64, 4)
+        });
     }
+    assert_eq!(w.reserved_len(), w.len());
+    out
 }
 
 /// A GNU build-id note: namesz 4, descsz 20, NT_GNU_BUILD_ID, "GNU\0".
@@ -607,7 +478,7 @@ fn write_removes_the_pages_and_points_wrappers_at_the_metadata() {
     // fatbin symbol now names the metadata section.
     let dynsym = &out.shdrs()[DYNSYM];
     assert!(dynsym.sh_addr(LE) > PAGE);
-    let syms: &[Sym] = dynsym.data_as_array(LE, &t.bytes[..]).unwrap();
+    let syms: &[crate::elf::Sym] = dynsym.data_as_array(LE, &t.bytes[..]).unwrap();
     assert_eq!(syms[1].st_value(LE), PAGE);
     assert_eq!(usize::from(syms[1].st_shndx(LE)), out.shdrs().len() - 1);
     let dynamic = out.section(".dynamic").unwrap().unwrap();
