@@ -284,8 +284,15 @@ fn check_device_wheels(out: &Path) {
             )),
             "{md}"
         );
+        // gfx1100 and gfx1101 also pin their sub-family's wheel.
+        let family = match *k {
+            "gfx1100" | "gfx1101" => {
+                format!("Requires-Dist: amd-torch-device-gfx110x == {VERSION}\n")
+            }
+            _ => String::new(),
+        };
         assert!(
-            md.ends_with(&format!("Requires-Dist: torch == {VERSION}\n")),
+            md.ends_with(&format!("Requires-Dist: torch == {VERSION}\n{family}")),
             "{md}"
         );
         assert_eq!(text(&w, &format!("{di}/top_level.txt")), "torch\n");

@@ -1,6 +1,7 @@
 //! The text files of the output wheels: the host `METADATA` with its extras
 //! (upstream-2026.md §1.5), the device wheels' `METADATA`, `WHEEL` and
-//! `top_level.txt` (§1.4), and the variant wheel's `METADATA` and
+//! `top_level.txt` (§1.4; a target's wheel also pins its sub-family and
+//! family wheels, docs/wheels.md), and the variant wheel's `METADATA` and
 //! `variant.json` (§1.7).
 
 use std::collections::BTreeMap;
@@ -149,7 +150,30 @@ pub(crate) fn device_metadata(
             r.replace(GFXARCH, &bundle.key)
         ));
     }
+    lines.extend(
+        family_requirements(bundle, devices)
+            .into_iter()
+            .map(|dist| format!("Requires-Dist: {dist} == {v}")),
+    );
     lines.join("\n") + "\n"
+}
+
+/// The device wheels a target-level wheel needs besides its own: those of
+/// its sub-family and family (the rest of its packaging chain, in that
+/// order) that this split emits. Kernels a target shares with its family
+/// (AOTriton's images) are only there: without them PyTorch's attention
+/// fails at run time (docs/wheels.md). Family and sub-family wheels need
+/// none.
+pub(crate) fn family_requirements(bundle: &Bundle, devices: &Devices) -> Vec<String> {
+    if bundle.level != Level::Target {
+        return Vec::new();
+    }
+    bootstrap::chain(&bundle.key)
+        .iter()
+        .skip(1)
+        .filter(|k| devices.has(k))
+        .map(|k| devices.dist_name(k))
+        .collect()
 }
 
 /// A device wheel's `WHEEL`.
@@ -281,6 +305,54 @@ mod tests {
         );
         assert_eq!(split_extra("Requires-Dist: a >= 1; extra == \"x\""), None);
         assert_eq!(split_extra("Requires-Dist: a == 1; extra == \"\""), None);
+    }
+
+    /// docs/wheels.md, device wheels: the family pins of torch
+    /// 2.12.0+rocm7.14.0 split into gfx11, gfx1100 and gfx942.
+    #[test]
+    fn target_wheels_require_their_family_wheels() {
+        let id = Identity {
+            version: "2.12.0+rocm7.14.0".into(),
+            ..id()
+        };
+        let b = bundles(&["gfx11", "gfx1100", "gfx942"]);
+        let d = Devices {
+            prefix: "amd-torch-device",
+            bundles: &b,
+        };
+        let req = vec!["rocm-sdk-device-@GFXARCH@ == 7.14.0".to_string()];
+        let requires = |bundle: &Bundle| -> Vec<String> {
+            device_metadata(&id, bundle, &d, &req)
+                .lines()
+                .filter_map(|l| l.strip_prefix("Requires-Dist: "))
+                .map(str::to_string)
+                .collect()
+        };
+        assert_eq!(
+            requires(&b[1]),
+            [
+                "torch == 2.12.0+rocm7.14.0",
+                "rocm-sdk-device-gfx1100 == 7.14.0",
+                "amd-torch-device-gfx11 == 2.12.0+rocm7.14.0",
+            ]
+        );
+        assert_eq!(requires(&b[0]), ["torch == 2.12.0+rocm7.14.0"]);
+        assert_eq!(
+            requires(&b[2]),
+            [
+                "torch == 2.12.0+rocm7.14.0",
+                "rocm-sdk-device-gfx942 == 7.14.0",
+            ]
+        );
+        // Sub-family, then family; an unknown target has no chain.
+        let b = bundles(&["gfx11", "gfx110x", "gfx1101", "gfx1300"]);
+        let d = Devices {
+            prefix: "p",
+            bundles: &b,
+        };
+        assert_eq!(family_requirements(&b[2], &d), ["p-gfx110x", "p-gfx11"]);
+        assert!(family_requirements(&b[1], &d).is_empty());
+        assert!(family_requirements(&b[3], &d).is_empty());
     }
 
     #[test]
