@@ -28,7 +28,7 @@ use crate::input::{map_file, Mapped};
 use crate::msgpack::Value;
 use crate::tree::{copy_file, copy_symlink, make_dirs, write_file, Node, NodeKind};
 use crate::{ArtifactError, Observer, Result};
-use kpack_host::binary::{classify, could_be_binary, Class};
+use kpack_host::binary::{classify, could_be_binary, Class, HostBinary};
 use kpack_host::offload::{archive_file_name, GFXARCH};
 use kpack_host::offload::{archive_key, code_objects, rewrite, CodeObject};
 use kpack_host::{ArchiveWriter, FileRange};
@@ -106,6 +106,12 @@ pub enum Outcome {
     /// A debug-info file (`objcopy --only-keep-debug`): no device code,
     /// copied as it is.
     DebugOnly,
+    /// A host binary with a `.hip_fatbin` that holds no device code
+    /// (empty, zeros only, NOBITS: [`HostBinary::empty_fatbin`]): copied as
+    /// it is.
+    NoDeviceCode {
+        why: String,
+    },
 }
 
 impl Outcome {
@@ -119,6 +125,9 @@ impl Outcome {
             )),
             Outcome::AlreadyOffloaded => Some(format!("{src}: already offloaded: copied as it is")),
             Outcome::LinkInput { note } => note.clone(),
+            Outcome::NoDeviceCode { why } => Some(format!(
+                "{src}: no device code ({why}): copied as it is (host code only)"
+            )),
             Outcome::Copied | Outcome::Database { .. } | Outcome::Offloaded(_) => None,
         }
     }
@@ -216,6 +225,7 @@ pub(crate) fn record_outcomes<'d>(
             Outcome::DebugOnly => counts.debug_only += 1,
             Outcome::AlreadyOffloaded => counts.already_offloaded += 1,
             Outcome::LinkInput { .. } => counts.link_inputs += 1,
+            Outcome::NoDeviceCode { .. } => {}
         }
         if let Some(msg) = d.outcome.note(&job.src) {
             note(msg);
@@ -302,6 +312,14 @@ impl Packer<'_> {
                     return unchanged(Outcome::LinkInput { note });
                 }
                 Class::StaticArchive => return unchanged(Outcome::LinkInput { note: None }),
+                Class::HostOnly => {
+                    let why = HostBinary::parse(&mapped)
+                        .ok()
+                        .and_then(|b| b.empty_fatbin());
+                    if let Some(why) = why {
+                        return unchanged(Outcome::NoDeviceCode { why });
+                    }
+                }
                 _ => {}
             }
         }

@@ -87,6 +87,9 @@ pub enum Outcome {
     /// A debug-info file (`objcopy --only-keep-debug`): no device code,
     /// copied unchanged.
     DebugOnly,
+    /// A host binary without device code (no `.hip_fatbin`, or one that
+    /// holds none): copied unchanged, no archive.
+    HostOnly,
 }
 
 /// One archive written.
@@ -234,7 +237,7 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
             write_atomically_with_mode(output, Some(mode), |f| f.write_all(bytes))?;
         }
         summary.outcome = outcome;
-        summary.note = Some(note.into());
+        summary.note = Some(note);
         return Ok(summary);
     }
     let code = code_objects_by_target(input, bytes)?;
@@ -264,8 +267,8 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
 
 /// What to do with an input that is not a fat binary: copy it unchanged
 /// (with this outcome and note), or refuse it. `None` for a fat binary.
-fn pass_through(input: &Path, bytes: &[u8]) -> Result<Option<(Outcome, &'static str)>> {
-    Ok(Some(match classify(bytes) {
+fn pass_through(input: &Path, bytes: &[u8]) -> Result<Option<(Outcome, String)>> {
+    let (outcome, note) = match classify(bytes) {
         Class::Fat => return Ok(None),
         Class::StaticArchive => (
             Outcome::LinkInput,
@@ -284,7 +287,11 @@ fn pass_through(input: &Path, bytes: &[u8]) -> Result<Option<(Outcome, &'static 
             "debug-info file (NOBITS .hip_fatbin, no metadata): no device code, copied unchanged",
         ),
         Class::Inconsistent(why) => return Err(request(input, why)),
-        Class::HostOnly => return Err(not_fat(input, bytes)),
+        Class::HostOnly => {
+            let why = crate::binary::no_device_code(bytes).unwrap_or_default();
+            let note = format!("no device code ({why}): copied unchanged, no archive");
+            return Ok(Some((Outcome::HostOnly, note)));
+        }
         Class::CodeObject => {
             return Err(request(
                 input,
@@ -297,7 +304,8 @@ fn pass_through(input: &Path, bytes: &[u8]) -> Result<Option<(Outcome, &'static 
                 |e| Err::<(), _>(e).with_path(input).unwrap_err(),
             ))
         }
-    }))
+    };
+    Ok(Some((outcome, note.to_string())))
 }
 
 /// The HIPK metadata for `output`: the kernel name (default: the output's
