@@ -97,12 +97,10 @@ fn pep825_variant_wheels_validate_and_install_with_uv() {
             &w,
         ]);
     }
-    let check_index = format!(
-        "import json, sys\n\
+    let check_index = "import json, sys\n\
          from variantlib.variants_json import VariantsJson\n\
          v = VariantsJson(json.load(open(sys.argv[1])))\n\
-         print(sorted(v.variants))"
-    );
+         print(sorted(v.variants))";
     let labels = python_ok(&[&"-c", &check_index, &out.join(&index)]);
     assert_eq!(labels.trim(), format!("{TARGETS:?}").replace('"', "'"));
 

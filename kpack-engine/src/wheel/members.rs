@@ -99,6 +99,9 @@ impl Device {
     }
 }
 
+/// The PEP 825 index file: its name and content.
+type Index = (String, String);
+
 /// Every output of a split, ready to write.
 pub(super) struct Outputs {
     id: Identity,
@@ -110,8 +113,7 @@ pub(super) struct Outputs {
     variant: Option<Output>,
     /// PEP 825 variant wheels, by label.
     variants: Vec<(String, Output)>,
-    /// PEP 825 index file: name and content.
-    index: Option<(String, String)>,
+    index: Option<Index>,
     devices: Vec<Device>,
     notes: Vec<String>,
     warnings: Vec<String>,
@@ -498,7 +500,7 @@ fn pep825_outputs(
     id: &Identity,
     classic: &str,
     devices: &Devices,
-) -> (Vec<(String, Output)>, Option<(String, String)>) {
+) -> (Vec<(String, Output)>, Option<Index>) {
     let metadata_name = format!("{}/METADATA", id.dist_info);
     let keys = devices.target_keys();
     let labels: Vec<String> = keys.iter().map(|k| metadata::pep825_label(k)).collect();
