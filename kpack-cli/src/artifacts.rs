@@ -76,8 +76,8 @@ pub struct SplitArgs {
     #[arg(long, value_name = "OUT")]
     output_dir: PathBuf,
     /// Database handlers to enable: rocblas, hipblaslt, hipsparselt,
-    /// aotriton, miopen, composablekernel, hipkernelprovider, hotswap_cache
-    /// (the first to claim a file wins, in this order).
+    /// aotriton, miopen, composablekernel, hipkernelprovider, hotswap_cache,
+    /// rocfft (the first to claim a file wins, in this order).
     #[arg(long, value_name = "NAME", num_args = 1..)]
     split_databases: Vec<String>,
     /// Keep only the code objects and database files of these targets'

@@ -882,3 +882,103 @@ fn print_wrappers(ws: &[inspect::WrapperListing]) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{ArgAction, CommandFactory};
+
+    /// Every subcommand, nested ones too, with its argv prefix.
+    fn commands(
+        c: &clap::Command,
+        prefix: Vec<String>,
+        out: &mut Vec<(Vec<String>, clap::Command)>,
+    ) {
+        for sub in c.get_subcommands() {
+            let mut p = prefix.clone();
+            p.push(sub.get_name().to_string());
+            out.push((p.clone(), sub.clone()));
+            commands(sub, p, out);
+        }
+    }
+
+    /// No flag of any command drops a value given twice: a flag that
+    /// takes one value (or none) is refused the second time, and a list
+    /// flag appends (clap's default for a single-valued flag given twice
+    /// is an error, unless `args_override_self` makes the last use win
+    /// silently).
+    #[test]
+    fn no_flag_drops_a_repeated_value() {
+        let cli = Cli::command();
+        cli.clone().debug_assert();
+        let mut all = Vec::new();
+        commands(&cli, vec!["kpack".to_string()], &mut all);
+        let mut checked = 0;
+        for (argv, cmd) in &all {
+            for arg in cmd.get_arguments() {
+                let Some(long) = arg.get_long() else { continue };
+                let action = arg.get_action();
+                match action {
+                    ArgAction::Help | ArgAction::Version => continue,
+                    ArgAction::Append => continue,
+                    ArgAction::Set | ArgAction::SetTrue | ArgAction::SetFalse => {}
+                    other => panic!("{argv:?} --{long}: action {other:?}"),
+                }
+                let value = arg
+                    .get_possible_values()
+                    .first()
+                    .map(|v| v.get_name().to_string())
+                    .unwrap_or_else(|| "3".to_string());
+                let mut v = argv.clone();
+                for _ in 0..2 {
+                    v.push(format!("--{long}"));
+                    if action.takes_values() {
+                        v.push(value.clone());
+                    }
+                }
+                let err = match Cli::try_parse_from(&v) {
+                    Ok(_) => panic!("{v:?}: accepted"),
+                    Err(e) => e.to_string(),
+                };
+                assert!(
+                    err.contains("cannot be used multiple times"),
+                    "{v:?}: {err}"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked > 50, "{checked} flags checked");
+    }
+
+    /// List flags keep every use's values.
+    #[test]
+    fn repeated_inputs_are_all_kept() {
+        let Cli {
+            command: Command::SplitWheels(a),
+        } = Cli::try_parse_from([
+            "kpack",
+            "split-wheels",
+            "--input",
+            "a.whl",
+            "--input",
+            "dir",
+            "--output-dir",
+            "o",
+            "--device-package-prefix",
+            "p",
+            "--overlay-root",
+            "t/",
+            "--device-requires-dist",
+            "x",
+            "--device-requires-dist",
+            "y",
+            "z",
+        ])
+        .unwrap()
+        else {
+            panic!("not split-wheels")
+        };
+        assert_eq!(a.inputs().len(), 2);
+        assert_eq!(a.device_requires_dist(), ["x", "y", "z"]);
+    }
+}

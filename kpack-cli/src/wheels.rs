@@ -4,35 +4,42 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use kpack_engine::wheel::{self, OutputFormat, SplitWheelOptions, WheelError, WheelSummary};
+use kpack_engine::wheel::{
+    self, OutputFormat, SplitWheelOptions, VariantFormat, WheelError, WheelSummary,
+};
 use kpack_engine::{with_jobs, Database, Observer};
 use kpack_format::archive::Scheme;
 
 use crate::artifacts::Reporter;
 
-/// Every flag may be given more than once; the last use wins (as with
-/// the reference tool's argparse).
+/// A flag that takes one value is refused when given twice; list flags
+/// (`--input`, `--device-requires-dist`, `--databases`) keep the values of
+/// every use (upstream's argparse keeps only the last use's).
 #[derive(Args)]
-#[command(args_override_self = true)]
 pub struct SplitWheelsArgs {
-    /// A `.whl` file or an unpacked wheel directory (never modified).
-    #[arg(long, value_name = "WHEEL")]
-    input: PathBuf,
+    /// A `.whl` file, an unpacked wheel directory (never modified), or a
+    /// directory of `.whl` files. Repeatable: the wheels are split one
+    /// after the other in one thread pool, each as if split alone.
+    #[arg(long, value_name = "WHEEL", required = true)]
+    input: Vec<PathBuf>,
     /// Where the host, variant and device wheels go (created if missing).
     /// The host wheel has the input's file name.
     #[arg(long, value_name = "DIR")]
     output_dir: PathBuf,
     /// Distribution-name prefix of the device wheels, e.g.
-    /// `amd-torch-device` (→ `amd-torch-device-gfx942`).
+    /// `amd-torch-device` (→ `amd-torch-device-gfx942`). `@NAME@` stands
+    /// for each wheel's distribution name (`amd-@NAME@-device`): needed
+    /// when one run splits wheels of several distributions.
     #[arg(long, value_name = "PREFIX")]
     device_package_prefix: String,
     /// The directory in the wheel whose fat binaries are split and that
-    /// receives `.kpack/`, e.g. `torch/`.
+    /// receives `.kpack/`, e.g. `torch/`; `@NAME@` stands for each wheel's
+    /// distribution name (`@NAME@/`).
     #[arg(long, value_name = "DIR")]
     overlay_root: String,
     /// Extra `Requires-Dist` values of the device wheels; `@GFXARCH@` is
     /// replaced by the bundle key (such values only go into target-level
-    /// wheels). The last use of the flag wins.
+    /// wheels). Repeatable: every use's values are kept.
     #[arg(long, value_name = "REQ", num_args = 0..)]
     device_requires_dist: Vec<String>,
     /// `wheel` files, or unpacked `directory` trees named like the wheels.
@@ -59,13 +66,19 @@ pub struct SplitWheelsArgs {
     /// output is the same for any value.
     #[arg(long, short = 'j', value_name = "N", allow_negative_numbers = true)]
     jobs: Option<i64>,
-    /// Also write the PEP 817 variant wheel
-    /// (`<host wheel name>-<label>.whl`, with variant.json).
+    /// Also write the variant wheel(s): see --variant-format.
     #[arg(long)]
     generate_variant_wheel: bool,
-    /// The variant wheel's label.
-    #[arg(long, value_name = "LABEL", default_value = "variant")]
-    variant_label: String,
+    /// `upstream`: one PEP 817 variant wheel `<host wheel name>-<label>.whl`
+    /// with every target's variant (upstream's format); `pep825`: one
+    /// variant wheel per target, `<host wheel name>-<target>.whl`, and the
+    /// index file `<name>-<version>-variants.json` (PEP 825 schema v0.1.1,
+    /// static provider properties), which uv installs.
+    #[arg(long, value_enum, default_value = "upstream")]
+    variant_format: Variants,
+    /// The upstream-format variant wheel's label (default `variant`).
+    #[arg(long, value_name = "LABEL")]
+    variant_label: Option<String>,
     /// Say what is done, step by step.
     #[arg(long, short = 'v')]
     verbose: bool,
@@ -84,6 +97,23 @@ enum Format {
     Directory,
 }
 
+#[cfg(test)]
+impl SplitWheelsArgs {
+    pub(crate) fn inputs(&self) -> &[PathBuf] {
+        &self.input
+    }
+
+    pub(crate) fn device_requires_dist(&self) -> &[String] {
+        &self.device_requires_dist
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Variants {
+    Upstream,
+    Pep825,
+}
+
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum Compression {
     #[value(alias = "noop")]
@@ -92,11 +122,15 @@ enum Compression {
 }
 
 pub fn split_wheels(a: SplitWheelsArgs) -> Result<(), Box<dyn std::error::Error>> {
-    // Bad options are errors about this input, before anything is read.
+    // Bad options are errors about the (first) input, before anything is
+    // read.
     let named = |e: &dyn std::fmt::Display| WheelError::Invalid {
-        wheel: a.input.clone(),
+        wheel: a.input[0].clone(),
         what: e.to_string(),
     };
+    if a.variant_format == Variants::Pep825 && a.variant_label.is_some() {
+        return Err(named(&"--variant-label names the upstream-format variant wheel; PEP 825 variant wheels are labelled by their target").into());
+    }
     if let Some(t) = &a.wheel_type {
         // Checked even when --databases overrides it.
         wheel::wheel_type_databases(t).map_err(|e| named(&e))?;
@@ -118,7 +152,15 @@ pub fn split_wheels(a: SplitWheelsArgs) -> Result<(), Box<dyn std::error::Error>
         Format::Wheel => OutputFormat::Wheel,
         Format::Directory => OutputFormat::Directory,
     };
-    opts.variant_label = a.generate_variant_wheel.then(|| a.variant_label.clone());
+    opts.variant_label = a.generate_variant_wheel.then(|| {
+        a.variant_label
+            .clone()
+            .unwrap_or_else(|| "variant".to_string())
+    });
+    opts.variant_format = match a.variant_format {
+        Variants::Upstream => VariantFormat::Upstream,
+        Variants::Pep825 => VariantFormat::Pep825,
+    };
     opts.tmp_dir = a.tmp_dir.clone();
     let reporter = Reporter::new(a.verbose, a.json);
     if a.clang_offload_bundler.is_some() {
@@ -127,13 +169,14 @@ pub fn split_wheels(a: SplitWheelsArgs) -> Result<(), Box<dyn std::error::Error>
     let jobs = a
         .jobs
         .map(|n| usize::try_from(n.max(1)).unwrap_or(usize::MAX));
-    let summary = with_jobs(jobs, || wheel::split_wheel(&a.input, &opts, &reporter));
+    // One pool for every wheel.
+    let summaries = with_jobs(jobs, || wheel::split_wheels(&a.input, &opts, &reporter));
     reporter.finish();
-    let summary = summary??;
-    if a.json {
-        crate::print_json(&summary);
-    } else {
-        print_summary(&summary);
+    let summaries = summaries??;
+    match (a.json, summaries.as_slice()) {
+        (true, [one]) => crate::print_json(one),
+        (true, all) => crate::print_json(&all),
+        (false, all) => all.iter().for_each(print_summary),
     }
     Ok(())
 }
@@ -146,6 +189,12 @@ fn print_summary(s: &WheelSummary) {
     outln!("  Host wheel: {}", s.host.path);
     if let Some(v) = &s.variant {
         outln!("  Variant wheel: {}", v.path);
+    }
+    for v in &s.variants {
+        outln!("  Variant wheel ({}): {}", v.label, v.wheel.path);
+    }
+    if let Some(index) = &s.variants_index {
+        outln!("  Variants index: {index}");
     }
     for d in &s.devices {
         outln!("  Device wheel ({}): {}", d.bundle_key, d.wheel.path);

@@ -20,6 +20,7 @@
 //! | `composablekernel` | `(lib)device_conv_operations_<target>[_xnackp...].a`/`.lib` anywhere | the target, features dropped, `_strict` → `-strict` |
 //! | `hipkernelprovider` | `.../engines/arch_content/.../<target>/...` or `.../engines/test_arch_content/...` | the first directory after it that is a target |
 //! | `hotswap_cache` | `share/rocjitsu/translations/<domain>/v1/<64 hex>.man`/`.obj` | `gfx1250` for domain `gfx1250-b0-a0`; other domains: no claim |
+//! | `rocfft` | rocFFT's per-architecture kernel caches `rocfft_kernel_cache_<arch>.db` (any directory: `lib/rocfft/`, `bin/rocfft/` on Windows) | the bare processor (`gfx942`); the combined `rocfft_kernel_cache.db` stays generic |
 //!
 //! A target in a name is `gfx<digits><letters>[-strict][-xnack±]`. A file
 //! no enabled handler claims is not a database file (it stays generic).
@@ -58,6 +59,10 @@ static CK_STATIC_LIBRARY: LazyLock<Regex> = LazyLock::new(|| {
     )
 });
 static HOTSWAP_FILE: LazyLock<Regex> = LazyLock::new(|| regex(r"^[0-9a-f]{64}\.(?:man|obj)$"));
+/// rocFFT (1.0.37 on) looks its cache up by the bare processor name
+/// (`gcnArchName` cut at the first `:`): no features, no `-strict`.
+static ROCFFT_CACHE: LazyLock<Regex> =
+    LazyLock::new(|| regex(r"(?:^|/)rocfft_kernel_cache_(gfx[0-9]+[a-z]*)\.db$"));
 /// AOTriton's family keys that are not target IDs (`gfx12_0`).
 static FAMILY_KEY: LazyLock<Regex> = LazyLock::new(|| regex(r"^gfx\d+(?:_\d+)+$"));
 
@@ -82,6 +87,9 @@ pub enum Database {
     HipKernelProvider,
     /// rocJITsu's translation cache under `share/rocjitsu/translations`.
     HotswapCache,
+    /// rocFFT's per-architecture SQLite kernel caches
+    /// (`rocfft_kernel_cache_<arch>.db`).
+    Rocfft,
 }
 
 /// A handler's claim on a file: it is a database file of `base`.
@@ -97,7 +105,7 @@ pub struct Claim {
 
 impl Database {
     /// Every handler, in the order they are consulted.
-    pub const ALL: [Database; 8] = [
+    pub const ALL: [Database; 9] = [
         Database::Rocblas,
         Database::Hipblaslt,
         Database::Hipsparselt,
@@ -106,6 +114,7 @@ impl Database {
         Database::ComposableKernel,
         Database::HipKernelProvider,
         Database::HotswapCache,
+        Database::Rocfft,
     ];
 
     /// The name `--split-databases` takes.
@@ -119,6 +128,7 @@ impl Database {
             Database::ComposableKernel => "composablekernel",
             Database::HipKernelProvider => "hipkernelprovider",
             Database::HotswapCache => "hotswap_cache",
+            Database::Rocfft => "rocfft",
         }
     }
 
@@ -164,6 +174,7 @@ impl Database {
                 .map(|c| c[1].replace("_strict", "-strict")),
             Database::HipKernelProvider => hipkernelprovider(rel),
             Database::HotswapCache => hotswap_cache(rel),
+            Database::Rocfft => ROCFFT_CACHE.captures(rel).map(|c| c[1].to_string()),
         }
     }
 
@@ -525,6 +536,28 @@ mod tests {
         );
     }
 
+    /// docs/tutorial.md, kernel-database handlers: rocFFT's caches.
+    #[test]
+    fn rocfft_kernel_caches() {
+        let d = Database::Rocfft;
+        for (rel, want) in [
+            ("lib/rocfft/rocfft_kernel_cache_gfx942.db", Some("gfx942")),
+            ("bin/rocfft/rocfft_kernel_cache_gfx1201.db", Some("gfx1201")),
+            ("lib/rocfft/rocfft_kernel_cache_gfx90a.db", Some("gfx90a")),
+            ("rocfft_kernel_cache_gfx1100.db", Some("gfx1100")),
+            // The legacy combined cache stays generic.
+            ("lib/rocfft/rocfft_kernel_cache.db", None),
+            // The runtime asks for the bare processor only.
+            ("lib/rocfft/rocfft_kernel_cache_gfx90a:xnack-.db", None),
+            ("lib/rocfft/rocfft_kernel_cache_gfx1250-strict.db", None),
+            ("lib/rocfft/rocfft_kernel_cache_gfx942.db-journal", None),
+            ("lib/rocfft/xrocfft_kernel_cache_gfx942.db", None),
+            ("lib/rocfft/rocfft_kernel_cache_gfx942.db.bak", None),
+        ] {
+            assert_eq!(key(d, rel).as_deref(), want, "{rel}");
+        }
+    }
+
     #[test]
     fn claims_and_lists() {
         assert_eq!(
@@ -538,7 +571,7 @@ mod tests {
         let e = Database::parse_list(&["tensile"]).unwrap_err().to_string();
         assert!(e.contains("unknown database handler \"tensile\""), "{e}");
         assert!(
-            e.contains("rocblas, hipblaslt, hipsparselt, aotriton, miopen, composablekernel, hipkernelprovider, hotswap_cache"),
+            e.contains("rocblas, hipblaslt, hipsparselt, aotriton, miopen, composablekernel, hipkernelprovider, hotswap_cache, rocfft"),
             "{e}"
         );
         assert_eq!(

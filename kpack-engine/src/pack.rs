@@ -106,6 +106,12 @@ pub enum Outcome {
     /// A debug-info file (`objcopy --only-keep-debug`): no device code,
     /// copied as it is.
     DebugOnly,
+    /// A host binary with a `.hip_fatbin` that holds no device code
+    /// (empty, zeros only, NOBITS: [`HostBinary::empty_fatbin`]): copied as
+    /// it is.
+    NoDeviceCode {
+        why: String,
+    },
 }
 
 impl Outcome {
@@ -119,6 +125,9 @@ impl Outcome {
             )),
             Outcome::AlreadyOffloaded => Some(format!("{src}: already offloaded: copied as it is")),
             Outcome::LinkInput { note } => note.clone(),
+            Outcome::NoDeviceCode { why } => Some(format!(
+                "{src}: no device code ({why}): copied as it is (host code only)"
+            )),
             Outcome::Copied | Outcome::Database { .. } | Outcome::Offloaded(_) => None,
         }
     }
@@ -216,6 +225,7 @@ pub(crate) fn record_outcomes<'d>(
             Outcome::DebugOnly => counts.debug_only += 1,
             Outcome::AlreadyOffloaded => counts.already_offloaded += 1,
             Outcome::LinkInput { .. } => counts.link_inputs += 1,
+            Outcome::NoDeviceCode { .. } => {}
         }
         if let Some(msg) = d.outcome.note(&job.src) {
             note(msg);
@@ -305,6 +315,12 @@ impl Packer<'_> {
                     return unchanged(Outcome::LinkInput { note });
                 }
                 Class::StaticArchive => return unchanged(Outcome::LinkInput { note: None }),
+                Class::HostOnly => {
+                    let why = (classified.binary.as_ref().ok()).and_then(|b| b.empty_fatbin());
+                    if let Some(why) = why {
+                        return unchanged(Outcome::NoDeviceCode { why });
+                    }
+                }
                 _ => {}
             }
         }

@@ -34,7 +34,10 @@ pub enum Class {
     /// A host binary whose device code was offloaded: `.hip_fatbin` NOBITS
     /// (or gone), HIPK metadata present, every wrapper HIPK.
     Offloaded,
-    /// A host binary without device code (no `.hip_fatbin`).
+    /// A host binary without device code: no `.hip_fatbin`, or one that
+    /// holds none (empty, only zeros, or NOBITS in a binary that is not
+    /// offloaded: [`HostBinary::empty_fatbin`]). [`no_device_code`] says
+    /// which.
     HostOnly,
     /// A debug-info file (`objcopy --only-keep-debug`, TheRock's `*_dbg`
     /// artifacts), of a fat or an offloaded binary: `.hip_fatbin`, the
@@ -148,6 +151,20 @@ pub struct Classified<'a> {
     /// The host binary, or why the bytes are not one (for an archive or a
     /// bundle: not an ELF file).
     pub binary: Result<HostBinary<'a>, BinaryError>,
+}
+
+/// Why the host binary `bytes` carries no device code, when it is one
+/// that carries none ([`Class::HostOnly`]): `no .hip_fatbin section`, or
+/// what is wrong with the one it has. Offload, split and split-wheels copy
+/// such a binary unchanged with this as a note (docs/offload.md).
+pub fn no_device_code(bin: &HostBinary) -> Option<String> {
+    if bin.class() != Class::HostOnly {
+        return None;
+    }
+    Some(
+        bin.empty_fatbin()
+            .unwrap_or_else(|| format!("no {} section", bin.section_name(Role::Fatbin))),
+    )
 }
 
 /// Why a host binary cannot be read: the container's own error.
@@ -427,6 +444,33 @@ impl<'a> HostBinary<'a> {
         }
     }
 
+    /// What is wrong with a `.hip_fatbin` (`.hip_fat`) that holds no device
+    /// code in a binary that is not offloaded (no HIPK metadata section):
+    /// it is empty, it holds only zeros, or it has no bytes in the file
+    /// while the wrapper table has (a debug-info file has neither; an
+    /// offloaded binary has HIPK wrappers). `None` for any other binary.
+    pub fn empty_fatbin(&self) -> Option<String> {
+        let fatbin = self.fatbin().ok()??;
+        if self.has_section(Role::Metadata) {
+            return None;
+        }
+        let name = &fatbin.name;
+        if fatbin.in_file {
+            return if fatbin.size == 0 {
+                Some(format!("an empty {name} section"))
+            } else if fatbin.data.len() as u64 == fatbin.size && fatbin.data.iter().all(|&b| b == 0)
+            {
+                Some(format!("a {name} section of zeros only"))
+            } else {
+                None
+            };
+        }
+        let wrappers = self.wrappers().ok()?;
+        let debug_only = wrappers.is_empty() && self.elf().is_some();
+        (!debug_only && !wrappers.all_hipk())
+            .then(|| format!("a {name} section without bytes in the file"))
+    }
+
     /// See [`classify`].
     pub fn class(&self) -> Class {
         match self {
@@ -443,6 +487,9 @@ impl<'a> HostBinary<'a> {
             return Class::Relocatable {
                 device_code: elf.section_index(FATBIN_SECTION).is_some(),
             };
+        }
+        if self.empty_fatbin().is_some() {
+            return Class::HostOnly;
         }
         let fatbin = match self.fatbin() {
             Ok(f) => f,
@@ -472,6 +519,9 @@ impl<'a> HostBinary<'a> {
     /// offloaded `.hip_fat` keeps its address range, and may keep zeroed
     /// bytes in the file).
     fn pe_class(&self) -> Class {
+        if self.empty_fatbin().is_some() {
+            return Class::HostOnly;
+        }
         let fatbin = match self.fatbin() {
             Ok(f) => f,
             Err(e) => return Class::Inconsistent(e.into()),

@@ -23,8 +23,7 @@ use wheel_common::*;
 
 fn split(input: &Path, out: &Path, extra: &[&str]) -> String {
     let mut args: Vec<std::ffi::OsString> = vec!["split-wheels".into()];
-    args.extend(therock_args(input, out));
-    args.extend(extra.iter().map(Into::into));
+    args.extend(with_overrides(therock_args(input, out), extra));
     let args: Vec<&dyn AsRef<std::ffi::OsStr>> = args.iter().map(|a| a as _).collect();
     kpack_ok(&args)
 }
@@ -284,8 +283,15 @@ fn check_device_wheels(out: &Path) {
             )),
             "{md}"
         );
+        // gfx1100 and gfx1101 also pin their sub-family's wheel.
+        let family = match *k {
+            "gfx1100" | "gfx1101" => {
+                format!("Requires-Dist: amd-torch-device-gfx110x == {VERSION}\n")
+            }
+            _ => String::new(),
+        };
         assert!(
-            md.ends_with(&format!("Requires-Dist: torch == {VERSION}\n")),
+            md.ends_with(&format!("Requires-Dist: torch == {VERSION}\n{family}")),
             "{md}"
         );
         assert_eq!(text(&w, &format!("{di}/top_level.txt")), "torch\n");
@@ -361,12 +367,13 @@ fn same_bytes_for_any_jobs_and_source_date_epoch() {
         ],
     );
     assert_eq!(dir_files(&a), dir_files(&b));
-    // The last --device-requires-dist wins; @GFXARCH@ only in target wheels.
+    // @GFXARCH@ only in target wheels; a target's wheel then pins its
+    // sub-family's.
     let gfx1100 = text(
         &a.join(device_wheel("gfx1100")),
         &format!("amd_torch_device_gfx1100-{VERSION}.dist-info/METADATA"),
     );
-    assert!(gfx1100.ends_with(&format!("Requires-Dist: torch == {VERSION}\nRequires-Dist: rocm-sdk-device-gfx1100 == 7.1\nRequires-Dist: x\n")), "{gfx1100}");
+    assert!(gfx1100.ends_with(&format!("Requires-Dist: torch == {VERSION}\nRequires-Dist: rocm-sdk-device-gfx1100 == 7.1\nRequires-Dist: x\nRequires-Dist: amd-torch-device-gfx110x == {VERSION}\n")), "{gfx1100}");
     let family = text(
         &a.join(device_wheel("gfx110x")),
         &format!("amd_torch_device_gfx110x-{VERSION}.dist-info/METADATA"),
@@ -467,8 +474,7 @@ fn bad(tmp: &Path, name: &str, make: impl FnOnce(&Path) -> PathBuf, extra: &[&st
     let input = make(&dir);
     let out = dir.join("out");
     let mut args: Vec<std::ffi::OsString> = vec!["split-wheels".into()];
-    args.extend(therock_args(&input, &out));
-    args.extend(extra.iter().map(Into::into));
+    args.extend(with_overrides(therock_args(&input, &out), extra));
     let args: Vec<&dyn AsRef<std::ffi::OsStr>> = args.iter().map(|a| a as _).collect();
     let err = kpack_fails(&args);
     assert!(
@@ -551,9 +557,12 @@ fn bad_input_fails_cleanly() {
         |d| {
             let s = d.join("w");
             torch_tree(&s, false);
+            // No binary at all (a host-only library would be split as
+            // host code only: tests/tests/no_device_code.rs).
             for (rel, _) in FAT.iter().chain([&MIOPEN_CK]) {
                 fs::remove_file(s.join("torch").join(rel)).unwrap();
             }
+            fs::remove_file(s.join("torch/lib/libcuda_like.so")).unwrap();
             s
         },
         &[],

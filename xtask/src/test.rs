@@ -39,6 +39,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "librsvg2-bin",
     // Runs the Windows fixtures (PE32+ DLLs and EXEs): /usr/lib/wine/wine64.
     "wine64",
+    // The rocFFT kernel-cache tests make and read real SQLite databases.
+    "sqlite3",
 ];
 
 pub fn run(sh: &Shell, root: &Path) -> Result<()> {

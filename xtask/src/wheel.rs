@@ -2,7 +2,8 @@
 //! `kpack` binary and the `rocm_kpack.tools.*` entry points of `python/`),
 //! built by maturin from PyPI; and `cargo xtask py-env`, the Python virtual
 //! environment the wheel tests use (`target/py-venv`: pip, PyPI's `wheel`
-//! and `maturin`, and a wheelhouse with PyPI's `rocm-bootstrap` wheel).
+//! and `maturin`; `variantlib` and `uv`, which check and install PEP 825
+//! variant wheels; and a wheelhouse with PyPI's `rocm-bootstrap` wheel).
 
 use std::path::{Path, PathBuf};
 
@@ -11,7 +12,12 @@ use xshell::{cmd, Shell};
 
 /// What the environment gets from PyPI. Changing it rebuilds the
 /// environment (the stamp file holds this text).
-const REQUIREMENTS: &[&str] = &["wheel>=0.43,<1", "maturin>=1.5,<2"];
+const REQUIREMENTS: &[&str] = &[
+    "wheel>=0.43,<1",
+    "maturin>=1.5,<2",
+    "variantlib==0.2.2",
+    "uv==0.13.8",
+];
 /// The wheelhouse's wheels (downloaded, not installed).
 const WHEELHOUSE: &[&str] = &["rocm-bootstrap==0.3.0"];
 const STAMP: &str = ".kpack-py-env";

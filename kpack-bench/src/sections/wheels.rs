@@ -13,7 +13,10 @@
 //! their sum is the floor of the target (≤ 1.5×); `zip -r` of the unpacked
 //! tree (repacking it, once: it is slow) is shown too. Peak RSS ≤ 256 MiB,
 //! whatever the wheel's size: a wheel with one copy is split too, and the
-//! five-copy wheel's peak must stay within 1.25× of its.
+//! five-copy wheel's peak must stay within 1.25× of its. Many wheels, one
+//! run (`many_row`): the five-copy wheel and a torchvision-like copy of the
+//! one-copy wheel in one `split-wheels`, its peak RSS held to the five-copy
+//! wheel's alone.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -119,7 +122,111 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
         [&split, &unzip, &zstd, &zip],
     )?;
     v.insert(1, small_row(&small, &split_small, &split)?);
+    v.insert(2, many_row(ctx, &small, &inputs, &split, &split_small)?);
     Ok(v)
+}
+
+/// Many wheels, one run: the large wheel and a torchvision-like copy of
+/// the small one (`torchvision/`, its own name) split by one `split-wheels
+/// -j 2` (`--input` twice, `@NAME@` in prefix and overlay root). Peak RSS
+/// must stay that of the largest wheel alone (the wheels are split one
+/// after the other); the wall time is shown against the two runs alone.
+fn many_row(
+    ctx: &Ctx,
+    small: &Inputs,
+    large: &Inputs,
+    alone: &Runs,
+    small_alone: &Runs,
+) -> Result<Row> {
+    let vision = vision_wheel(ctx, &small.wheel)?;
+    let out = ctx.work.join("wheels-many-out");
+    let scratch = ctx.work.join("wheels-tmp");
+    let args: Vec<OsString> = crate::args![
+        "split-wheels",
+        "--input",
+        &large.wheel,
+        "--input",
+        &vision,
+        "--output-dir",
+        &out,
+        "--device-package-prefix",
+        "amd-@NAME@-device",
+        "--overlay-root",
+        "@NAME@/",
+        "--wheel-type",
+        "torch-fat",
+        "-j",
+        "2",
+        "--tmp-dir",
+        &scratch,
+        "--json"
+    ]
+    .to_vec();
+    let mut runs = Runs::default();
+    for _ in 0..ctx.reps {
+        remove(&out)?;
+        let r = resident(&[&large.wheel, &vision]);
+        runs.push(timed(&ctx.kpack, &args, &ctx.work)?, r);
+    }
+    remove(&out)?;
+    let mut row = Row::new(
+        SECTION,
+        "split_wheels_many",
+        format!(
+            "split-wheels -j 2 of two wheels in one run ({COPIES} × and {SMALL_COPIES} × librocsparse)"
+        ),
+    );
+    runs.fill(&mut row);
+    row.bytes_in = Some(std::fs::metadata(&large.wheel)?.len() + std::fs::metadata(&vision)?.len());
+    let (rss, alone_rss) = (worst_rss_mib(&runs), worst_rss_mib(alone));
+    let separate = median(alone) + median(small_alone);
+    row.floors = vec![FloorRatio {
+        floor: "the two wheels split in separate runs".into(),
+        ratio: median(&runs) / separate.max(1e-9),
+    }];
+    row.targets = vec![
+        Target::at_most(
+            format!("peak RSS ≤ {RSS_LIMIT_MIB} MiB (worst run)"),
+            rss,
+            RSS_LIMIT_MIB,
+        ),
+        Target::at_most(
+            format!("peak RSS ≤ {RSS_GROWTH}× the large wheel's alone ({alone_rss:.0} MiB)"),
+            rss / alone_rss.max(1.0),
+            RSS_GROWTH,
+        ),
+    ];
+    Ok(row)
+}
+
+/// The small wheel as another distribution (`torchvision`, package
+/// `torchvision/`), built once into the cache.
+fn vision_wheel(ctx: &Ctx, small: &Path) -> Result<PathBuf> {
+    let cache = ctx.root.join("target/bench/cache/torchvision-wheel");
+    let wheel = cache.join(format!("torchvision-{VERSION}-{TAG}.whl"));
+    if wheel.is_file() {
+        return Ok(wheel);
+    }
+    let tree = ctx.work.join("wheels-vision-tree");
+    remove(&tree)?;
+    let sh = Shell::new()?;
+    xshell::cmd!(sh, "unzip -q {small} -d {tree}").run()?;
+    std::fs::rename(tree.join("torch"), tree.join("torchvision"))?;
+    let di = tree.join(format!("torchvision-{VERSION}.dist-info"));
+    std::fs::rename(tree.join(format!("torch-{VERSION}.dist-info")), &di)?;
+    let metadata = std::fs::read_to_string(di.join("METADATA"))?;
+    std::fs::write(
+        di.join("METADATA"),
+        metadata.replace("Name: torch\n", "Name: torchvision\n"),
+    )?;
+    std::fs::write(di.join("RECORD"), "")?;
+    std::fs::create_dir_all(&cache)?;
+    let python = python(ctx)?;
+    xshell::cmd!(sh, "{python} -m wheel pack {tree} -d {cache}")
+        .quiet()
+        .run()?;
+    remove(&tree)?;
+    Ok(wheel)
 }
 
 /// The one-copy wheel: peak RSS, against which the large wheel's is held.

@@ -13,7 +13,7 @@ use super::metadata::{self, Devices};
 use super::zipio::{self, sort_members, Member, Written};
 use super::{
     overlay_prefix, permission_bits, DeviceOutput, Identity, Input, Offload, OutputFormat, Result,
-    Scan, SplitWheelOptions, WheelError, WheelOutput, WheelSummary,
+    Scan, SplitWheelOptions, VariantFormat, VariantOutput, WheelError, WheelOutput, WheelSummary,
 };
 use crate::tree::{rel_string, same_bytes, Node, NodeKind};
 use crate::Observer;
@@ -99,6 +99,9 @@ impl Device {
     }
 }
 
+/// The PEP 825 index file: its name and content.
+type Index = (String, String);
+
 /// Every output of a split, ready to write.
 pub(super) struct Outputs {
     id: Identity,
@@ -108,7 +111,11 @@ pub(super) struct Outputs {
     architectures: Vec<String>,
     host: Output,
     variant: Option<Output>,
+    /// PEP 825 variant wheels, by label.
+    variants: Vec<(String, Output)>,
+    index: Option<Index>,
     devices: Vec<Device>,
+    notes: Vec<String>,
     warnings: Vec<String>,
 }
 
@@ -140,10 +147,16 @@ impl Outputs {
             bundles: &bundles,
         };
         let (host, classic) = host_output(plan, &devices_meta, scratch, &mut warnings, observer)?;
+        let pep825 = opts.variant_format == VariantFormat::Pep825;
         let variant = opts
             .variant_label
             .as_deref()
+            .filter(|_| !pep825)
             .map(|label| variant_output(&host, id, &classic, &devices_meta, label));
+        let (variants, index) = match &opts.variant_label {
+            Some(_) if pep825 => pep825_outputs(&host, id, &classic, &devices_meta),
+            _ => (Vec::new(), None),
+        };
         let host_names: BTreeSet<&str> = host.members.iter().map(|m| m.name.as_str()).collect();
         let devices = bundles
             .iter()
@@ -157,7 +170,10 @@ impl Outputs {
             architectures: architectures(scan, offload),
             host,
             variant,
+            variants,
+            index,
             devices,
+            notes: scan.notes.clone(),
             warnings,
         })
     }
@@ -180,16 +196,23 @@ impl Outputs {
             .par_iter()
             .map(|o| o.write(stage.path(), format, observer))
             .collect::<Result<_>>()?;
-        let names: Vec<String> = outputs.iter().map(|o| o.entry_name(format)).collect();
+        let mut names: Vec<String> = outputs.iter().map(|o| o.entry_name(format)).collect();
+        if let Some((name, text)) = &self.index {
+            let path = stage.path().join(name);
+            fs::write(&path, text).map_err(|e| WheelError::io(&path, e))?;
+            names.insert(names.len() - 1, name.clone());
+        }
         commit(stage, &opts.output_dir, &names)?;
         Ok(self.summary(&written, opts))
     }
 
     /// Every output in the order they are written and committed: the
-    /// device wheels, the variant wheel, the host wheel.
+    /// device wheels, the variant wheel (or the PEP 825 ones), the host
+    /// wheel.
     fn in_order(&self) -> Vec<&Output> {
         let mut outputs: Vec<&Output> = self.devices.iter().map(|d| &d.output).collect();
         outputs.extend(self.variant.iter());
+        outputs.extend(self.variants.iter().map(|(_, o)| o));
         outputs.push(&self.host);
         outputs
     }
@@ -204,6 +227,16 @@ impl Outputs {
             .zip(written)
             .map(|(d, w)| d.summary(w, opts))
             .collect();
+        let first = n + usize::from(self.variant.is_some());
+        let variants = self
+            .variants
+            .iter()
+            .zip(&written[first..])
+            .map(|((label, o), w)| VariantOutput {
+                label: label.clone(),
+                wheel: o.summary(w, opts),
+            })
+            .collect();
         WheelSummary {
             input: String::new(),
             name: self.id.name.clone(),
@@ -214,7 +247,13 @@ impl Outputs {
             architectures: self.architectures.clone(),
             host: self.host.summary(&written[written.len() - 1], opts),
             variant: self.variant.as_ref().map(|v| v.summary(&written[n], opts)),
+            variants,
+            variants_index: self
+                .index
+                .as_ref()
+                .map(|(name, _)| opts.output_dir.join(name).display().to_string()),
             devices,
+            notes: self.notes.clone(),
             warnings: self.warnings.clone(),
             seconds: 0.0,
         }
@@ -450,6 +489,57 @@ fn variant_output(
         dist_info: id.dist_info.clone(),
         members,
     }
+}
+
+/// The PEP 825 variant wheels (one per target bundle key: the host wheel
+/// with the `METADATA` of [`metadata::pep825_metadata`] and its own
+/// `variant.json`, named `<host wheel name>-<label>.whl`) and the index
+/// file naming them all.
+fn pep825_outputs(
+    host: &Output,
+    id: &Identity,
+    classic: &str,
+    devices: &Devices,
+) -> (Vec<(String, Output)>, Option<Index>) {
+    let metadata_name = format!("{}/METADATA", id.dist_info);
+    let keys = devices.target_keys();
+    let labels: Vec<String> = keys.iter().map(|k| metadata::pep825_label(k)).collect();
+    let variants: Vec<(String, Output)> = keys
+        .iter()
+        .zip(&labels)
+        .map(|(key, label)| {
+            let mut members: Vec<Member> = host
+                .members
+                .iter()
+                .map(|m| {
+                    if m.name == metadata_name {
+                        Member::bytes(
+                            m.name.clone(),
+                            metadata::pep825_metadata(classic, id, devices, key),
+                        )
+                    } else {
+                        m.clone()
+                    }
+                })
+                .collect();
+            members.push(Member::bytes(
+                format!("{}/variant.json", id.dist_info),
+                metadata::pep825_variant_json(devices, std::slice::from_ref(label)),
+            ));
+            sort_members(&mut members);
+            let output = Output {
+                file_name: host.file_name.replace(".whl", &format!("-{label}.whl")),
+                dist_info: id.dist_info.clone(),
+                members,
+            };
+            (label.clone(), output)
+        })
+        .collect();
+    let index = (!labels.is_empty()).then(|| {
+        let name = format!("{}-{}-variants.json", id.name.replace('-', "_"), id.version);
+        (name, metadata::pep825_variant_json(devices, &labels))
+    });
+    (variants, index)
 }
 
 /// A device wheel's payload: path in the wheel → source file and mode.

@@ -1,7 +1,9 @@
 //! The text files of the output wheels: the host `METADATA` with its extras
 //! (formats.md §8.3), the device wheels' `METADATA`, `WHEEL` and
-//! `top_level.txt` (§8.4), and the variant wheel's `METADATA` and
-//! `variant.json` (§8.5).
+//! `top_level.txt` (§8.4; a target's wheel also pins its sub-family and
+//! family wheels, docs/wheels.md), the variant wheel's `METADATA` and
+//! `variant.json` (§8.5), and those of PEP 825 variant wheels
+//! (docs/wheels.md, variant wheels).
 
 use std::collections::BTreeMap;
 
@@ -42,6 +44,10 @@ impl Devices<'_> {
 /// The host `METADATA`: `original` with the rocm-bootstrap requirement and
 /// the extras inserted after its header block.
 pub(crate) fn host_metadata(original: &str, id: &Identity, devices: &Devices) -> String {
+    if devices.bundles.is_empty() {
+        // No device code: nothing to depend on.
+        return original.to_string();
+    }
     let v = &id.version;
     let mut lines = vec![format!("Requires-Dist: {BOOTSTRAP_REQUIREMENT}")];
     for t in devices.target_keys() {
@@ -65,6 +71,12 @@ pub(crate) fn host_metadata(original: &str, id: &Identity, devices: &Devices) ->
             "Requires-Dist: {d} == {v}; extra == \"device-all\""
         ));
     }
+    insert_headers(original, &lines)
+}
+
+/// `original` with `lines` inserted at the end of its header block (before
+/// the first empty line; appended when there is no body).
+fn insert_headers(original: &str, lines: &[String]) -> String {
     let block = lines.join("\n") + "\n";
     match original.find("\n\n") {
         Some(end) => format!("{}{block}{}", &original[..=end], &original[end + 1..]),
@@ -149,7 +161,30 @@ pub(crate) fn device_metadata(
             r.replace(GFXARCH, &bundle.key)
         ));
     }
+    lines.extend(
+        family_requirements(bundle, devices)
+            .into_iter()
+            .map(|dist| format!("Requires-Dist: {dist} == {v}")),
+    );
     lines.join("\n") + "\n"
+}
+
+/// The device wheels a target-level wheel needs besides its own: those of
+/// its sub-family and family (the rest of its packaging chain, in that
+/// order) that this split emits. Kernels a target shares with its family
+/// (AOTriton's images) are only there: without them PyTorch's attention
+/// fails at run time (docs/wheels.md). Family and sub-family wheels need
+/// none.
+pub(crate) fn family_requirements(bundle: &Bundle, devices: &Devices) -> Vec<String> {
+    if bundle.level != Level::Target {
+        return Vec::new();
+    }
+    bootstrap::chain(&bundle.key)
+        .iter()
+        .skip(1)
+        .filter(|k| devices.has(k))
+        .map(|k| devices.dist_name(k))
+        .collect()
 }
 
 /// A device wheel's `WHEEL`.
@@ -213,6 +248,94 @@ pub(crate) fn variant_json(devices: &Devices) -> String {
     serde_json::to_string_pretty(&doc).expect("variant.json serializes") + "\n"
 }
 
+/// The `$schema` of a PEP 825 `variant.json` (schema v0.1.1).
+pub(crate) const PEP825_SCHEMA: &str = "https://variants-schema.wheelnext.dev/peps/825/v0.1.1.json";
+/// The variant namespace and feature of a GPU architecture.
+const NAMESPACE: &str = "amd";
+const FEATURE: &str = "gfx_arch";
+
+/// The PEP 825 label of a target bundle key, which is also its `gfx_arch`
+/// value: labels and values are `^[0-9a-z_.]+$`, so `-` becomes `_`
+/// (`gfx11-generic` → `gfx11_generic`).
+pub(crate) fn pep825_label(key: &str) -> String {
+    key.to_lowercase()
+        .chars()
+        .map(|c| match c {
+            '0'..='9' | 'a'..='z' | '_' | '.' => c,
+            _ => '_',
+        })
+        .collect()
+}
+
+type Properties = BTreeMap<&'static str, BTreeMap<&'static str, Vec<String>>>;
+
+#[derive(Serialize)]
+struct Pep825Json {
+    #[serde(rename = "$schema")]
+    schema: &'static str,
+    #[serde(rename = "default-priorities")]
+    default_priorities: BTreeMap<&'static str, Vec<&'static str>>,
+    providers: BTreeMap<&'static str, StaticProvider>,
+    variants: BTreeMap<String, Properties>,
+}
+
+/// A provider whose properties are static (PEP 850 draft): an installer
+/// needs no plugin to choose a variant.
+#[derive(Serialize)]
+struct StaticProvider {
+    #[serde(rename = "static-properties")]
+    static_properties: BTreeMap<&'static str, Vec<String>>,
+}
+
+/// A PEP 825 `variant.json` naming the variants of `labels` (one for a
+/// wheel's own `*.dist-info/variant.json`, all for the index's
+/// `<name>-<version>-variants.json`). The provider lists every target's
+/// value as static, in the order of [`Devices::target_keys`]: an installer
+/// takes the first variant of that order it has.
+pub(crate) fn pep825_variant_json(devices: &Devices, labels: &[String]) -> String {
+    let all: Vec<String> = devices
+        .target_keys()
+        .iter()
+        .map(|k| pep825_label(k))
+        .collect();
+    let doc = Pep825Json {
+        schema: PEP825_SCHEMA,
+        default_priorities: BTreeMap::from([("namespace", vec![NAMESPACE])]),
+        providers: BTreeMap::from([(
+            NAMESPACE,
+            StaticProvider {
+                static_properties: BTreeMap::from([(FEATURE, all)]),
+            },
+        )]),
+        variants: labels
+            .iter()
+            .map(|l| {
+                let props = BTreeMap::from([(FEATURE, vec![l.clone()])]);
+                (l.clone(), BTreeMap::from([(NAMESPACE, props)]))
+            })
+            .collect(),
+    };
+    serde_json::to_string_pretty(&doc).expect("variant.json serializes") + "\n"
+}
+
+/// The `METADATA` of the PEP 825 variant wheel of the target bundle key
+/// `key`: the host wheel's (`classic`), and the device wheels of the key's
+/// packaging chain that this split emits, required without a marker (the
+/// wheel is for that target only).
+pub(crate) fn pep825_metadata(
+    classic: &str,
+    id: &Identity,
+    devices: &Devices,
+    key: &str,
+) -> String {
+    let lines: Vec<String> = bootstrap::chain(key)
+        .iter()
+        .filter(|k| devices.has(k))
+        .map(|k| format!("Requires-Dist: {} == {}", devices.dist_name(k), id.version))
+        .collect();
+    insert_headers(classic, &lines)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -274,6 +397,45 @@ mod tests {
     }
 
     #[test]
+    fn pep825_variant_files() {
+        let b = bundles(&["gfx1100", "gfx110x", "gfx942", "gfx11-generic"]);
+        let d = Devices {
+            prefix: "amd-torch-device",
+            bundles: &b,
+        };
+        assert_eq!(pep825_label("gfx11-generic"), "gfx11_generic");
+        let j = pep825_variant_json(&d, &["gfx942".to_string()]);
+        let v: serde_json::Value = serde_json::from_str(&j).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "$schema": PEP825_SCHEMA,
+                "default-priorities": {"namespace": ["amd"]},
+                "providers": {"amd": {"static-properties": {
+                    // The target keys' string order: `-` sorts before `0`.
+                    "gfx_arch": ["gfx11_generic", "gfx1100", "gfx942"]}}},
+                "variants": {"gfx942": {"amd": {"gfx_arch": ["gfx942"]}}},
+            })
+        );
+        assert!(j.starts_with("{\n  \"$schema\": "), "{j}");
+        let m = pep825_metadata("Name: torch\n\nBody\n", &id(), &d, "gfx1100");
+        assert_eq!(
+            m,
+            "Name: torch\nRequires-Dist: amd-torch-device-gfx1100 == 2.10.0+rocm7.1\n\
+             Requires-Dist: amd-torch-device-gfx110x == 2.10.0+rocm7.1\n\nBody\n"
+        );
+        // No device wheels: the host METADATA stays as it was.
+        let none = Devices {
+            prefix: "p",
+            bundles: &[],
+        };
+        assert_eq!(
+            host_metadata("Name: t\n\nB\n", &id(), &none),
+            "Name: t\n\nB\n"
+        );
+    }
+
+    #[test]
     fn extra_lines_as_upstream_reads_them() {
         assert_eq!(
             split_extra("Requires-Dist: a == 1; extra == \"device-x_1\" trailing"),
@@ -281,6 +443,54 @@ mod tests {
         );
         assert_eq!(split_extra("Requires-Dist: a >= 1; extra == \"x\""), None);
         assert_eq!(split_extra("Requires-Dist: a == 1; extra == \"\""), None);
+    }
+
+    /// docs/wheels.md, device wheels: the family pins of torch
+    /// 2.12.0+rocm7.14.0 split into gfx11, gfx1100 and gfx942.
+    #[test]
+    fn target_wheels_require_their_family_wheels() {
+        let id = Identity {
+            version: "2.12.0+rocm7.14.0".into(),
+            ..id()
+        };
+        let b = bundles(&["gfx11", "gfx1100", "gfx942"]);
+        let d = Devices {
+            prefix: "amd-torch-device",
+            bundles: &b,
+        };
+        let req = vec!["rocm-sdk-device-@GFXARCH@ == 7.14.0".to_string()];
+        let requires = |bundle: &Bundle| -> Vec<String> {
+            device_metadata(&id, bundle, &d, &req)
+                .lines()
+                .filter_map(|l| l.strip_prefix("Requires-Dist: "))
+                .map(str::to_string)
+                .collect()
+        };
+        assert_eq!(
+            requires(&b[1]),
+            [
+                "torch == 2.12.0+rocm7.14.0",
+                "rocm-sdk-device-gfx1100 == 7.14.0",
+                "amd-torch-device-gfx11 == 2.12.0+rocm7.14.0",
+            ]
+        );
+        assert_eq!(requires(&b[0]), ["torch == 2.12.0+rocm7.14.0"]);
+        assert_eq!(
+            requires(&b[2]),
+            [
+                "torch == 2.12.0+rocm7.14.0",
+                "rocm-sdk-device-gfx942 == 7.14.0",
+            ]
+        );
+        // Sub-family, then family; an unknown target has no chain.
+        let b = bundles(&["gfx11", "gfx110x", "gfx1101", "gfx1300"]);
+        let d = Devices {
+            prefix: "p",
+            bundles: &b,
+        };
+        assert_eq!(family_requirements(&b[2], &d), ["p-gfx110x", "p-gfx11"]);
+        assert!(family_requirements(&b[1], &d).is_empty());
+        assert!(family_requirements(&b[3], &d).is_empty());
     }
 
     #[test]

@@ -10,7 +10,9 @@
 //!   AOTriton's shared images), `<prefix>-<key>`, holding
 //!   `<overlay>/.kpack/<G>_<target>.kpack` for every target it owns and its
 //!   database files at their paths;
-//! - optionally a PEP 817 **variant wheel** (`--generate-variant-wheel`).
+//! - optionally a PEP 817 **variant wheel** (`--generate-variant-wheel`),
+//!   or, with [`VariantFormat::Pep825`], one PEP 825 variant wheel per
+//!   target and the index's `<name>-<version>-variants.json`.
 //!
 //! The steps, in order ([`split_wheel`]): unpack the input into a scratch
 //! directory (a `.whl`; a directory is read in place and never written),
@@ -52,7 +54,7 @@ use crate::pack::{FileJob, Offloaded, Outcome, Packer};
 use crate::target::normalize_feature_spelling;
 use crate::tree::{rel_string, scan, Node, NodeKind};
 use crate::{ArtifactError, Observer};
-use kpack_host::binary::{classify, could_be_binary, Class};
+use kpack_host::binary::{classify_parsed, could_be_binary, no_device_code, Class};
 use kpack_host::offload::archive_file_name;
 use kpack_host::output::ScratchDir;
 
@@ -85,6 +87,19 @@ pub enum OutputFormat {
     Directory,
 }
 
+/// The format of the variant wheels (`--variant-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VariantFormat {
+    /// Upstream's (PEP 817 draft): one variant wheel holding every target's
+    /// variant.
+    #[default]
+    Upstream,
+    /// PEP 825 (schema v0.1.1): one variant wheel per target, labelled by
+    /// it, and the index file `<name>-<version>-variants.json`.
+    Pep825,
+}
+
 /// How to split.
 #[derive(Debug, Clone)]
 pub struct SplitWheelOptions {
@@ -101,8 +116,10 @@ pub struct SplitWheelOptions {
     pub scheme: Scheme,
     pub level: i32,
     pub output_format: OutputFormat,
-    /// Also write the PEP 817 variant wheel, with this label.
+    /// Also write the PEP 817 variant wheel, with this label (upstream
+    /// format; PEP 825 wheels are labelled by their target).
     pub variant_label: Option<String>,
+    pub variant_format: VariantFormat,
     /// Scratch space (default: the output directory).
     pub tmp_dir: Option<PathBuf>,
 }
@@ -123,6 +140,7 @@ impl SplitWheelOptions {
             level: DEFAULT_ZSTD_LEVEL,
             output_format: OutputFormat::Wheel,
             variant_label: None,
+            variant_format: VariantFormat::Upstream,
             tmp_dir: None,
         }
     }
@@ -157,6 +175,14 @@ pub struct DeviceOutput {
     pub wheel: WheelOutput,
 }
 
+/// One PEP 825 variant wheel.
+#[derive(Debug, Clone, Serialize)]
+pub struct VariantOutput {
+    pub label: String,
+    #[serde(flatten)]
+    pub wheel: WheelOutput,
+}
+
 /// What split-wheels did (`--json`).
 #[derive(Debug, Clone, Serialize)]
 pub struct WheelSummary {
@@ -169,8 +195,15 @@ pub struct WheelSummary {
     /// Every target found (archives and database files), sorted.
     pub architectures: Vec<String>,
     pub host: WheelOutput,
+    /// The upstream-format variant wheel.
     pub variant: Option<WheelOutput>,
+    /// The PEP 825 variant wheels, by label.
+    pub variants: Vec<VariantOutput>,
+    /// The PEP 825 index file `<name>-<version>-variants.json`.
+    pub variants_index: Option<String>,
     pub devices: Vec<DeviceOutput>,
+    /// Files of the wheel that are binaries without device code.
+    pub notes: Vec<String>,
     pub warnings: Vec<String>,
     pub seconds: f64,
 }
@@ -240,6 +273,8 @@ struct Scan {
     /// Wheel-relative path → target of every database file under the
     /// overlay.
     databases: BTreeMap<String, String>,
+    /// One per binary under the overlay that carries no device code.
+    notes: Vec<String>,
 }
 
 /// Split the wheel `input` (a `.whl` or an unpacked wheel directory).
@@ -270,6 +305,152 @@ pub fn split_wheel(
     summary.input = input.path.display().to_string();
     summary.seconds = start.elapsed().as_secs_f64();
     Ok(summary)
+}
+
+/// The wheels of the inputs given (`--input`, repeatable), in order: a
+/// `.whl` file or an unpacked wheel directory (one with a `*.dist-info` at
+/// its top) as it is; another directory stands for the `*.whl` files in it,
+/// in name order (none is an error). The same wheel twice, or two wheels of
+/// one name and version (whose outputs would replace each other), is an
+/// error.
+pub fn wheel_inputs(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut wheels = Vec::new();
+    for input in inputs {
+        if !input.is_dir() || has_dist_info(input) {
+            wheels.push(input.clone());
+            continue;
+        }
+        let mut found: Vec<PathBuf> = fs::read_dir(input)
+            .map_err(|e| WheelError::io(input, e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "whl"))
+            .collect();
+        if found.is_empty() {
+            return Err(WheelError::invalid(
+                input,
+                "neither an unpacked wheel (no *.dist-info) nor a directory of wheels (no *.whl)",
+            ));
+        }
+        found.sort();
+        wheels.extend(found);
+    }
+    let mut seen: BTreeMap<String, &Path> = BTreeMap::new();
+    for w in &wheels {
+        let canon = fs::canonicalize(w).unwrap_or_else(|_| w.clone());
+        let keys = [
+            canon.display().to_string(),
+            wheel_key(w).unwrap_or_default(),
+        ];
+        for key in keys.into_iter().filter(|k| !k.is_empty()) {
+            if let Some(other) = seen.insert(key, w) {
+                return Err(WheelError::invalid(
+                    w,
+                    format!(
+                        "given twice, or the same name, version and tags as {}: their outputs would replace each other",
+                        other.display()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(wheels)
+}
+
+fn has_dist_info(dir: &Path) -> bool {
+    fs::read_dir(dir).is_ok_and(|rd| {
+        rd.filter_map(|e| e.ok())
+            .any(|e| e.file_name().to_string_lossy().ends_with(".dist-info"))
+    })
+}
+
+/// `<name>-<version>-<tags>` of a wheel file's name, or of an unpacked
+/// wheel (its `*.dist-info` and the first `Tag` of its `WHEEL`), the name
+/// normalized (lower case, `-` and `.` → `_`): wheels with the same key
+/// have outputs of the same names.
+fn wheel_key(wheel: &Path) -> Option<String> {
+    let stem = if wheel.is_dir() {
+        let di = dist_info_name(wheel)?;
+        let text = fs::read_to_string(wheel.join(format!("{di}.dist-info/WHEEL"))).ok()?;
+        format!("{di}-{}", identity::header(&text, "Tag")?)
+    } else {
+        wheel.file_stem()?.to_string_lossy().into_owned()
+    };
+    let (name, rest) = stem.split_once('-')?;
+    Some(format!("{}-{rest}", normalized_name(name)))
+}
+
+/// The `*.dist-info` of an unpacked wheel, without the suffix.
+fn dist_info_name(dir: &Path) -> Option<String> {
+    fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find_map(|n| n.strip_suffix(".dist-info").map(str::to_string))
+}
+
+fn normalized_name(name: &str) -> String {
+    name.to_lowercase().replace(['-', '.'], "_")
+}
+
+/// The distribution name of a wheel (file name or `*.dist-info`),
+/// normalized.
+fn wheel_name(wheel: &Path) -> Option<String> {
+    let stem = if wheel.is_dir() {
+        dist_info_name(wheel)?
+    } else {
+        wheel.file_stem()?.to_string_lossy().into_owned()
+    };
+    Some(normalized_name(stem.split('-').next()?))
+}
+
+/// What `@NAME@` in `--device-package-prefix` and `--overlay-root` stands
+/// for, so that one run splits wheels of several distributions
+/// (`amd-@NAME@-device`, `@NAME@/`).
+pub const NAME_PLACEHOLDER: &str = "@NAME@";
+
+/// The options for one wheel of a run: `@NAME@` replaced by its name
+/// (`_` → `-` in the prefix, as distribution names are written).
+fn options_for(wheel: &Path, opts: &SplitWheelOptions) -> SplitWheelOptions {
+    let mut o = opts.clone();
+    if let Some(name) = wheel_name(wheel) {
+        o.device_package_prefix = o
+            .device_package_prefix
+            .replace(NAME_PLACEHOLDER, &name.replace('_', "-"));
+        o.overlay_root = o.overlay_root.replace(NAME_PLACEHOLDER, &name);
+    }
+    o
+}
+
+/// Split several wheels in one run: each exactly as [`split_wheel`] alone
+/// would (same outputs, same summary), one after the other, each using the
+/// whole thread pool, so that memory stays that of the largest split.
+/// Every input is checked first; the run stops at the first wheel that
+/// fails (the outputs of the wheels before it are complete and stay).
+pub fn split_wheels(
+    inputs: &[PathBuf],
+    opts: &SplitWheelOptions,
+    observer: &dyn Observer,
+) -> Result<Vec<WheelSummary>> {
+    let wheels = wheel_inputs(inputs)?;
+    for w in &wheels {
+        check_input(w, opts)?;
+    }
+    // Device wheels are named by the prefix: wheels of several
+    // distributions need one prefix each.
+    let names: BTreeSet<String> = wheels.iter().filter_map(|w| wheel_name(w)).collect();
+    if names.len() > 1 && !opts.device_package_prefix.contains(NAME_PLACEHOLDER) {
+        return Err(WheelError::invalid(
+            &wheels[0],
+            format!(
+                "wheels of several distributions ({}) would get device wheels of the same names: put {NAME_PLACEHOLDER} in --device-package-prefix (e.g. amd-{NAME_PLACEHOLDER}-device)",
+                names.into_iter().collect::<Vec<_>>().join(", ")
+            ),
+        ));
+    }
+    wheels
+        .iter()
+        .map(|w| split_wheel(w, &options_for(w, opts), observer))
+        .collect()
 }
 
 /// Step 0: the input exists and is a `.whl` or a directory; the output
@@ -347,15 +528,34 @@ fn scan_wheel(input: &Input, opts: &SplitWheelOptions, observer: &dyn Observer) 
             files.push(rel);
         }
     }
-    let fat: Vec<Option<String>> = files
+    let probes: Vec<Probe> = files
         .par_iter()
-        .map(|rel| is_fat(input, rel, observer).map(|f| f.then(|| rel.clone())))
+        .map(|rel| probe(input, rel, observer))
         .collect::<Result<_>>()?;
-    let fat: BTreeSet<String> = fat.into_iter().flatten().collect();
-    if fat.is_empty() {
+    let mut fat = BTreeSet::new();
+    let mut notes = Vec::new();
+    let mut binaries = 0;
+    for (rel, p) in files.iter().zip(probes) {
+        match p {
+            Probe::Fat => {
+                fat.insert(rel.clone());
+            }
+            Probe::NoDeviceCode(why) => {
+                let note = format!(
+                    "{}: {rel}: no device code ({why}): stays in the host wheel as it is",
+                    input.path.display()
+                );
+                observer.note(&note);
+                notes.push(note);
+            }
+            Probe::Binary => binaries += 1,
+            Probe::Other => {}
+        }
+    }
+    if fat.is_empty() && notes.is_empty() && binaries == 0 {
         return Err(WheelError::invalid(
             &input.path,
-            format!("no fat binaries found under {overlay}/"),
+            format!("no fat binaries found under {overlay}/: no binaries at all (a pure-Python wheel?), nothing to split"),
         ));
     }
     let mut databases = BTreeMap::new();
@@ -373,6 +573,7 @@ fn scan_wheel(input: &Input, opts: &SplitWheelOptions, observer: &dyn Observer) 
         nodes,
         fat,
         databases,
+        notes,
     })
 }
 
@@ -390,28 +591,45 @@ fn permission_bits(meta: &fs::Metadata) -> u32 {
     std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777
 }
 
-/// Is the file at `rel` a fat binary? (A binary whose device-code parts
+/// What a file under the overlay is, for splitting.
+enum Probe {
+    Fat,
+    /// A host binary without device code, and why.
+    NoDeviceCode(String),
+    /// Another binary or link input (offloaded already, debug info...).
+    Binary,
+    Other,
+}
+
+/// What the file at `rel` is. (A binary whose device-code parts
 /// contradict each other is left as it is, with a warning.)
-fn is_fat(input: &Input, rel: &str, observer: &dyn Observer) -> Result<bool> {
+fn probe(input: &Input, rel: &str, observer: &dyn Observer) -> Result<Probe> {
     let path = input.root.join(rel);
     let mut head = [0u8; 8];
     let n = fs::File::open(&path)
         .and_then(|mut f| f.read(&mut head))
         .map_err(|e| input.member_error(WheelError::io(&path, e)))?;
     if !could_be_binary(&head[..n]) {
-        return Ok(false);
+        return Ok(Probe::Other);
     }
     let map = map_file(&path).map_err(|e| input.member_error(e))?;
-    Ok(match classify(&map) {
-        Class::Fat => true,
+    let classified = classify_parsed(&map);
+    Ok(match classified.class {
+        Class::Fat => Probe::Fat,
+        Class::HostOnly => Probe::NoDeviceCode(
+            (classified.binary.as_ref().ok())
+                .and_then(no_device_code)
+                .unwrap_or_default(),
+        ),
         Class::Inconsistent(why) => {
             observer.warn(&format!(
                 "{}: {rel}: {why}: left as it is",
                 input.path.display()
             ));
-            false
+            Probe::Binary
         }
-        _ => false,
+        c if c.is_host_code() => Probe::Binary,
+        _ => Probe::Other,
     })
 }
 

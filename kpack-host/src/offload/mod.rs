@@ -90,6 +90,9 @@ pub enum Outcome {
     /// A debug-info file (`objcopy --only-keep-debug`): no device code,
     /// copied unchanged.
     DebugOnly,
+    /// A host binary without device code (no `.hip_fatbin`, or one that
+    /// holds none): copied unchanged, no archive.
+    HostOnly,
 }
 
 /// One archive written.
@@ -238,7 +241,7 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
             write_atomically_with_mode(output, Some(mode), |f| f.write_all(bytes))?;
         }
         summary.outcome = outcome;
-        summary.note = Some(note.into());
+        summary.note = Some(note);
         return Ok(summary);
     }
     // A fat binary: parsed as it was classified.
@@ -270,8 +273,8 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
 
 /// What to do with an input that is not a fat binary: copy it unchanged
 /// (with this outcome and note), or refuse it. `None` for a fat binary.
-fn pass_through(input: &Path, file: &Classified) -> Result<Option<(Outcome, &'static str)>> {
-    Ok(Some(match &file.class {
+fn pass_through(input: &Path, file: &Classified) -> Result<Option<(Outcome, String)>> {
+    let (outcome, note) = match &file.class {
         Class::Fat => return Ok(None),
         Class::StaticArchive => (
             Outcome::LinkInput,
@@ -290,7 +293,13 @@ fn pass_through(input: &Path, file: &Classified) -> Result<Option<(Outcome, &'st
             "debug-info file (NOBITS .hip_fatbin, no metadata): no device code, copied unchanged",
         ),
         Class::Inconsistent(why) => return Err(why.clone()).with_path(input),
-        Class::HostOnly => return Err(not_fat(input, file.binary.as_ref().ok())),
+        Class::HostOnly => {
+            let why = (file.binary.as_ref().ok())
+                .and_then(crate::binary::no_device_code)
+                .unwrap_or_default();
+            let note = format!("no device code ({why}): copied unchanged, no archive");
+            return Ok(Some((Outcome::HostOnly, note)));
+        }
         Class::CodeObject => {
             return Err(Error::request(
                 input,
@@ -303,7 +312,8 @@ fn pass_through(input: &Path, file: &Classified) -> Result<Option<(Outcome, &'st
                 Ok(_) => Error::request(input, "not a host binary"),
             })
         }
-    }))
+    };
+    Ok(Some((outcome, note.to_string())))
 }
 
 /// The HIPK metadata for `output`: the kernel name (default: the output's

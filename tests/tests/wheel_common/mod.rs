@@ -218,3 +218,29 @@ pub fn therock_args(input: &Path, out: &Path) -> Vec<std::ffi::OsString> {
     }
     v
 }
+
+/// `base` arguments with those of `extra` appended, a flag of `extra`
+/// replacing the same flag (and its value) in `base`: kpack refuses a
+/// single-valued flag given twice.
+pub fn with_overrides(base: Vec<std::ffi::OsString>, extra: &[&str]) -> Vec<std::ffi::OsString> {
+    let flags: Vec<&str> = extra
+        .iter()
+        .copied()
+        .filter(|a| a.starts_with('-'))
+        .collect();
+    let mut out = Vec::new();
+    let mut skip_value = false;
+    for a in base {
+        let s = a.to_string_lossy().into_owned();
+        if skip_value && !s.starts_with('-') {
+            skip_value = false;
+            continue;
+        }
+        skip_value = flags.contains(&s.as_str());
+        if !skip_value {
+            out.push(a);
+        }
+    }
+    out.extend(extra.iter().map(Into::into));
+    out
+}
