@@ -75,13 +75,13 @@ class OffloadSummary(Summary):
 
 class SplitSummary(Summary):
     """What :func:`split` did: ``artifacts`` (one per input artifact:
-    ``input``, ``artifact_prefix``, ``status``, ``outputs``, ``counts``,
+    ``input``, ``artifact_prefix``, ``status``, ``outputs``, the counts,
     ``error``), ``totals``, ``failed``, ``skipped_directories``,
     ``seconds``."""
 
 
 class PackTreeSummary(Summary):
-    """What :func:`pack_tree` did: ``input``, ``output``, ``counts``
+    """What :func:`pack_tree` did: ``input``, ``output``, the counts
     (``files``, ``binaries``, ``code_objects``, ``bytes_in``,
     ``bytes_out``, ...) and ``archives`` (``path``, ``code_objects``,
     ``bytes_in``, ``bytes_out``)."""
@@ -259,7 +259,7 @@ def pack_tree(
     ``.kpack/<group_name>_<target>.kpack`` archives (``kpack pack-tree``)::
 
         >>> s = kpack.pack_tree("install", "packed", group_name="rocm")  # doctest: +SKIP
-        >>> s.counts.binaries, [a.path for a in s.archives]               # doctest: +SKIP
+        >>> s.binaries, [a.path for a in s.archives]                      # doctest: +SKIP
         (12, ['packed/.kpack/rocm_gfx942.kpack'])
     """
     a = (

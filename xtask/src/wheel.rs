@@ -42,7 +42,7 @@ pub fn py_env(sh: &Shell, root: &Path) -> Result<PathBuf> {
     let stamp = venv.join(STAMP);
     let pythons = test_pythons(sh);
     let want = format!(
-        "{}\n{}\n{}\n{}\n",
+        "{}\n{}\n{}\n{}\nvenv python too\n",
         REQUIREMENTS.join("\n"),
         WHEELHOUSE.join("\n"),
         TEST_WHEELS.join("\n"),
