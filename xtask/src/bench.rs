@@ -8,7 +8,10 @@
 //!   tree, and over real-size inputs;
 //! - `bench_runtime`: the C API (`xtask/bench/kpack_bench.c` linked against
 //!   the release `librocm_kpack.a`): open, cold and warm loads,
-//!   `kpack_get_kernel` over every kernel, memory after one load.
+//!   `kpack_get_kernel` over every kernel, memory after one load;
+//! - `bench_python`: kpack's Python API (the release wheel) packing and
+//!   reading librocsparse's gfx1030 code objects, against the command and
+//!   pure Python.
 //!
 //! Processes are the release `kpack` binary run as a child of
 //! `/usr/bin/time -f` (CPU = user + sys, peak RSS = max RSS); wall time is
@@ -61,7 +64,7 @@ pub struct BenchArgs {
     pub reps: usize,
     /// Measure only these sections (comma-separated): rocrand, rocsparse,
     /// pipeline, runtime, large, rewrite (prune and restore of
-    /// librocsparse), wheels. Default: all.
+    /// librocsparse), wheels, python (the Python API). Default: all.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Keep target/bench/work (the large intermediate files) afterwards.
@@ -252,6 +255,7 @@ const SECTIONS: &[&str] = &[
     "large",
     "rewrite",
     "wheels",
+    "python",
 ];
 
 /// A section measured by one function (the libraries' sections aside).
@@ -336,12 +340,13 @@ fn run_sections(ctx: &Ctx, only: &[String]) -> Result<Vec<Row>> {
             rows.extend(bench_libs::run(ctx, lib)?);
         }
     }
-    let sections: [Section; 5] = [
+    let sections: [Section; 6] = [
         ("pipeline", bench_pipeline::run),
         ("runtime", bench_runtime::run),
         ("large", bench_large::run),
         ("rewrite", bench_rewrite::run),
         ("wheels", bench_wheels::run),
+        ("python", crate::bench_python::run),
     ];
     for (section, run) in sections {
         if wanted(section) {

@@ -8,6 +8,7 @@ mod bench;
 mod bench_large;
 mod bench_libs;
 mod bench_pipeline;
+mod bench_python;
 mod bench_rewrite;
 mod bench_runtime;
 mod bench_wheels;
