@@ -463,10 +463,7 @@ fn print_pack_tree(summary: &PackTreeSummary) {
 }
 
 fn print_json(v: &impl Serialize) {
-    outln!(
-        "{}",
-        serde_json::to_string_pretty(v).expect("summary serializes")
-    );
+    crate::print_json(v);
 }
 
 /// Notes (under --verbose) and warnings on stderr, and a progress bar of

@@ -74,7 +74,7 @@ fn pip_installed_kpack_is_a_drop_in_for_rocm_kpack() {
     let name = whl.file_name().unwrap().to_string_lossy().into_owned();
     assert!(
         name.starts_with("rocm_kpack-")
-            && name.contains("-py3-none-manylinux_")
+            && name.contains("-cp39-abi3-manylinux_")
             && name.ends_with("_x86_64.whl"),
         "{name}"
     );

@@ -35,7 +35,7 @@ pub struct BenchArgs {
     reps: usize,
     /// Measure only these sections (comma-separated): rocrand, rocsparse,
     /// pipeline, runtime, large, rewrite (prune and restore of
-    /// librocsparse), wheels. Default: all.
+    /// librocsparse), wheels, python. Default: all.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Keep target/bench/work (the large intermediate files) afterwards.
@@ -71,8 +71,13 @@ pub fn run(sh: &Shell, root: &Path, args: &BenchArgs) -> Result<()> {
     let cargo = cargo();
     let flags = args.flags();
     let mut bench = cmd!(sh, "{cargo} run --release -p kpack-bench -- {flags...}");
-    if args.wants("wheels") {
+    if args.wants("wheels") || args.wants("python") {
         bench = bench.env("KPACK_PY_VENV", wheel::py_env(sh, root)?);
+    }
+    if args.wants("python") {
+        let dir = root.join("target/bench/python-wheel");
+        let _ = std::fs::remove_dir_all(&dir);
+        bench = bench.env("KPACK_PY_WHEEL", wheel::build(sh, root, &dir, false)?);
     }
     cmd!(sh, "{cargo} build --release -p kpack-cli -p kpack-cxx")
         .run()

@@ -1,9 +1,12 @@
-//! `cargo xtask wheel --out DIR`: kpack as a pip-installable wheel (the
-//! `kpack` binary and the `rocm_kpack.tools.*` entry points of `python/`),
-//! built by maturin from PyPI; and `cargo xtask py-env`, the Python virtual
-//! environment the wheel tests use (`target/py-venv`: pip, PyPI's `wheel`
-//! and `maturin`; `variantlib` and `uv`, which check and install PEP 825
-//! variant wheels; and a wheelhouse with PyPI's `rocm-bootstrap` wheel).
+//! `cargo xtask wheel --out DIR`: kpack as a pip-installable abi3 wheel
+//! (the extension of `kpack-python/`, the packages `kpack` and `rocm_kpack`
+//! of `python/`, the `kpack` console script), built by maturin from PyPI
+//! with the `pyproject.toml` at the root; and `cargo xtask py-env`, the
+//! Python virtual environment the wheel tests use (`target/py-venv`: pip,
+//! PyPI's `wheel` and `maturin`; `variantlib` and `uv`, which check and
+//! install PEP 825 variant wheels; and a wheelhouse with PyPI's
+//! `rocm-bootstrap`, `pytest`, `msgpack` and `zstandard` wheels for each
+//! Python the tests run on).
 
 use std::path::{Path, PathBuf};
 
@@ -14,13 +17,21 @@ use xshell::{cmd, Shell};
 /// environment (the stamp file holds this text).
 const REQUIREMENTS: &[&str] = &[
     "wheel>=0.43,<1",
-    "maturin>=1.5,<2",
+    "maturin>=1.9.4,<2",
     "variantlib==0.2.2",
     "uv==0.13.8",
+    "pytest>=8,<9",
+    "msgpack>=1,<2",
+    "zstandard>=0.22,<1",
 ];
 /// The wheelhouse's wheels (downloaded, not installed).
 const WHEELHOUSE: &[&str] = &["rocm-bootstrap==0.3.0"];
+/// Wheels of the Python tests, downloaded for every interpreter they run
+/// on ([`test_pythons`]), so that fresh environments install offline.
+const TEST_WHEELS: &[&str] = &["pytest>=8,<9", "msgpack>=1,<2", "zstandard>=0.22,<1"];
 const STAMP: &str = ".kpack-py-env";
+/// The file in the environment listing [`test_pythons`], one a line.
+pub const TEST_PYTHONS: &str = "test-pythons.txt";
 
 /// The virtual environment below `target/`.
 pub fn venv_dir(root: &Path) -> PathBuf {
@@ -32,7 +43,18 @@ pub fn venv_dir(root: &Path) -> PathBuf {
 pub fn py_env(sh: &Shell, root: &Path) -> Result<PathBuf> {
     let venv = venv_dir(root);
     let stamp = venv.join(STAMP);
-    let want = format!("{}\n{}\n", REQUIREMENTS.join("\n"), WHEELHOUSE.join("\n"));
+    let pythons = test_pythons(sh);
+    let want = format!(
+        "{}\n{}\n{}\n{}\nvenv python too\n",
+        REQUIREMENTS.join("\n"),
+        WHEELHOUSE.join("\n"),
+        TEST_WHEELS.join("\n"),
+        pythons
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     if std::fs::read_to_string(&stamp).ok().as_deref() == Some(want.as_str()) {
         return Ok(venv);
     }
@@ -52,6 +74,16 @@ pub fn py_env(sh: &Shell, root: &Path) -> Result<PathBuf> {
     cmd!(sh, "{python} -m pip download --quiet --disable-pip-version-check --no-deps --dest {house} {WHEELHOUSE...}")
         .run()
         .context("pip download (PyPI)")?;
+    for py in std::iter::once(&python).chain(&pythons) {
+        cmd!(sh, "{py} -m pip download --quiet --disable-pip-version-check --only-binary=:all: --dest {house} {TEST_WHEELS...}")
+            .run()
+            .with_context(|| format!("pip download of the test wheels for {}", py.display()))?;
+    }
+    let list: String = pythons
+        .iter()
+        .map(|p| format!("{}\n", p.display()))
+        .collect();
+    std::fs::write(venv.join(TEST_PYTHONS), list)?;
     std::fs::write(&stamp, want)?;
     Ok(venv)
 }
@@ -63,7 +95,7 @@ pub fn build(sh: &Shell, root: &Path, out: &Path, debug: bool) -> Result<PathBuf
     let maturin = venv.join("bin/maturin");
     std::fs::create_dir_all(out)?;
     let out = std::path::absolute(out)?;
-    let _dir = sh.push_dir(root.join("python"));
+    let _dir = sh.push_dir(root);
     let profile: &[&str] = if debug {
         &[]
     } else {
@@ -96,6 +128,60 @@ fn wheels(dir: &Path) -> Result<Vec<PathBuf>> {
             })
         })
         .collect())
+}
+
+/// The interpreters the Python tests run on, besides the environment's
+/// own: CPython 3.9 (the oldest the abi3 wheel supports) and the newest
+/// CPython found, each when installed (on PATH as `python3.N`, or under
+/// pyenv's `~/.pyenv/versions`).
+pub fn test_pythons(sh: &Shell) -> Vec<PathBuf> {
+    let mut found: Vec<(u32, PathBuf)> = Vec::new();
+    for minor in 9..=14u32 {
+        if let Some(p) = find_python(sh, minor) {
+            found.push((minor, p));
+        }
+    }
+    let mut out = Vec::new();
+    if let Some((_, p)) = found.iter().find(|(m, _)| *m == 9) {
+        out.push(p.clone());
+    }
+    if let Some((m, p)) = found.last() {
+        if *m != 9 {
+            out.push(p.clone());
+        }
+    }
+    out
+}
+
+fn find_python(sh: &Shell, minor: u32) -> Option<PathBuf> {
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Some(home) = std::env::var_os("HOME") {
+        let versions = Path::new(&home).join(".pyenv/versions");
+        if let Ok(rd) = std::fs::read_dir(&versions) {
+            let mut dirs: Vec<PathBuf> = rd.filter_map(|e| e.ok().map(|e| e.path())).collect();
+            dirs.sort();
+            for d in dirs.into_iter().rev() {
+                let name = d
+                    .file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned();
+                if name.starts_with(&format!("3.{minor}.")) {
+                    candidates.push(d.join("bin/python3"));
+                }
+            }
+        }
+    }
+    candidates.push(PathBuf::from(format!("/usr/bin/python3.{minor}")));
+    candidates.into_iter().find(|p| {
+        p.is_file()
+            && cmd!(sh, "{p} -c 'import venv, ensurepip'")
+                .quiet()
+                .ignore_stdout()
+                .ignore_stderr()
+                .run()
+                .is_ok()
+    })
 }
 
 /// PATH with the environment's `bin` first (maturin finds its Python).

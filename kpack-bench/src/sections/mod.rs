@@ -11,11 +11,14 @@
 //! - [`large`]: an archive over 4 GiB written and read (child processes:
 //!   [`large::child`]);
 //! - `rewrite`: prune and restore of librocsparse;
-//! - `wheels`: `kpack split-wheels` over a torch-like wheel.
+//! - `wheels`: `kpack split-wheels` over a torch-like wheel;
+//! - `python`: kpack's Python API packing and reading librocsparse's
+//!   gfx1030 code objects, against the command and pure Python.
 
 pub mod large;
 mod libs;
 mod pipeline;
+mod python;
 mod rewrite;
 mod runtime;
 mod wheels;
@@ -34,6 +37,7 @@ pub const SECTIONS: &[&str] = &[
     "large",
     "rewrite",
     "wheels",
+    "python",
 ];
 
 /// A section measured by one function (the libraries' sections aside).
@@ -49,12 +53,13 @@ pub fn run(ctx: &Ctx, only: &[String]) -> Result<Vec<Row>> {
             rows.extend(libs::run(ctx, lib)?);
         }
     }
-    let sections: [Section; 5] = [
+    let sections: [Section; 6] = [
         ("pipeline", pipeline::run),
         ("runtime", runtime::run),
         ("large", large::run),
         ("rewrite", rewrite::run),
         ("wheels", wheels::run),
+        ("python", python::run),
     ];
     for (section, run) in sections {
         if wanted(section) {

@@ -8,12 +8,18 @@
 //! compressed with the same parameters, so the output does not depend on the
 //! number of threads.
 //!
+//! A kernel may also come compressed ahead of time ([`zstd_frame`], e.g. on
+//! a caller's own threads, as kpack's Python API does): [`ArchiveWriter::add_frame`]
+//! takes the frame as it is, and the archive is the same, byte for byte, as
+//! with the kernel's bytes given to [`ArchiveWriter::add`] at that level.
+//!
 //! Shared code objects: a kernel added with the same target and the same
 //! bytes as one added before is stored once; its TOC entry gets the earlier
-//! kernel's ordinal. Readers (kpack's, the reference runtime's and Python
+//! kernel's ordinal (frames: the same target and the same frame). Readers (kpack's, the reference runtime's and Python
 //! tooling's) find kernels by ordinal, so such archives read unchanged; an
 //! archive without duplicates is byte-for-byte what it was before.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::Path;
@@ -57,7 +63,41 @@ pub struct WriteSummary {
 struct Pending<'a> {
     key: String,
     target: String,
-    data: KernelData<'a>,
+    data: Stored<'a>,
+}
+
+/// A stored kernel's bytes: as given, or already a zstd frame.
+enum Stored<'a> {
+    Raw(KernelData<'a>),
+    Frame { frame: Vec<u8>, original_size: u64 },
+}
+
+impl Stored<'_> {
+    /// The kernel's size, uncompressed.
+    fn original_size(&self) -> u64 {
+        match self {
+            Stored::Raw(d) => d.len() as u64,
+            Stored::Frame { original_size, .. } => *original_size,
+        }
+    }
+
+    /// The bytes a batch takes to compress (a frame: none to speak of).
+    fn work(&self) -> usize {
+        match self {
+            Stored::Raw(d) => d.len(),
+            Stored::Frame { frame, .. } => frame.len() / 16,
+        }
+    }
+}
+
+/// The zstd frame [`ArchiveWriter`] writes for `data` at `level` (content
+/// size and checksum recorded, no dictionary ID): for
+/// [`ArchiveWriter::add_frame`], so that kernels may be compressed where
+/// and when the caller likes.
+pub fn zstd_frame(data: &[u8], level: i32) -> Result<Vec<u8>, ArchiveError> {
+    check_level(level)?;
+    let mut c = frame_compressor(level, true)?;
+    Ok(c.compress(data)?)
 }
 
 /// One TOC entry: a (key, target) and the ordinal of its bytes.
@@ -87,6 +127,8 @@ pub struct ArchiveWriter<'a> {
     level: i32,
     checksum: bool,
     batch_bytes: usize,
+    /// Keys need not end in `#N`.
+    free_keys: bool,
     /// In ordinal order.
     kernels: Vec<Pending<'a>>,
     /// In insertion order.
@@ -96,7 +138,7 @@ pub struct ArchiveWriter<'a> {
     key_index: HashMap<String, usize>,
     seen: HashSet<(String, String)>,
     /// (target, size) -> ordinals of the stored kernels of that size.
-    by_content: HashMap<(String, usize), Vec<usize>>,
+    by_content: HashMap<(String, u64), Vec<usize>>,
 }
 
 impl<'a> ArchiveWriter<'a> {
@@ -115,6 +157,7 @@ impl<'a> ArchiveWriter<'a> {
             level: DEFAULT_ZSTD_LEVEL,
             checksum: true,
             batch_bytes: DEFAULT_BATCH_BYTES,
+            free_keys: false,
             kernels: Vec::new(),
             entries: Vec::new(),
             keys: Vec::new(),
@@ -150,6 +193,14 @@ impl<'a> ArchiveWriter<'a> {
         self
     }
 
+    /// Accept any key, not only `<path>#<N>` (the keys of kpack's own
+    /// writers and of the runtime's lookups): the reference Python API packs
+    /// kernels under arbitrary relative paths.
+    pub fn free_form_keys(mut self, on: bool) -> Self {
+        self.free_keys = on;
+        self
+    }
+
     /// Number of kernels added (TOC entries, shared ones included).
     pub fn len(&self) -> usize {
         self.entries.len()
@@ -174,13 +225,51 @@ impl<'a> ArchiveWriter<'a> {
         data: impl Into<KernelData<'a>>,
         metadata: Option<Metadata>,
     ) -> Result<u32, ArchiveError> {
-        let (key, target, data) = (key.into(), target.into(), data.into());
-        check_key(&key)?;
-        if data.len() as u64 > MAX_KERNEL_SIZE {
+        self.add_stored(
+            key.into(),
+            target.into(),
+            Stored::Raw(data.into()),
+            metadata,
+        )
+    }
+
+    /// Add a kernel compressed ahead of time: `frame` is [`zstd_frame`] of
+    /// its `original_size` bytes. As [`ArchiveWriter::add`] otherwise; it
+    /// shares the ordinal of an earlier frame of the same target with the
+    /// same bytes (the same code object at the same level). Written as it
+    /// is with `zstd-per-kernel` (whatever the writer's level), decompressed
+    /// with scheme `none`.
+    pub fn add_frame(
+        &mut self,
+        key: impl Into<String>,
+        target: impl Into<String>,
+        frame: Vec<u8>,
+        original_size: u64,
+        metadata: Option<Metadata>,
+    ) -> Result<u32, ArchiveError> {
+        let data = Stored::Frame {
+            frame,
+            original_size,
+        };
+        self.add_stored(key.into(), target.into(), data, metadata)
+    }
+
+    fn add_stored(
+        &mut self,
+        key: String,
+        target: String,
+        data: Stored<'a>,
+        metadata: Option<Metadata>,
+    ) -> Result<u32, ArchiveError> {
+        if !self.free_keys {
+            check_key(&key)?;
+        }
+        let size = data.original_size();
+        if size > MAX_KERNEL_SIZE {
             return Err(ArchiveError::KernelTooLarge {
                 key,
                 target,
-                size: data.len() as u64,
+                size,
                 max: MAX_KERNEL_SIZE,
             });
         }
@@ -188,7 +277,6 @@ impl<'a> ArchiveWriter<'a> {
         if self.seen.contains(&id) {
             return Err(ArchiveError::DuplicateKernel { key, target });
         }
-        let size = data.len() as u64;
         // A failed add changes nothing.
         let ordinal = match self.stored_copy(&target, &data)? {
             Some(ordinal) => ordinal,
@@ -215,16 +303,21 @@ impl<'a> ArchiveWriter<'a> {
     }
 
     /// The ordinal of a stored kernel with this target and these bytes.
-    fn stored_copy(
-        &self,
-        target: &str,
-        data: &KernelData<'_>,
-    ) -> Result<Option<usize>, ArchiveError> {
-        let Some(same_size) = self.by_content.get(&(target.to_owned(), data.len())) else {
+    fn stored_copy(&self, target: &str, data: &Stored<'_>) -> Result<Option<usize>, ArchiveError> {
+        let Some(same_size) = self
+            .by_content
+            .get(&(target.to_owned(), data.original_size()))
+        else {
             return Ok(None);
         };
         for &o in same_size {
-            if same_bytes(&self.kernels[o].data, data)? {
+            let same = match (&self.kernels[o].data, data) {
+                (Stored::Raw(a), Stored::Raw(b)) => same_bytes(a, b)?,
+                (Stored::Frame { frame: a, .. }, Stored::Frame { frame: b, .. }) => a == b,
+                // Not compared: stored again.
+                _ => false,
+            };
+            if same {
                 return Ok(Some(o));
             }
         }
@@ -232,12 +325,7 @@ impl<'a> ArchiveWriter<'a> {
     }
 
     /// Store a new kernel: its ordinal.
-    fn store(
-        &mut self,
-        key: &str,
-        target: &str,
-        data: KernelData<'a>,
-    ) -> Result<usize, ArchiveError> {
+    fn store(&mut self, key: &str, target: &str, data: Stored<'a>) -> Result<usize, ArchiveError> {
         let ordinal = self.kernels.len();
         if u32::try_from(ordinal).is_err() {
             return Err(ArchiveError::TooManyFrames {
@@ -246,7 +334,7 @@ impl<'a> ArchiveWriter<'a> {
             });
         }
         self.by_content
-            .entry((target.to_owned(), data.len()))
+            .entry((target.to_owned(), data.original_size()))
             .or_default()
             .push(ordinal);
         self.kernels.push(Pending {
@@ -296,7 +384,7 @@ impl<'a> ArchiveWriter<'a> {
         out.seek(SeekFrom::Start(base + end))?;
         out.flush()?;
         let bytes_in: u64 = self.entries.iter().map(|e| e.size).sum();
-        let stored: u64 = self.kernels.iter().map(|k| k.data.len() as u64).sum();
+        let stored: u64 = self.kernels.iter().map(|k| k.data.original_size()).sum();
         Ok(WriteSummary {
             kernels: self.entries.len(),
             bytes_in,
@@ -312,14 +400,7 @@ impl<'a> ArchiveWriter<'a> {
         if self.scheme != Scheme::ZstdPerKernel {
             return Ok(());
         }
-        let range = zstd::compression_level_range();
-        if !range.contains(&self.level) {
-            return Err(ArchiveError::InvalidZstdLevel {
-                level: self.level,
-                min: *range.start(),
-                max: *range.end(),
-            });
-        }
+        check_level(self.level)?;
         let n = self.kernels.len() as u64;
         if n > MAX_FRAMES {
             return Err(ArchiveError::TooManyFrames {
@@ -335,8 +416,19 @@ impl<'a> ArchiveWriter<'a> {
         let mut blobs = Vec::with_capacity(self.kernels.len());
         let mut pos = HEADER_SIZE;
         for k in &self.kernels {
-            k.data.for_each_chunk(|c| Ok(out.write_all(c)?))?;
-            let size = k.data.len() as u64;
+            match &k.data {
+                Stored::Raw(d) => d.for_each_chunk(|c| Ok(out.write_all(c)?))?,
+                Stored::Frame { frame, .. } => {
+                    let bytes = zstd::bulk::decompress(frame, k.data.original_size() as usize)
+                        .map_err(|e| ArchiveError::Decompress {
+                            key: k.key.clone(),
+                            target: k.target.clone(),
+                            reason: e.to_string(),
+                        })?;
+                    out.write_all(&bytes)?;
+                }
+            }
+            let size = k.data.original_size();
             blobs.push((pos, size));
             pos += size;
         }
@@ -374,15 +466,21 @@ impl<'a> ArchiveWriter<'a> {
     /// The frames of `batch`, compressed in parallel, in order. A kernel
     /// read from a file is read by the thread compressing it: a batch holds
     /// its frames, and only as many inputs as there are threads.
-    fn compress(&self, batch: &[Pending<'a>]) -> Vec<Result<Vec<u8>, ArchiveError>> {
+    fn compress<'b>(&self, batch: &'b [Pending<'a>]) -> Vec<Result<Cow<'b, [u8]>, ArchiveError>> {
         batch
             .par_iter()
             .map_init(
-                || self.compressor(),
+                || frame_compressor(self.level, self.checksum),
                 |c, k| {
-                    let c = c.as_mut().map_err(|e| compress_err(k, e))?;
-                    let data = k.data.load()?;
-                    c.compress(&data).map_err(|e| compress_err(k, &e))
+                    let data = match &k.data {
+                        Stored::Raw(d) => d,
+                        Stored::Frame { frame, .. } => return Ok(Cow::Borrowed(&frame[..])),
+                    };
+                    let c = c.as_mut().map_err(|e| compress_err(k, &e.to_string()))?;
+                    let data = data.load()?;
+                    c.compress(&data)
+                        .map(Cow::Owned)
+                        .map_err(|e| compress_err(k, &e.to_string()))
                 },
             )
             .collect()
@@ -404,22 +502,14 @@ impl<'a> ArchiveWriter<'a> {
             }
             let mut bytes = 0usize;
             let mut n = 0;
-            while n < rest.len() && (n == 0 || bytes + rest[n].data.len() <= self.batch_bytes) {
-                bytes += rest[n].data.len();
+            while n < rest.len() && (n == 0 || bytes + rest[n].data.work() <= self.batch_bytes) {
+                bytes += rest[n].data.work();
                 n += 1;
             }
             let (batch, tail) = rest.split_at(n);
             rest = tail;
             Some(batch)
         })
-    }
-
-    fn compressor(&self) -> std::io::Result<zstd::bulk::Compressor<'static>> {
-        let mut c = zstd::bulk::Compressor::new(self.level)?;
-        c.include_checksum(self.checksum)?;
-        c.include_contentsize(true)?;
-        c.include_dictid(false)?;
-        Ok(c)
     }
 
     /// The TOC of these kernels stored as `layout` says.
@@ -454,11 +544,36 @@ impl<'a> ArchiveWriter<'a> {
     }
 }
 
-fn compress_err(k: &Pending<'_>, e: &std::io::Error) -> ArchiveError {
+/// The compressor of every frame: `level`, the content size recorded, a
+/// checksum or not, no dictionary ID.
+fn frame_compressor(
+    level: i32,
+    checksum: bool,
+) -> std::io::Result<zstd::bulk::Compressor<'static>> {
+    let mut c = zstd::bulk::Compressor::new(level)?;
+    c.include_checksum(checksum)?;
+    c.include_contentsize(true)?;
+    c.include_dictid(false)?;
+    Ok(c)
+}
+
+fn check_level(level: i32) -> Result<(), ArchiveError> {
+    let range = zstd::compression_level_range();
+    if !range.contains(&level) {
+        return Err(ArchiveError::InvalidZstdLevel {
+            level,
+            min: *range.start(),
+            max: *range.end(),
+        });
+    }
+    Ok(())
+}
+
+fn compress_err(k: &Pending<'_>, reason: &str) -> ArchiveError {
     ArchiveError::Compress {
         key: k.key.clone(),
         target: k.target.clone(),
-        reason: e.to_string(),
+        reason: reason.to_owned(),
     }
 }
 
@@ -803,6 +918,51 @@ mod tests {
         let e = w.to_vec().unwrap_err();
         assert!(matches!(e, ArchiveError::ReadInput { .. }), "{e}");
         assert!(e.to_string().contains("input.bin"), "{e}");
+    }
+
+    /// Kernels compressed ahead of time with `zstd_frame` make the archive
+    /// that the same kernels given as bytes make, shared code objects
+    /// included, at any level; with scheme `none` the frames are written
+    /// decompressed. Free-form keys only when asked for.
+    #[test]
+    fn frames_write_what_bytes_write() {
+        let mut kernels = big_kernels();
+        let dup = kernels[2].clone();
+        kernels.push(("dup/x.so#0".into(), dup.1, dup.2));
+        for scheme in [Scheme::ZstdPerKernel, Scheme::None] {
+            for level in [1, 3, 19] {
+                let mut a = ArchiveWriter::new("g", "gfx90X", vec!["gfx900".into()])
+                    .scheme(scheme)
+                    .zstd_level(level);
+                let mut b = ArchiveWriter::new("g", "gfx90X", vec!["gfx900".into()])
+                    .scheme(scheme)
+                    .zstd_level(level);
+                for (k, t, bytes) in &kernels {
+                    let oa = a
+                        .add(k.as_str(), t.as_str(), bytes.as_slice(), None)
+                        .unwrap();
+                    let frame = zstd_frame(bytes, level).unwrap();
+                    let ob = b
+                        .add_frame(k.as_str(), t.as_str(), frame, bytes.len() as u64, None)
+                        .unwrap();
+                    assert_eq!(oa, ob);
+                }
+                let (x, y) = (a.to_vec().unwrap(), b.to_vec().unwrap());
+                assert_eq!(x, y, "{scheme} level {level}");
+                let ar = Archive::from_bytes(y).unwrap();
+                assert_eq!(ar.entry("dup/x.so#0", &kernels[2].1).unwrap().ordinal, 2);
+            }
+        }
+        assert!(matches!(
+            zstd_frame(b"x", 1000),
+            Err(ArchiveError::InvalidZstdLevel { .. })
+        ));
+        let mut w = ArchiveWriter::new("g", "f", vec![]);
+        assert!(w.add("bin/hipcc", "gfx900", &b"x"[..], None).is_err());
+        let mut w = w.free_form_keys(true);
+        w.add("bin/hipcc", "gfx900", &b"x"[..], None).unwrap();
+        let a = Archive::from_bytes(w.to_vec().unwrap()).unwrap();
+        assert_eq!(a.kernel("bin/hipcc", "gfx900").unwrap(), b"x");
     }
 
     #[test]

@@ -1,0 +1,35 @@
+//! kpack's Python extension, `kpack._native`: the native half of the
+//! Python packages `kpack` (kpack's own API) and `rocm_kpack` (the
+//! reference package's API and tools), over kpack's crates. Nothing here
+//! re-implements a format: archives are written by kpack-host's
+//! `ArchiveWriter` and read by kpack-format's reader, binaries rewritten by
+//! kpack-host's offload, and the `kpack` command is kpack-cli's, run
+//! in-process. Errors become exceptions in one place ([`errors`]). See
+//! docs/python.md.
+
+mod archive;
+mod binary;
+mod cli;
+mod convert;
+mod errors;
+mod writer;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<archive::NativeArchive>()?;
+    m.add_class::<writer::ArchiveBuilder>()?;
+    m.add_function(wrap_pyfunction!(writer::zstd_frame, m)?)?;
+    m.add_function(wrap_pyfunction!(writer::zstd_decompress, m)?)?;
+    m.add_function(wrap_pyfunction!(writer::zstd_blob, m)?)?;
+    m.add_function(wrap_pyfunction!(writer::blob_offset, m)?)?;
+    m.add_function(wrap_pyfunction!(binary::rewrite_binary, m)?)?;
+    m.add_function(wrap_pyfunction!(binary::read_marker, m)?)?;
+    m.add_function(wrap_pyfunction!(binary::has_fatbin_section, m)?)?;
+    m.add_function(wrap_pyfunction!(binary::fatbin_section_name, m)?)?;
+    m.add_function(wrap_pyfunction!(cli::cli_main, m)?)?;
+    m.add_function(wrap_pyfunction!(cli::run_captured, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,5 @@
+"""``python -m kpack ...``: the ``kpack`` command."""
+
+from kpack._cli import main
+
+main()
