@@ -1,7 +1,7 @@
 //! `kpack ls` and `kpack extract` on the reference implementation's
 //! archives give exactly the documented contents.
 
-use kpack_e2e::*;
+use crate::common::*;
 
 fn reference(name: &str) -> std::path::PathBuf {
     workspace().join("tests/data/reference-kpack").join(name)

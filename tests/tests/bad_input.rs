@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use kpack_e2e::*;
+use crate::common::*;
 
 fn reference(name: &str) -> Vec<u8> {
     std::fs::read(workspace().join("tests/data/reference-kpack").join(name))

@@ -9,14 +9,12 @@
 //! (add_subdirectory) through cargo, kpack's fallback when Corrosion is
 //! absent (the Corrosion path: tests/superbuild.rs).
 
-mod cmake_common;
-
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 
-use cmake_common::*;
-use kpack_e2e::*;
+use crate::common::cmake::*;
+use crate::common::*;
 
 fn cmake(args: &[&dyn AsRef<std::ffi::OsStr>]) -> String {
     let mut c = Command::new("cmake");

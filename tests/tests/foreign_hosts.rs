@@ -10,9 +10,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::common::*;
 use kpack_core::archive::Archive;
 use kpack_core::hipk::HIPK_MAGIC;
-use kpack_e2e::*;
 use kpack_testkit::manifest::{Host, Kind};
 use serde_json::Value;
 

@@ -13,7 +13,7 @@ use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
-use kpack_e2e::*;
+use crate::common::*;
 use sha2::{Digest, Sha256};
 
 fn golden_dir() -> PathBuf {

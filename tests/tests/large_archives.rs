@@ -11,11 +11,11 @@ use std::fs::File;
 use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
 
+use crate::common::*;
 use kpack_core::archive::{Archive, ArchiveError, ArchiveWriter, Scheme, MAX_KERNEL_SIZE};
 use kpack_core::hipk::HipkMetadata;
 use kpack_core::loader::{Config, Loader};
 use kpack_core::msgpack::{self, Value};
-use kpack_e2e::*;
 use rocm_kpack::*;
 
 const GIB: u64 = 1 << 30;

@@ -2,8 +2,8 @@
 
 use std::path::Path;
 
+use crate::common::*;
 use kpack_core::target::TargetId;
-use kpack_e2e::*;
 use serde_json::Value;
 
 fn ls_json(path: &Path) -> Value {

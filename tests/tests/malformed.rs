@@ -14,7 +14,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kpack_e2e::*;
+use crate::common::*;
 
 fn corpus() -> PathBuf {
     workspace().join("tests/malformed")

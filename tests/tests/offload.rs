@@ -6,9 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::common::*;
 use kpack_core::archive::Archive;
 use kpack_core::hipk::HIPK_MAGIC;
-use kpack_e2e::*;
 use serde_json::Value;
 
 struct Offloaded {

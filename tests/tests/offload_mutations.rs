@@ -2,9 +2,9 @@
 //! errors, never panics; and whatever the transform produces passes the
 //! verifier.
 
+use crate::common::*;
 use kpack_core::hipk::HipkMetadata;
 use kpack_core::offload::{transform, verify_elf};
-use kpack_e2e::*;
 
 #[test]
 fn mutated_fixtures_never_panic() {

@@ -14,9 +14,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::common::*;
 use kpack_core::loader::{Config, Loader};
 use kpack_core::offload::verify_file;
-use kpack_e2e::*;
 
 /// A fenced block of the tutorial to run, and the output it must print.
 struct Block {

@@ -7,7 +7,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use kpack_e2e::*;
+use crate::common::*;
 
 /// Write an artifact: its manifest and files (`rel`, bytes).
 fn artifact(dir: &Path, manifest: &str, files: &[(&str, &[u8])]) {

@@ -8,9 +8,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::common::*;
 use kpack_core::bundle::{BUNDLE_MAGIC, CCOB_MAGIC};
 use kpack_core::hipk::HIPF_MAGIC;
-use kpack_e2e::*;
 use serde_json::Value;
 
 type CodeObjects = BTreeMap<(usize, String), Vec<u8>>;

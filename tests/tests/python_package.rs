@@ -5,15 +5,13 @@
 //! split-wheels` and `kpack split` write, with the reference tools' key
 //! lines and exit codes.
 
-mod wheel_common;
-
 use std::ffi::OsString;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use kpack_e2e::*;
-use wheel_common::*;
+use crate::common::wheel::*;
+use crate::common::*;
 
 /// Build kpack's wheel (dev profile: reuses the test build) into `dir`.
 fn build_wheel(dir: &Path) -> PathBuf {

@@ -12,10 +12,10 @@ use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
+use crate::common::*;
 use kpack_core::archive::{Archive, ArchiveWriter};
 use kpack_core::bundle::write_bundle;
 use kpack_core::extract::parse_archive_file_name;
-use kpack_e2e::*;
 
 struct Scene {
     tmp: tempfile::TempDir,

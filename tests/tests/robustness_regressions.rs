@@ -5,13 +5,13 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::common::*;
 use kpack_core::archive::{Archive, ArchiveWriter, Scheme};
 use kpack_core::elf::{ElfView, PhdrExt, LE, PHDR_SIZE, SHDR_SIZE};
 use kpack_core::hipk::HipkMetadata;
 use kpack_core::loader::{Config, Loader};
 use kpack_core::offload::{transform, TransformError};
 use kpack_core::target::TargetId;
-use kpack_e2e::*;
 use object::read::elf::FileHeader as _;
 
 fn meta() -> Vec<u8> {

@@ -18,10 +18,10 @@ use std::path::Path;
 use std::ptr;
 use std::sync::Barrier;
 
+use crate::common::*;
 use kpack_core::archive::{Archive, Scheme};
 use kpack_core::hipk::MAX_METADATA_SIZE;
 use kpack_core::offload::{offload, verify_file, OffloadOptions};
-use kpack_e2e::*;
 use rocm_kpack::*;
 
 const THREADS: usize = 32;

@@ -9,8 +9,8 @@ use std::path::Path;
 use std::process::Command;
 use std::ptr;
 
+use crate::common::*;
 use kpack_core::archive::Archive;
-use kpack_e2e::*;
 use rocm_kpack::*;
 use serde_json::Value;
 

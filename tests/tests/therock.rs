@@ -19,9 +19,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use crate::common::*;
 use kpack_core::loader::{Config, Loader};
 use kpack_core::offload::verify_file;
-use kpack_e2e::*;
 use kpack_testkit::tree::{copy, symlink, write};
 
 /// The family part of the input artifacts' names.

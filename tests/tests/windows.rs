@@ -14,11 +14,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
+use crate::common::*;
 use kpack_core::archive::Archive;
 use kpack_core::bytes::{put_u16, put_u64, u32_at};
 use kpack_core::hipk::{HipkMetadata, HIPK_MAGIC};
 use kpack_core::pe::PeView;
-use kpack_e2e::*;
 use kpack_testkit::manifest::{wine_path, Host, Kind};
 use serde_json::Value;
 

@@ -1,12 +1,11 @@
 //! What the CMake tests share: configuring and building projects with
 //! clang-19 (cmake is run directly: see docs/cmake.md, "Tests"), and where
 //! Corrosion comes from.
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use kpack_e2e::*;
+use super::*;
 
 #[path = "../../../kpack-cxx/tests/common/archives.rs"]
 mod archives;

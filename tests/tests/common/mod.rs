@@ -1,6 +1,10 @@
-//! Helpers for kpack's end-to-end tests: where the fixtures are, running the
+//! What the end-to-end tests share: where the fixtures are, running the
 //! `kpack` binary, and the parts of `kpack-testkit` the tests use (the
-//! independent bundle oracle, the shard tree) in the tests' panicking form.
+//! independent bundle oracle, the shard tree) in the tests' panicking form;
+//! [`cmake`] for the CMake tests, [`wheel`] for the wheel tests.
+
+pub mod cmake;
+pub mod wheel;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{OsStr, OsString};
@@ -11,8 +15,8 @@ use std::sync::OnceLock;
 pub use kpack_testkit::cprog::Program;
 pub use kpack_testkit::manifest::{self, Entry, Manifest};
 pub use kpack_testkit::shards::{
-    database_files, BASE_PREFIX, FAT_BINARIES, FFT_MISSING_PREFIX, FFT_PREFIX, HIPBLASLT_PREFIX,
-    PACKAGING_CONFIG, ROCBLAS_PREFIX, SHARDS, SPLIT_DATABASES,
+    database_files, BASE_PREFIX, FAT_BINARIES, FFT_MISSING_PREFIX, FFT_PREFIX, PACKAGING_CONFIG,
+    ROCBLAS_PREFIX, SHARDS, SPLIT_DATABASES,
 };
 pub use kpack_testkit::tree::Snapshot;
 use kpack_testkit::{oracle, shards, tree};
