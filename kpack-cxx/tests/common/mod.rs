@@ -1,7 +1,6 @@
 //! Shared helpers of the runtime library's tests: where the built library,
 //! the headers and the fixtures are; compiling (through `cc`, see
 //! `kpack_testkit::cprog`) and running C/C++ programs; valgrind.
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
