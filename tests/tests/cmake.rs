@@ -92,12 +92,10 @@ fn installed_package_and_from_source() {
     let root = workspace();
     let scratch = tempfile::tempdir().unwrap();
     let prefix = scratch.path().join("prefix");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     run_ok(
-        Command::new(&cargo)
-            .args(["run", "--quiet", "-p", "xtask", "--", "dist", "--prefix"])
-            .arg(&prefix)
-            .current_dir(&root),
+        kpack_testkit::workspace::xtask()
+            .args(["dist", "--prefix"])
+            .arg(&prefix),
     );
     for f in [
         "lib/librocm_kpack.a",

@@ -15,21 +15,10 @@ use crate::common::*;
 
 /// Build kpack's wheel (dev profile: reuses the test build) into `dir`.
 fn build_wheel(dir: &Path) -> PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = run_ok(
-        Command::new(cargo)
-            .args([
-                "run",
-                "--quiet",
-                "--package",
-                "xtask",
-                "--",
-                "wheel",
-                "--debug",
-                "--out",
-            ])
-            .arg(dir)
-            .current_dir(workspace()),
+        kpack_testkit::workspace::xtask()
+            .args(["wheel", "--debug", "--out"])
+            .arg(dir),
     );
     let whl = PathBuf::from(out.lines().last().expect("the wheel's path").trim());
     assert!(whl.is_file(), "{out}");

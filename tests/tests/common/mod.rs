@@ -23,10 +23,7 @@ use kpack_testkit::{oracle, shards, tree};
 
 /// The workspace root.
 pub fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace")
-        .to_path_buf()
+    kpack_testkit::workspace::root()
 }
 
 /// Where `cargo xtask fixtures` put the compiled fixtures. Tests need them:
@@ -86,21 +83,14 @@ pub fn fixture(name: &str) -> Fixture {
         .unwrap_or_else(|| panic!("no fixture {name}"))
 }
 
-/// The `kpack` binary, built once per test process.
+/// The `kpack` binary, built once per test process (in the tests'
+/// profile).
 pub fn kpack_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let st = Command::new(cargo)
-            .args(["build", "--quiet", "-p", "kpack-cli", "--bin", "kpack"])
-            .current_dir(workspace())
-            .status()
-            .expect("run cargo build");
-        assert!(st.success(), "building kpack failed");
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| workspace().join("target"));
-        target.join("debug/kpack")
+        kpack_testkit::workspace::build(&["--package", "kpack-cli", "--bin", "kpack"])
+            .unwrap_or_else(|e| panic!("building kpack: {e:#}"))
+            .join("kpack")
     })
     .clone()
 }
@@ -144,12 +134,7 @@ pub fn kpack_fails(args: &[&dyn AsRef<std::ffi::OsStr>]) -> String {
 
 /// Run a program, assert success, return stdout.
 pub fn run_ok(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = kpack_testkit::workspace::output(cmd).unwrap_or_else(|e| panic!("{e:#}"));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
