@@ -237,7 +237,7 @@ fn claimed_sizes_are_checked_before_allocating() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("a.kpack");
         fs::write(&p, &bytes).unwrap();
-        let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+        let c = cpath(&p);
         // SAFETY: valid strings and out-pointers; the handle is closed once.
         unsafe {
             use rocm_kpack::*;

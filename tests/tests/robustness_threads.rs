@@ -14,7 +14,6 @@
 
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_void, CStr, CString};
-use std::path::Path;
 use std::ptr;
 use std::sync::Barrier;
 
@@ -88,10 +87,6 @@ fn setup() -> Setup {
         archives,
         binaries,
     }
-}
-
-fn cpath(p: &Path) -> CString {
-    CString::new(p.to_str().unwrap()).unwrap()
 }
 
 fn ok(e: KpackError) {

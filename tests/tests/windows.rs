@@ -23,16 +23,9 @@ use kpack_testkit::manifest::{wine_path, Host, Kind};
 use serde_json::Value;
 
 fn windows(name: &str) -> Fixture {
-    let entry = manifest()
-        .foreign
-        .into_iter()
-        .find(|e| e.name == name)
-        .unwrap_or_else(|| panic!("no Windows fixture {name}"));
-    assert_eq!(entry.host, Host::X86_64Windows);
-    Fixture {
-        path: fixtures_dir().join(&entry.name),
-        entry,
-    }
+    let f = foreign_fixture(name);
+    assert_eq!(f.host, Host::X86_64Windows, "{name}");
+    f
 }
 
 /// The Wine prefix: the fixtures' (`<fixtures>/windows/wineprefix`, made

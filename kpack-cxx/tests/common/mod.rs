@@ -89,6 +89,11 @@ pub fn build_dir(name: &str) -> PathBuf {
     d
 }
 
+/// A path as the C API takes it.
+pub fn cpath(p: &Path) -> std::ffi::CString {
+    std::ffi::CString::new(p.to_str().expect("a UTF-8 path")).expect("a path without NUL")
+}
+
 /// Run `cmd`, panicking with its output unless it exits 0.
 pub fn run_ok(cmd: &mut Command) -> Output {
     workspace::output(cmd).unwrap_or_else(|e| panic!("{e:#}"))

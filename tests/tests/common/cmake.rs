@@ -96,7 +96,7 @@ pub fn corrosion() -> Option<Corrosion> {
 pub fn run_cxx_api_test(program: &Path, scratch: &Path) {
     let work = scratch.join("cxx-api-work");
     std::fs::create_dir_all(&work).unwrap();
-    let fixtures = workspace().join("tests/data/reference-kpack");
+    let fixtures = kpack_testkit::workspace::reference_archives();
     archives::write_bad_archives(&work, &fixtures);
     let (meta, bin) = archives::loader_scenario(&work);
     let out = run_ok(

@@ -7,7 +7,7 @@ pub mod cmake;
 pub mod wheel;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::ffi::{OsStr, OsString};
+use std::ffi::{CString, OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
@@ -81,6 +81,31 @@ pub fn fixture(name: &str) -> Fixture {
         .into_iter()
         .find(|f| f.name == name)
         .unwrap_or_else(|| panic!("no fixture {name}"))
+}
+
+/// A fixture for another host (`fixtures.json`'s `foreign`: AArch64,
+/// ppc64le, Windows).
+pub fn foreign_fixture(name: &str) -> Fixture {
+    let entry = manifest()
+        .foreign
+        .into_iter()
+        .find(|e| e.name == name)
+        .unwrap_or_else(|| panic!("no foreign fixture {name}"));
+    Fixture {
+        path: fixtures_dir().join(&entry.name),
+        entry,
+    }
+}
+
+/// A reference archive (`tests/data/reference-kpack`), written by the
+/// reference implementation.
+pub fn reference_archive(name: &str) -> PathBuf {
+    kpack_testkit::workspace::reference_archives().join(name)
+}
+
+/// A path as the C API takes it.
+pub fn cpath(p: &Path) -> CString {
+    CString::new(p.to_str().expect("a UTF-8 path")).expect("a path without NUL")
 }
 
 /// The `kpack` binary, built once per test process (in the tests'
@@ -333,16 +358,23 @@ pub fn assert_tools_accept(original: &Path, rewritten: &Path) {
     kpack_ok(&[&"verify-elf", &rewritten]);
 }
 
-/// Runs the host code of a fixture (through dlcheck for a library), with
-/// the environment given.
+/// Runs the host code of a fixture on its host (here, or under qemu-user
+/// for a foreign Linux host): a library through the host's loader
+/// (`dlcheck` here), which calls its host check; an executable itself.
+/// With the environment given; stdout, trimmed.
 pub fn run_host(f: &Fixture, binary: &Path, env: &[(&str, &Path)]) -> String {
     let mut cmd = match &f.host_check {
         Some(check) => {
-            let mut c = Command::new(fixtures_dir().join(manifest().dlcheck));
+            let loader = if f.host.is_native() {
+                manifest().dlcheck
+            } else {
+                f.host.loader()
+            };
+            let mut c = f.host.command(&fixtures_dir().join(loader));
             c.arg(binary).arg(&*check.symbol);
             c
         }
-        None => Command::new(binary),
+        None => f.host.command(binary),
     };
     for (k, v) in env {
         cmd.env(k, v);
