@@ -5,7 +5,8 @@
 //! bundles). Every result is compared with what a single thread read
 //! first.
 //!
-//! `cargo xtask sanitize` runs this binary under valgrind (memcheck for the
+//! It runs alone with `cargo test -p kpack-e2e --test e2e robustness_threads::`.
+//! `cargo xtask sanitize` runs it under valgrind (memcheck for the
 //! whole mix; helgrind and DRD for the steady state, `KPACK_STRESS_STEADY=1`:
 //! Rust's locks are futex-based and invisible to them, so there the shared
 //! handles are warmed up on one thread first and the threads only read
