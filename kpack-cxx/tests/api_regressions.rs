@@ -6,9 +6,7 @@ use std::ptr;
 use kpack_format::hipk::HipkMetadata;
 use rocm_kpack::*;
 
-fn cpath(p: &std::path::Path) -> CString {
-    CString::new(p.to_str().unwrap()).unwrap()
-}
+use crate::common::cpath;
 
 /// formats.md §3.1, §5.2 (issue 11): a 20-byte file `KPAK`, version 999 is
 /// UNSUPPORTED_VERSION (it was INVALID_FORMAT: the length was checked

@@ -3,13 +3,11 @@
 //! loader's environment variables, target matching, fall-through between
 //! archives, threads, `/proc/self/maps` discovery, and valgrind.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use common::*;
+use crate::common::*;
 use kpack_host::ArchiveWriter;
 
 /// The C test program, built once per test run.

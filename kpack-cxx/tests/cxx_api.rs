@@ -5,13 +5,11 @@
 //! problem, 16 threads; under valgrind memcheck too. And a shared library
 //! linking both exports only the `kpack_*` functions and its own.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use common::*;
+use crate::common::*;
 
 fn program() -> &'static Path {
     static PROGRAM: OnceLock<PathBuf> = OnceLock::new();

@@ -3,9 +3,7 @@
 //! `-Wall -Wextra -Werror -pedantic`, and declare exactly the reference's
 //! prototypes, types and values (see tests/c/headers.c).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 /// Compile `source` in the standard `std` (as C++ for `c++NN`, whatever the
 /// file's extension) with the strict flags.

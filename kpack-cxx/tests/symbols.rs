@@ -3,14 +3,12 @@
 //! functions and nothing of Rust or zstd (formats.md §5.1; the HIP runtime links
 //! the static library into `libamdhip64.so`). Both still work.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use common::*;
+use crate::common::*;
 use rocm_kpack::prelink::{self, Bridge, EXPORTED_SYMBOLS};
 
 /// `nm` output lines `(type, name)` of `file` with extra flags.

@@ -1,11 +1,7 @@
 //! `kpack ls` and `kpack extract` on the reference implementation's
 //! archives give exactly the documented contents.
 
-use kpack_e2e::*;
-
-fn reference(name: &str) -> std::path::PathBuf {
-    workspace().join("tests/data/reference-kpack").join(name)
-}
+use crate::common::*;
 
 fn bytes(head: &[u8], tail: &[(usize, u8)]) -> Vec<u8> {
     let mut v = head.to_vec();
@@ -17,7 +13,7 @@ fn bytes(head: &[u8], tail: &[(usize, u8)]) -> Vec<u8> {
 
 #[test]
 fn noop_reference_archive() {
-    let p = reference("test_noop.kpack");
+    let p = reference_archive("test_noop.kpack");
     let v: serde_json::Value = serde_json::from_str(&kpack_ok(&[&"ls", &p, &"--json"])).unwrap();
     assert_eq!(v["kind"], "archive");
     assert_eq!(v["group_name"], "test");
@@ -47,7 +43,7 @@ fn noop_reference_archive() {
 
 #[test]
 fn zstd_reference_archive() {
-    let p = reference("test_zstd.kpack");
+    let p = reference_archive("test_zstd.kpack");
     let text = kpack_ok(&[&"ls", &p]);
     assert!(
         text.contains("zstd-per-kernel") && text.contains("gfx110X"),

@@ -3,11 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
-use kpack_e2e::*;
+use crate::common::*;
 
 fn reference(name: &str) -> Vec<u8> {
-    std::fs::read(workspace().join("tests/data/reference-kpack").join(name))
-        .expect("reference archive")
+    std::fs::read(reference_archive(name)).expect("reference archive")
 }
 
 /// A real bundle: the first bundle of libvadd.so's .hip_fatbin.

@@ -5,7 +5,7 @@
 use std::io::Write;
 use std::path::Path;
 
-use kpack_e2e::*;
+use crate::common::*;
 use md5::{Digest, Md5};
 
 /// Real code objects of libvadd.so, as clang-offload-bundler extracts them.

@@ -9,14 +9,12 @@
 //! (add_subdirectory) through cargo, kpack's fallback when Corrosion is
 //! absent (the Corrosion path: tests/superbuild.rs).
 
-mod cmake_common;
-
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 
-use cmake_common::*;
-use kpack_e2e::*;
+use crate::common::cmake::*;
+use crate::common::*;
 
 fn cmake(args: &[&dyn AsRef<std::ffi::OsStr>]) -> String {
     let mut c = Command::new("cmake");
@@ -94,12 +92,10 @@ fn installed_package_and_from_source() {
     let root = workspace();
     let scratch = tempfile::tempdir().unwrap();
     let prefix = scratch.path().join("prefix");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     run_ok(
-        Command::new(&cargo)
-            .args(["run", "--quiet", "-p", "xtask", "--", "dist", "--prefix"])
-            .arg(&prefix)
-            .current_dir(&root),
+        kpack_testkit::workspace::xtask()
+            .args(["dist", "--prefix"])
+            .arg(&prefix),
     );
     for f in [
         "lib/librocm_kpack.a",

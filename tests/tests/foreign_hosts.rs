@@ -10,44 +10,22 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kpack_e2e::*;
+use crate::common::*;
 use kpack_format::hipk::HIPK_MAGIC;
-use kpack_testkit::manifest::{Host, Kind};
+use kpack_testkit::manifest::Host;
 use serde_json::Value;
 
 const UNIT: u64 = 64 * 1024;
 
-fn foreign(name: &str) -> Fixture {
-    let dir = fixtures_dir();
-    let entry = manifest()
-        .foreign
-        .into_iter()
-        .find(|e| e.name == name)
-        .unwrap_or_else(|| panic!("no foreign fixture {name}"));
-    Fixture {
-        path: dir.join(&entry.name),
-        entry,
-    }
-}
-
 /// Run the fixture's host code (libraries through the host's loader) with
 /// the stand-in runtime logging to `log`; returns stdout.
-fn run_host(f: &Fixture, binary: &Path, log: &Path) -> String {
-    let mut c = match f.kind {
-        Kind::Shared => {
-            let mut c = f.host.command(&fixtures_dir().join(f.host.loader()));
-            let check = f.host_check.as_ref().expect("libraries have a host check");
-            c.arg(binary).arg(&*check.symbol);
-            c
-        }
-        _ => f.host.command(binary),
-    };
-    run_ok(c.env("KPACK_SHIM_LOG", log))
+fn run_host_logged(f: &Fixture, binary: &Path, log: &Path) -> String {
+    run_host(f, binary, &[("KPACK_SHIM_LOG", log)])
 }
 
 /// Everything one foreign fixture must survive.
 fn check(name: &str) {
-    let f = foreign(name);
+    let f = foreign_fixture(name);
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("lib").join(f.file_name());
     let archives = dir.path().join(".kpack");
@@ -74,7 +52,7 @@ fn check(name: &str) {
     for (label, copy) in copies {
         kpack_ok(&[&"verify-elf", &copy]);
         let log = dir.path().join(format!("{label}.log"));
-        run_host(&f, &copy, &log);
+        run_host_logged(&f, &copy, &log);
         let regs = read_registrations(&log);
         assert_eq!(regs.len(), f.wrappers, "{name} after {label}");
         assert!(
@@ -128,7 +106,7 @@ fn check_runs_and_resolves(
     truth: &std::collections::BTreeMap<(usize, String), Vec<u8>>,
 ) {
     let log = out.with_extension("log");
-    let stdout = run_host(f, out, &log);
+    let stdout = run_host_logged(f, out, &log);
     if let Some(check) = &f.host_check {
         assert_eq!(stdout.trim(), check.value.to_string(), "{}", f.name);
     }
@@ -273,7 +251,7 @@ fn every_foreign_fixture_is_tested() {
 /// and nothing is written.
 #[test]
 fn unknown_machine_is_refused_by_name() {
-    let f = foreign("aarch64/libvadd.so");
+    let f = foreign_fixture("aarch64/libvadd.so");
     let mut b = std::fs::read(&f.path).unwrap();
     b[18..20].copy_from_slice(&243u16.to_le_bytes()); // EM_RISCV
     let dir = tempfile::tempdir().unwrap();

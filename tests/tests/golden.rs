@@ -7,13 +7,13 @@
 //! targets) with `tests/golden/expected/<name>.txt`. A refactoring must not
 //! change a byte of what kpack writes; a deliberate format change updates the
 //! expectations with `KPACK_UPDATE_GOLDEN=1 cargo test -p kpack-e2e --test
-//! golden` and says why in its commit.
+//! e2e -- golden::` and says why in its commit.
 
 use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
-use kpack_e2e::*;
+use crate::common::*;
 use sha2::{Digest, Sha256};
 
 fn golden_dir() -> PathBuf {

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use kpack_e2e::*;
+use crate::common::*;
 
 fn check(binary: &Path) -> usize {
     let scratch = tempfile::tempdir().unwrap();

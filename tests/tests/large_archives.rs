@@ -11,7 +11,7 @@ use std::fs::File;
 use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
 
-use kpack_e2e::*;
+use crate::common::*;
 use kpack_format::archive::{ArchiveError, Scheme, MAX_KERNEL_SIZE};
 use kpack_format::hipk::HipkMetadata;
 use kpack_format::msgpack::{self, Value};

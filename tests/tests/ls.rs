@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use kpack_e2e::*;
+use crate::common::*;
 use kpack_format::target::TargetId;
 use serde_json::Value;
 

@@ -14,7 +14,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kpack_e2e::*;
+use crate::common::*;
 
 fn corpus() -> PathBuf {
     workspace().join("tests/malformed")
@@ -246,7 +246,7 @@ fn malformed_corpus() {
 fn check_capi(case: &Case, path: &Path, kind: &str, code: i32) {
     use rocm_kpack::*;
     let what = format!("cases.txt:{} {} (C API)", case.line, case.name);
-    let c = CString::new(path.to_str().unwrap()).unwrap();
+    let c = cpath(path);
     let mut a: *mut KpackArchive = std::ptr::null_mut();
     // SAFETY: valid C string and out-pointer.
     let e = unsafe { kpack_open(c.as_ptr(), &mut a) } as i32;

@@ -9,7 +9,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kpack_e2e::*;
+use crate::common::*;
 use kpack_host::binary::HostBinary;
 
 /// The four shapes: file name, bytes, and the words of its note.

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kpack_e2e::*;
+use crate::common::*;
 use kpack_format::hipk::HIPK_MAGIC;
 use serde_json::Value;
 
@@ -533,25 +533,11 @@ fn refuses_relocation_into_removed_bytes() {
 #[test]
 fn c_runtime_loads_offloaded_fixtures() {
     let root = workspace();
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    run_ok(
-        Command::new(&cargo)
-            .args(["build", "--quiet", "-p", "kpack-cxx", "--lib", "--bins"])
-            .current_dir(&root),
-    );
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
     let dir = tempfile::tempdir().unwrap();
     // The archive as installed (prelinked: the C API alone, no C++ glue),
     // which a C program links with a C compiler only.
     let installed = dir.path().join("installed");
-    run_ok(
-        Command::new(target.join("debug/rocm-kpack-prelink"))
-            .arg(target.join("debug/librocm_kpack.a"))
-            .arg(installed.join("lib"))
-            .arg(installed.join("include")),
-    );
+    kpack_testkit::workspace::install_runtime(&installed).unwrap_or_else(|e| panic!("{e:#}"));
     let lib = installed.join("lib/librocm_kpack.a");
     let checker = dir.path().join("check");
     let mut p = Program::c("c11");

@@ -2,7 +2,7 @@
 //! errors, never panics; and whatever the transform produces passes the
 //! verifier.
 
-use kpack_e2e::*;
+use crate::common::*;
 use kpack_format::hipk::HipkMetadata;
 use kpack_host::offload::{transform, verify_elf};
 

@@ -7,7 +7,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use kpack_e2e::*;
+use crate::common::*;
 
 /// Write an artifact: its manifest and files (`rel`, bytes).
 fn artifact(dir: &Path, manifest: &str, files: &[(&str, &[u8])]) {
@@ -727,11 +727,7 @@ fn xtask_forwards_to_kpack() {
     let shard = t.path().join("shard");
     blas_artifact(&shard.join("blas_lib_gfx110X-dgpu"), &lib("libvadd.so"));
     let xtask = |args: &[&str]| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        std::process::Command::new(cargo)
-            .args(["run", "--quiet", "--manifest-path"])
-            .arg(workspace().join("Cargo.toml"))
-            .args(["-p", "xtask", "--"])
+        kpack_testkit::workspace::xtask()
             .args(args)
             .env("KPACK_XTASK_PROFILE", "dev")
             .current_dir(t.path())

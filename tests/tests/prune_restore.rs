@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::common::*;
 use kpack_bundle::{BUNDLE_MAGIC, CCOB_MAGIC};
-use kpack_e2e::*;
 use kpack_format::hipk::HIPF_MAGIC;
 use serde_json::Value;
 

@@ -4,13 +4,11 @@
 //! CPython 3.9 and the newest one when installed: `cargo xtask py-env`
 //! lists them), and the pytest suite of `python/tests` runs there.
 
-mod wheel_common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kpack_e2e::*;
-use wheel_common::*;
+use crate::common::wheel::*;
+use crate::common::*;
 
 fn build_wheel(dir: &Path) -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());

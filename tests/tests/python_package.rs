@@ -5,33 +5,20 @@
 //! split-wheels` and `kpack split` write, with the reference tools' key
 //! lines and exit codes.
 
-mod wheel_common;
-
 use std::ffi::OsString;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use kpack_e2e::*;
-use wheel_common::*;
+use crate::common::wheel::*;
+use crate::common::*;
 
 /// Build kpack's wheel (dev profile: reuses the test build) into `dir`.
 fn build_wheel(dir: &Path) -> PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = run_ok(
-        Command::new(cargo)
-            .args([
-                "run",
-                "--quiet",
-                "--package",
-                "xtask",
-                "--",
-                "wheel",
-                "--debug",
-                "--out",
-            ])
-            .arg(dir)
-            .current_dir(workspace()),
+        kpack_testkit::workspace::xtask()
+            .args(["wheel", "--debug", "--out"])
+            .arg(dir),
     );
     let whl = PathBuf::from(out.lines().last().expect("the wheel's path").trim());
     assert!(whl.is_file(), "{out}");

@@ -21,7 +21,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kpack_e2e::*;
+use crate::common::*;
 
 fn split_args(input: &Path, out: &Path) -> Vec<std::ffi::OsString> {
     let mut args = split_shard_args(input, out, "1");

@@ -9,7 +9,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use kpack_e2e::*;
+use crate::common::*;
 
 /// Does the listing order really differ? (tmpfs lists newest first.)
 fn listing_order(dir: &Path) -> Vec<String> {

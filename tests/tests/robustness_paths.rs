@@ -12,8 +12,8 @@ use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
+use crate::common::*;
 use kpack_bundle::write_bundle;
-use kpack_e2e::*;
 use kpack_host::extract::parse_archive_file_name;
 use kpack_host::ArchiveWriter;
 

@@ -5,7 +5,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use kpack_e2e::*;
+use crate::common::*;
 use kpack_format::archive::{Archive, Scheme};
 use kpack_format::hipk::HipkMetadata;
 use kpack_format::target::TargetId;
@@ -238,7 +238,7 @@ fn claimed_sizes_are_checked_before_allocating() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("a.kpack");
         fs::write(&p, &bytes).unwrap();
-        let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+        let c = cpath(&p);
         // SAFETY: valid strings and out-pointers; the handle is closed once.
         unsafe {
             use rocm_kpack::*;

@@ -5,7 +5,8 @@
 //! bundles). Every result is compared with what a single thread read
 //! first.
 //!
-//! `cargo xtask sanitize` runs this binary under valgrind (memcheck for the
+//! It runs alone with `cargo test -p kpack-e2e --test e2e robustness_threads::`.
+//! `cargo xtask sanitize` runs it under valgrind (memcheck for the
 //! whole mix; helgrind and DRD for the steady state, `KPACK_STRESS_STEADY=1`:
 //! Rust's locks are futex-based and invisible to them, so there the shared
 //! handles are warmed up on one thread first and the threads only read
@@ -14,11 +15,10 @@
 
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_void, CStr, CString};
-use std::path::Path;
 use std::ptr;
 use std::sync::Barrier;
 
-use kpack_e2e::*;
+use crate::common::*;
 use kpack_format::archive::Scheme;
 use kpack_format::hipk::MAX_METADATA_SIZE;
 use kpack_host::offload::{offload, verify_file, OffloadOptions};
@@ -88,10 +88,6 @@ fn setup() -> Setup {
         archives,
         binaries,
     }
-}
-
-fn cpath(p: &Path) -> CString {
-    CString::new(p.to_str().unwrap()).unwrap()
 }
 
 fn ok(e: KpackError) {

@@ -12,7 +12,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kpack_e2e::*;
+use crate::common::*;
 
 /// rocFFT's cache table (rocFFT 1.0.37).
 const SCHEMA: &str = "CREATE TABLE cache_v1 (kernel_name TEXT NOT NULL, arch TEXT NOT NULL, \

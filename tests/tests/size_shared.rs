@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 use std::ptr;
 
-use kpack_e2e::*;
+use crate::common::*;
 use rocm_kpack::*;
 use serde_json::Value;
 
@@ -47,7 +47,7 @@ fn pack_tree(input: &Path, out: &Path, jobs: &str) -> Value {
 /// `kpack_get_kernel` through the C API (what the reference runtime's
 /// reader does: look the key up, read its ordinal's frame).
 fn c_get_kernel(archive: &Path, key: &str, target: &str) -> Vec<u8> {
-    let path = CString::new(archive.to_str().unwrap()).unwrap();
+    let path = cpath(archive);
     let (key, target) = (CString::new(key).unwrap(), CString::new(target).unwrap());
     let mut a = ptr::null_mut();
     let (mut p, mut size) = (ptr::null_mut(), 0usize);

@@ -16,15 +16,13 @@
 //! so and return, and `cargo xtask test` reports the Corrosion path as not
 //! exercised (an error under CI=true).
 
-mod cmake_common;
-
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-use cmake_common::*;
-use kpack_e2e::*;
+use crate::common::cmake::*;
+use crate::common::*;
 
 /// The installed libraries, their twins and their wrappers (1 per bundle,
 /// 3 for the three -fgpu-rdc units).

@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use kpack_e2e::*;
+use crate::common::*;
 use kpack_host::offload::verify_file;
 use kpack_loader::{Config, Loader};
 use kpack_testkit::tree::{copy, symlink, write};

@@ -5,7 +5,7 @@
 use std::fs;
 use std::process::Command;
 
-use kpack_e2e::*;
+use crate::common::*;
 
 /// Move the section header table of an ELF file to an odd offset at its end.
 fn unalign_section_headers(b: &[u8]) -> Vec<u8> {

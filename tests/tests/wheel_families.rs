@@ -7,14 +7,12 @@
 //! and through the host's extra) into fresh virtual environments: the
 //! family wheel comes with it.
 
-mod wheel_common;
-
 use std::fs;
 use std::io::Read;
 use std::path::Path;
 
-use kpack_e2e::*;
-use wheel_common::*;
+use crate::common::wheel::*;
+use crate::common::*;
 
 fn metadata(whl: &Path) -> String {
     let mut z = zip::ZipArchive::new(fs::File::open(whl).unwrap()).unwrap();

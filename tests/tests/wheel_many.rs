@@ -5,13 +5,11 @@
 //! wheel twice, and wheels of several distributions without `@NAME@`, are
 //! errors.
 
-mod wheel_common;
-
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use kpack_e2e::*;
-use wheel_common::*;
+use crate::common::wheel::*;
+use crate::common::*;
 
 const VISION: &str = "0.25.0+rocm7.1";
 

@@ -5,15 +5,13 @@
 //! wheel-variants --find-links` installing the variant of the first
 //! target with its device wheels into a fresh virtual environment.
 
-mod wheel_common;
-
 use std::fs;
 use std::io::Read;
 use std::path::Path;
 use std::process::Command;
 
-use kpack_e2e::*;
-use wheel_common::*;
+use crate::common::wheel::*;
+use crate::common::*;
 
 const TARGETS: &[&str] = &["gfx1100", "gfx1101", "gfx90a", "gfx942"];
 

@@ -8,18 +8,16 @@
 //! `SOURCE_DATE_EPOCH`; a directory input with symlinks; directory output;
 //! bad input.
 
-mod wheel_common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use kpack_e2e::*;
+use crate::common::wheel::*;
+use crate::common::*;
 use kpack_host::offload::verify_file;
 use kpack_loader::{Config, Loader};
-use wheel_common::*;
 
 fn split(input: &Path, out: &Path, extra: &[&str]) -> String {
     let mut args: Vec<std::ffi::OsString> = vec!["split-wheels".into()];

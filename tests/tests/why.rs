@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 use std::ptr;
 
-use kpack_e2e::*;
+use crate::common::*;
 use kpack_format::hipk::MAX_METADATA_SIZE;
 use kpack_host::ArchiveWriter;
 use rocm_kpack::*;
@@ -23,7 +23,7 @@ fn c_runtime_load(binary: &Path, archs: &[&str]) -> Result<Vec<u8>, KpackError> 
     let meta = elf.section(".rocm_kpack_ref").unwrap().unwrap();
     let mut window = meta.data.to_vec();
     window.resize(MAX_METADATA_SIZE, 0);
-    let path = CString::new(std::fs::canonicalize(binary).unwrap().to_str().unwrap()).unwrap();
+    let path = cpath(&std::fs::canonicalize(binary).unwrap());
     let names: Vec<CString> = archs.iter().map(|a| CString::new(*a).unwrap()).collect();
     let ptrs: Vec<*const std::ffi::c_char> = names.iter().map(|c| c.as_ptr()).collect();
     let mut cache = ptr::null_mut();

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use kpack_e2e::*;
+use crate::common::*;
 use kpack_format::bytes::{put_u16, put_u64, u32_at};
 use kpack_format::hipk::{HipkMetadata, HIPK_MAGIC};
 use kpack_host::pe::PeView;
@@ -22,16 +22,9 @@ use kpack_testkit::manifest::{wine_path, Host, Kind};
 use serde_json::Value;
 
 fn windows(name: &str) -> Fixture {
-    let entry = manifest()
-        .foreign
-        .into_iter()
-        .find(|e| e.name == name)
-        .unwrap_or_else(|| panic!("no Windows fixture {name}"));
-    assert_eq!(entry.host, Host::X86_64Windows);
-    Fixture {
-        path: fixtures_dir().join(&entry.name),
-        entry,
-    }
+    let f = foreign_fixture(name);
+    assert_eq!(f.host, Host::X86_64Windows, "{name}");
+    f
 }
 
 /// The Wine prefix: the fixtures' (`<fixtures>/windows/wineprefix`, made

@@ -1,12 +1,12 @@
 //! Shared helpers of the runtime library's tests: where the built library,
 //! the headers and the fixtures are; compiling (through `cc`, see
 //! `kpack_testkit::cprog`) and running C/C++ programs; valgrind.
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 pub use kpack_testkit::cprog::Program;
+use kpack_testkit::workspace;
 
 pub mod archives;
 #[allow(unused_imports)]
@@ -15,12 +15,7 @@ pub use archives::*;
 /// The cargo profile directory this test was built into (holds
 /// `librocm_kpack.a` and `librocm_kpack.so`).
 pub fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    // <target>/<profile>/deps/<test>
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("profile directory")
-        .to_path_buf()
+    workspace::profile_dir().unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// `cargo test` builds this crate as an rlib for its tests; the static and
@@ -29,15 +24,8 @@ pub fn profile_dir() -> PathBuf {
 fn build_libraries() {
     static BUILT: std::sync::Once = std::sync::Once::new();
     BUILT.call_once(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "--quiet", "-p", "kpack-cxx", "--lib"])
-            .current_dir(crate_dir());
-        if profile_dir().file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        let status = cmd.status().expect("run cargo build");
-        assert!(status.success(), "cargo build -p kpack-cxx failed");
+        workspace::build(&["--package", "kpack-cxx", "--lib"])
+            .unwrap_or_else(|e| panic!("building kpack-cxx: {e:#}"));
     });
 }
 
@@ -69,29 +57,7 @@ pub fn installed() -> PathBuf {
     static DONE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     DONE.get_or_init(|| {
         let dir = build_dir("installed");
-        let exe = profile_dir().join("rocm-kpack-prelink");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut build = Command::new(cargo);
-        build
-            .args([
-                "build",
-                "--quiet",
-                "-p",
-                "kpack-cxx",
-                "--bin",
-                "rocm-kpack-prelink",
-            ])
-            .current_dir(crate_dir());
-        if profile_dir().file_name().is_some_and(|n| n == "release") {
-            build.arg("--release");
-        }
-        assert!(build.status().expect("cargo build").success());
-        run_ok(
-            Command::new(exe)
-                .arg(staticlib())
-                .arg(dir.join("lib"))
-                .arg(dir.join("include")),
-        );
+        workspace::install_runtime(&dir).unwrap_or_else(|e| panic!("{e:#}"));
         dir
     })
     .clone()
@@ -107,7 +73,7 @@ pub fn include_dir() -> PathBuf {
 
 /// The reference archives (`tests/data/reference-kpack`).
 pub fn reference_fixtures() -> PathBuf {
-    let p = crate_dir().join("../tests/data/reference-kpack");
+    let p = workspace::reference_archives();
     assert!(
         p.join("test_zstd.kpack").is_file(),
         "{} missing",
@@ -123,19 +89,14 @@ pub fn build_dir(name: &str) -> PathBuf {
     d
 }
 
+/// A path as the C API takes it.
+pub fn cpath(p: &Path) -> std::ffi::CString {
+    std::ffi::CString::new(p.to_str().expect("a UTF-8 path")).expect("a path without NUL")
+}
+
 /// Run `cmd`, panicking with its output unless it exits 0.
 pub fn run_ok(cmd: &mut Command) -> Output {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}):\n--- stdout\n{}\n--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    workspace::output(cmd).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 pub fn stdout(out: &Output) -> String {

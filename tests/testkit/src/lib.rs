@@ -10,7 +10,9 @@
 //! - [`shards`]: the tutorial's shard tree, for the pipeline tests and the
 //!   pipeline benchmark; [`tree`]: laying out and comparing trees;
 //! - [`cprog`]: C/C++ test programs through the `cc` crate, and the native
-//!   libraries of the static runtime library.
+//!   libraries of the static runtime library;
+//! - [`workspace`]: the workspace root, cargo builds in the running test's
+//!   profile, the runtime library as installed, programs that must succeed.
 
 pub mod cprog;
 pub mod fixtures;
@@ -19,3 +21,4 @@ pub mod manifest;
 pub mod oracle;
 pub mod shards;
 pub mod tree;
+pub mod workspace;

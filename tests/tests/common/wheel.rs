@@ -3,14 +3,12 @@
 //! wheelhouse holding PyPI's `rocm-bootstrap` wheel), and a torch-like fat
 //! wheel built from the HIP fixtures.
 
-#![allow(dead_code)]
-
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use kpack_e2e::*;
+use super::*;
 
 /// The virtual environment (`KPACK_PY_VENV`, default `target/py-venv`).
 pub fn venv() -> PathBuf {

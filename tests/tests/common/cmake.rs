@@ -1,12 +1,11 @@
 //! What the CMake tests share: configuring and building projects with
 //! clang-19 (cmake is run directly: see docs/cmake.md, "Tests"), and where
 //! Corrosion comes from.
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use kpack_e2e::*;
+use super::*;
 
 #[path = "../../../kpack-cxx/tests/common/archives.rs"]
 mod archives;
@@ -97,7 +96,7 @@ pub fn corrosion() -> Option<Corrosion> {
 pub fn run_cxx_api_test(program: &Path, scratch: &Path) {
     let work = scratch.join("cxx-api-work");
     std::fs::create_dir_all(&work).unwrap();
-    let fixtures = workspace().join("tests/data/reference-kpack");
+    let fixtures = kpack_testkit::workspace::reference_archives();
     archives::write_bad_archives(&work, &fixtures);
     let (meta, bin) = archives::loader_scenario(&work);
     let out = run_ok(

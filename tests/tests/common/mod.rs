@@ -1,9 +1,13 @@
-//! Helpers for kpack's end-to-end tests: where the fixtures are, running the
+//! What the end-to-end tests share: where the fixtures are, running the
 //! `kpack` binary, and the parts of `kpack-testkit` the tests use (the
-//! independent bundle oracle, the shard tree) in the tests' panicking form.
+//! independent bundle oracle, the shard tree) in the tests' panicking form;
+//! [`cmake`] for the CMake tests, [`wheel`] for the wheel tests.
+
+pub mod cmake;
+pub mod wheel;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::ffi::{OsStr, OsString};
+use std::ffi::{CString, OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
@@ -11,18 +15,15 @@ use std::sync::OnceLock;
 pub use kpack_testkit::cprog::Program;
 pub use kpack_testkit::manifest::{self, Entry, Manifest};
 pub use kpack_testkit::shards::{
-    database_files, BASE_PREFIX, FAT_BINARIES, FFT_MISSING_PREFIX, FFT_PREFIX, HIPBLASLT_PREFIX,
-    PACKAGING_CONFIG, ROCBLAS_PREFIX, SHARDS, SPLIT_DATABASES,
+    database_files, BASE_PREFIX, FAT_BINARIES, FFT_MISSING_PREFIX, FFT_PREFIX, PACKAGING_CONFIG,
+    ROCBLAS_PREFIX, SHARDS, SPLIT_DATABASES,
 };
 pub use kpack_testkit::tree::Snapshot;
 use kpack_testkit::{oracle, shards, tree};
 
 /// The workspace root.
 pub fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace")
-        .to_path_buf()
+    kpack_testkit::workspace::root()
 }
 
 /// Where `cargo xtask fixtures` put the compiled fixtures. Tests need them:
@@ -82,21 +83,39 @@ pub fn fixture(name: &str) -> Fixture {
         .unwrap_or_else(|| panic!("no fixture {name}"))
 }
 
-/// The `kpack` binary, built once per test process.
+/// A fixture for another host (`fixtures.json`'s `foreign`: AArch64,
+/// ppc64le, Windows).
+pub fn foreign_fixture(name: &str) -> Fixture {
+    let entry = manifest()
+        .foreign
+        .into_iter()
+        .find(|e| e.name == name)
+        .unwrap_or_else(|| panic!("no foreign fixture {name}"));
+    Fixture {
+        path: fixtures_dir().join(&entry.name),
+        entry,
+    }
+}
+
+/// A reference archive (`tests/data/reference-kpack`), written by the
+/// reference implementation.
+pub fn reference_archive(name: &str) -> PathBuf {
+    kpack_testkit::workspace::reference_archives().join(name)
+}
+
+/// A path as the C API takes it.
+pub fn cpath(p: &Path) -> CString {
+    CString::new(p.to_str().expect("a UTF-8 path")).expect("a path without NUL")
+}
+
+/// The `kpack` binary, built once per test process (in the tests'
+/// profile).
 pub fn kpack_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let st = Command::new(cargo)
-            .args(["build", "--quiet", "-p", "kpack-cli", "--bin", "kpack"])
-            .current_dir(workspace())
-            .status()
-            .expect("run cargo build");
-        assert!(st.success(), "building kpack failed");
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| workspace().join("target"));
-        target.join("debug/kpack")
+        kpack_testkit::workspace::build(&["--package", "kpack-cli", "--bin", "kpack"])
+            .unwrap_or_else(|e| panic!("building kpack: {e:#}"))
+            .join("kpack")
     })
     .clone()
 }
@@ -140,12 +159,7 @@ pub fn kpack_fails(args: &[&dyn AsRef<std::ffi::OsStr>]) -> String {
 
 /// Run a program, assert success, return stdout.
 pub fn run_ok(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = kpack_testkit::workspace::output(cmd).unwrap_or_else(|e| panic!("{e:#}"));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -344,16 +358,23 @@ pub fn assert_tools_accept(original: &Path, rewritten: &Path) {
     kpack_ok(&[&"verify-elf", &rewritten]);
 }
 
-/// Runs the host code of a fixture (through dlcheck for a library), with
-/// the environment given.
+/// Runs the host code of a fixture on its host (here, or under qemu-user
+/// for a foreign Linux host): a library through the host's loader
+/// (`dlcheck` here), which calls its host check; an executable itself.
+/// With the environment given; stdout, trimmed.
 pub fn run_host(f: &Fixture, binary: &Path, env: &[(&str, &Path)]) -> String {
     let mut cmd = match &f.host_check {
         Some(check) => {
-            let mut c = Command::new(fixtures_dir().join(manifest().dlcheck));
+            let loader = if f.host.is_native() {
+                manifest().dlcheck
+            } else {
+                f.host.loader()
+            };
+            let mut c = f.host.command(&fixtures_dir().join(loader));
             c.arg(binary).arg(&*check.symbol);
             c
         }
-        None => Command::new(binary),
+        None => f.host.command(binary),
     };
     for (k, v) in env {
         cmd.env(k, v);

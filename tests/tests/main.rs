@@ -1,0 +1,60 @@
+//! kpack's end-to-end tests, on the compiled fixtures (`cargo xtask
+//! fixtures`; `cargo xtask test` builds them and runs everything): one test
+//! binary, `e2e`, with a module per area (run one area with
+//! `cargo test -p kpack-e2e --test e2e -- AREA::`). What the areas share is
+//! in [`common`] and, for xtask and the runtime library's tests too, in
+//! `kpack-testkit`.
+//!
+//! One process runs every test: no test sets environment variables, the
+//! current directory or other process-wide state; programs get their
+//! environment on their own command line.
+
+mod common;
+
+// The command-line tool on the fixtures: listing, offloading, extracting.
+mod archive_cli;
+mod bad_input;
+mod bundle_formats;
+mod golden;
+mod ground_truth;
+mod ls;
+mod malformed;
+mod offload;
+mod offload_mutations;
+mod prune_restore;
+mod size_shared;
+mod unaligned_headers;
+mod why;
+
+// Other hosts than x86-64 Linux.
+mod foreign_hosts;
+mod windows;
+
+// Large archives, through the library and the C API.
+mod large_archives;
+
+// The artifact pipeline: split, verify, recombine, pack-tree; TheRock.
+mod no_device_code;
+mod pipeline;
+mod pipeline_bad;
+mod rocfft_caches;
+mod therock;
+
+// Python wheels, and kpack as a pip package.
+mod python_api;
+mod python_package;
+mod wheel_families;
+mod wheel_many;
+mod wheel_variants;
+mod wheels;
+
+// Crash safety, determinism, hostile paths, regressions, threads.
+mod robustness_crash;
+mod robustness_determinism;
+mod robustness_paths;
+mod robustness_regressions;
+mod robustness_threads;
+
+// The CMake package and a TheRock-shaped superbuild.
+mod cmake;
+mod superbuild;
