@@ -157,14 +157,19 @@ pub struct Classified<'a> {
 /// that carries none ([`Class::HostOnly`]): `no .hip_fatbin section`, or
 /// what is wrong with the one it has. Offload, split and split-wheels copy
 /// such a binary unchanged with this as a note (docs/offload.md).
+///
+/// `None` also for a binary with a wrapper table but no `.hip_fatbin` at
+/// all: its wrappers point at device code that is not there, which is
+/// damage, not a host-only build.
 pub fn no_device_code(bin: &HostBinary) -> Option<String> {
     if bin.class() != Class::HostOnly {
         return None;
     }
-    Some(
-        bin.empty_fatbin()
-            .unwrap_or_else(|| format!("no {} section", bin.section_name(Role::Fatbin))),
-    )
+    if let Some(why) = bin.empty_fatbin() {
+        return Some(why);
+    }
+    let has_wrappers = bin.wrappers().map_or(true, |t| !t.is_empty());
+    (!has_wrappers).then(|| format!("no {} section", bin.section_name(Role::Fatbin)))
 }
 
 /// Why a host binary cannot be read: the container's own error.

@@ -294,9 +294,10 @@ fn pass_through(input: &Path, file: &Classified) -> Result<Option<(Outcome, Stri
         ),
         Class::Inconsistent(why) => return Err(why.clone()).with_path(input),
         Class::HostOnly => {
-            let why = (file.binary.as_ref().ok())
-                .and_then(crate::binary::no_device_code)
-                .unwrap_or_default();
+            let bin = file.binary.as_ref().ok();
+            let Some(why) = bin.and_then(crate::binary::no_device_code) else {
+                return Err(not_fat(input, bin));
+            };
             let note = format!("no device code ({why}): copied unchanged, no archive");
             return Ok(Some((Outcome::HostOnly, note)));
         }
