@@ -123,8 +123,10 @@ def test_offload(tmp_path, fixtures):
     # Errors: the command's message, the matching class.
     with pytest.raises(kpack.NotFoundError, match="missing.so"):
         kpack.offload(tmp_path / "missing.so", tmp_path / "o.so", archive_dir=tmp_path / "ar")
-    with pytest.raises(kpack.NotFatBinaryError):
-        kpack.offload(fixtures / "libhostonly.so", tmp_path / "o.so", archive_dir=tmp_path / "ar")
+    # A host-only library is copied unchanged, with a note (no archive).
+    h = kpack.offload(fixtures / "libhostonly.so", tmp_path / "o.so", archive_dir=tmp_path / "ar")
+    assert h.outcome == "host_only" and "no device code" in h.note
+    assert (tmp_path / "o.so").read_bytes() == (fixtures / "libhostonly.so").read_bytes()
     with pytest.raises(kpack.UsageError):
         kpack.offload(fixtures / "libvadd.so", tmp_path / "o.so", archive_dir=tmp_path / "ar", compression_level=99)
     with pytest.raises(TypeError):

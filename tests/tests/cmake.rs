@@ -173,11 +173,13 @@ fn installed_package_and_from_source() {
         .arg(&b)
         .output()
         .unwrap();
-    assert!(!out.status.success());
+    // A shared library without device code: copied unchanged with a note,
+    // not an error (a host-only build is a valid input).
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
     assert!(
-        text.contains("libhostlib.so") && text.contains("no .hip_fatbin"),
+        text.contains("libhostlib.so") && text.contains("no device code (no .hip_fatbin section)"),
         "{text}"
     );
 
