@@ -23,7 +23,7 @@ use crate::hipk::{Wrapper, HIPF_MAGIC, HIPK_MAGIC, WRAPPER_SIZE};
 use crate::pe::{self, BaseReloc, PeError, PeKind, PeView};
 
 /// The magic of a static archive (`ar`).
-pub const STATIC_ARCHIVE_MAGIC: &[u8] = b"!<arch>\n";
+pub(crate) const STATIC_ARCHIVE_MAGIC: &[u8] = b"!<arch>\n";
 
 /// What a file is (see [`classify`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -274,7 +274,7 @@ pub struct DeviceSection<'a> {
 
 impl DeviceSection<'_> {
     /// No bytes in the file.
-    pub fn is_nobits(&self) -> bool {
+    pub(crate) fn is_nobits(&self) -> bool {
         !self.in_file
     }
 }
@@ -332,7 +332,7 @@ impl<'a> HostBinary<'a> {
 
     /// Check that every section's name reads and its bytes lie inside the
     /// file.
-    pub fn check_sections(&self) -> Result<(), BinaryError> {
+    pub(crate) fn check_sections(&self) -> Result<(), BinaryError> {
         match self {
             HostBinary::Elf(e) => Ok(e.check_sections()?),
             HostBinary::Pe(p) => Ok(p.check_sections()?),
@@ -565,7 +565,7 @@ pub struct WrapperSlot {
 impl WrapperSlot {
     /// A fat binary's wrapper is HIPF (a HIPK one: the binary is partly
     /// offloaded).
-    pub fn check_hipf(&self) -> Result<(), WrapperError> {
+    pub(crate) fn check_hipf(&self) -> Result<(), WrapperError> {
         match self.wrapper.magic {
             HIPF_MAGIC => Ok(()),
             HIPK_MAGIC => Err(WrapperError::Mixed),
@@ -618,7 +618,7 @@ impl WrapperTable {
     }
 
     /// At least one wrapper, and every one HIPK.
-    pub fn all_hipk(&self) -> bool {
+    pub(crate) fn all_hipk(&self) -> bool {
         !self.slots.is_empty() && self.slots.iter().all(|s| s.wrapper.magic == HIPK_MAGIC)
     }
 

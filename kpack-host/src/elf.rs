@@ -19,18 +19,18 @@ pub use object::LittleEndian;
 pub const LE: LittleEndian = LittleEndian;
 
 pub type FileHeader = elf::FileHeader64<LittleEndian>;
-pub type ProgramHeader = elf::ProgramHeader64<LittleEndian>;
-pub type SectionHeader = elf::SectionHeader64<LittleEndian>;
-pub type Rela = elf::Rela64<LittleEndian>;
-pub type Sym = elf::Sym64<LittleEndian>;
-pub type Dyn = elf::Dyn64<LittleEndian>;
+pub(crate) type ProgramHeader = elf::ProgramHeader64<LittleEndian>;
+pub(crate) type SectionHeader = elf::SectionHeader64<LittleEndian>;
+pub(crate) type Rela = elf::Rela64<LittleEndian>;
+pub(crate) type Sym = elf::Sym64<LittleEndian>;
+pub(crate) type Dyn = elf::Dyn64<LittleEndian>;
 
 /// The section holding the offload bundles of a fat binary.
 pub const FATBIN_SECTION: &str = ".hip_fatbin";
 /// The section holding the `__CudaFatBinaryWrapper` array.
-pub const WRAPPER_SECTION: &str = ".hipFatBinSegment";
+pub(crate) const WRAPPER_SECTION: &str = ".hipFatBinSegment";
 /// The section holding the HIPK metadata of an offloaded binary.
-pub const METADATA_SECTION: &str = ".rocm_kpack_ref";
+pub(crate) const METADATA_SECTION: &str = ".rocm_kpack_ref";
 
 /// Size of an ELF64 file header.
 pub const EHDR_SIZE: usize = std::mem::size_of::<FileHeader>();
@@ -39,11 +39,11 @@ pub const PHDR_SIZE: usize = std::mem::size_of::<ProgramHeader>();
 /// Size of an ELF64 section header.
 pub const SHDR_SIZE: usize = std::mem::size_of::<SectionHeader>();
 /// Size of an ELF64 RELA entry.
-pub const RELA_SIZE: usize = std::mem::size_of::<Rela>();
+pub(crate) const RELA_SIZE: usize = std::mem::size_of::<Rela>();
 /// Size of an ELF64 symbol.
-pub const SYM_SIZE: usize = std::mem::size_of::<Sym>();
+pub(crate) const SYM_SIZE: usize = std::mem::size_of::<Sym>();
 /// Size of an ELF64 dynamic entry.
-pub const DYN_SIZE: usize = std::mem::size_of::<Dyn>();
+pub(crate) const DYN_SIZE: usize = std::mem::size_of::<Dyn>();
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ElfError {
@@ -89,7 +89,7 @@ pub struct Section<'a> {
 }
 
 impl Section<'_> {
-    pub fn is_nobits(&self) -> bool {
+    pub(crate) fn is_nobits(&self) -> bool {
         self.sh_type == elf::SHT_NOBITS
     }
 }
@@ -150,7 +150,7 @@ impl<'a> ElfView<'a> {
 
     /// Every section header, in table order (index 0, the null section,
     /// included).
-    pub fn shdrs(&self) -> &'a [SectionHeader] {
+    pub(crate) fn shdrs(&self) -> &'a [SectionHeader] {
         self.shdrs
     }
 
@@ -190,7 +190,7 @@ impl<'a> ElfView<'a> {
 
     /// Check that every section's name reads and its bytes lie inside the
     /// file (tools that rewrite or verify the file need all of them).
-    pub fn check_sections(&self) -> Result<(), ElfError> {
+    pub(crate) fn check_sections(&self) -> Result<(), ElfError> {
         (0..self.shdrs.len()).try_for_each(|i| self.describe(i).map(drop))
     }
 
@@ -227,7 +227,7 @@ impl<'a> ElfView<'a> {
 
     /// File offset of a virtual address, through the PT_LOAD whose
     /// file-backed part holds `len` bytes there.
-    pub fn addr_to_offset(&self, addr: u64, len: u64) -> Option<u64> {
+    pub(crate) fn addr_to_offset(&self, addr: u64, len: u64) -> Option<u64> {
         self.phdrs
             .iter()
             .filter(|p| p.p_type(LE) == elf::PT_LOAD)
@@ -287,7 +287,7 @@ impl<'a> ElfView<'a> {
     }
 
     /// `st_value` of a `.dynsym` symbol.
-    pub fn dynsym_value(&self, sym: u32) -> Result<u64, ElfError> {
+    pub(crate) fn dynsym_value(&self, sym: u32) -> Result<u64, ElfError> {
         let i = self.section_index(".dynsym").ok_or_else(|| {
             ElfError::Malformed("relocation against a symbol, but no .dynsym".into())
         })?;
@@ -303,7 +303,7 @@ impl<'a> ElfView<'a> {
 
     /// Resolve the pointer field at virtual address `addr` (file offset
     /// `off`): its value at load time, relative to the load base.
-    pub fn pointer_at(
+    pub(crate) fn pointer_at(
         &self,
         relocs: &Relocations,
         addr: u64,
@@ -403,7 +403,7 @@ impl Relocations {
 
 /// The relocation types that matter for a wrapper's pointer, per machine.
 #[derive(Debug, Clone, Copy)]
-pub struct RelocKinds {
+pub(crate) struct RelocKinds {
     /// `base + addend`.
     pub relative: u32,
     /// `symbol + addend` (64-bit absolute).
@@ -413,7 +413,7 @@ pub struct RelocKinds {
 impl RelocKinds {
     /// The host machines kpack rewrites binaries of (64-bit little-endian
     /// ELF): x86-64, AArch64 and ppc64le.
-    pub fn for_machine(machine: u16) -> Option<Self> {
+    pub(crate) fn for_machine(machine: u16) -> Option<Self> {
         let (relative, abs64) = match machine {
             elf::EM_X86_64 => (elf::R_X86_64_RELATIVE, elf::R_X86_64_64),
             elf::EM_AARCH64 => (elf::R_AARCH64_RELATIVE, elf::R_AARCH64_ABS64),
@@ -425,7 +425,7 @@ impl RelocKinds {
 }
 
 /// The name of an ELF machine (`e_machine`), for messages.
-pub fn machine_name(machine: u16) -> String {
+pub(crate) fn machine_name(machine: u16) -> String {
     let name = match machine {
         elf::EM_386 => "EM_386 (x86)",
         elf::EM_X86_64 => "EM_X86_64 (x86-64)",

@@ -37,7 +37,7 @@ pub struct Extracted {
 }
 
 /// The file name for a code object of a fat binary.
-pub fn fatbin_file_name(target: &str, bundle: Option<usize>) -> String {
+pub(crate) fn fatbin_file_name(target: &str, bundle: Option<usize>) -> String {
     match bundle {
         Some(n) => format!("{target}#{n}.hsaco"),
         None => format!("{target}.hsaco"),

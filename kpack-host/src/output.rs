@@ -40,7 +40,7 @@ pub const STAGING_PREFIX: &str = ".kpack-staging-";
 /// Name prefix of scratch directories ([`ScratchDir`]).
 pub const SCRATCH_PREFIX: &str = ".kpack-scratch-";
 /// Name prefix of the temporary files of [`write_atomically`].
-pub const TEMP_FILE_PREFIX: &str = ".kpack-tmp-";
+pub(crate) const TEMP_FILE_PREFIX: &str = ".kpack-tmp-";
 
 /// The directory a path's file lives in (`.` for a bare file name).
 pub fn parent_dir(path: &Path) -> &Path {
@@ -72,7 +72,7 @@ pub fn write_atomically_with_mode(
 /// (mode `mode`, or 0666 less the umask) and returns what it wants to; the
 /// file is flushed, fsynced and renamed over `path`, and the directory
 /// fsynced, only if `f` succeeds.
-pub fn write_atomically_as<T>(
+pub(crate) fn write_atomically_as<T>(
     path: &Path,
     mode: Option<u32>,
     f: impl FnOnce(&mut File) -> Result<T>,
@@ -351,7 +351,7 @@ fn is_work_dir_name(name: &OsStr) -> bool {
 /// Remove the staging and scratch directories in `dir` that no live process
 /// holds (left by killed runs). Returns those removed. Best effort: what
 /// cannot be read or removed is left as it is.
-pub fn sweep_stale(dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn sweep_stale(dir: &Path) -> Vec<PathBuf> {
     let Ok(entries) = fs::read_dir(dir) else {
         return Vec::new();
     };
@@ -425,7 +425,7 @@ fn open_for_sync(path: &Path) -> io::Result<Option<File>> {
 
 /// fsync a directory, so that the entries created in it or renamed into it
 /// survive a crash.
-pub fn sync_dir(dir: &Path) -> io::Result<()> {
+pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
     match open_for_sync(dir)? {
         Some(d) => d.sync_all(),
         None => Ok(()),
@@ -435,7 +435,7 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
 /// fsync every file and directory below `root`, and `root` itself (in
 /// parallel: the file system batches them). Symlinks are recorded in their
 /// directories.
-pub fn sync_tree(root: &Path) -> Result<()> {
+pub(crate) fn sync_tree(root: &Path) -> Result<()> {
     let mut files = Vec::new();
     let mut dirs = vec![root.to_path_buf()];
     collect_tree(root, &mut files, &mut dirs)?;

@@ -20,16 +20,16 @@ use crate::elf::{Pointer, PointerKind};
 /// The section holding the offload bundles (`.hip_fatbin` cut to 8 bytes).
 pub const FATBIN_SECTION: &str = ".hip_fat";
 /// The section holding the `__CudaFatBinaryWrapper` array.
-pub const WRAPPER_SECTION: &str = ".hipFatB";
+pub(crate) const WRAPPER_SECTION: &str = ".hipFatB";
 /// The section holding the HIPK metadata of an offloaded binary.
-pub const METADATA_SECTION: &str = ".kpackrf";
+pub(crate) const METADATA_SECTION: &str = ".kpackrf";
 
 /// Size of a section header.
-pub const SECTION_HEADER_SIZE: u64 = 40;
+pub(crate) const SECTION_HEADER_SIZE: u64 = 40;
 /// Offset of `CheckSum` in the optional header.
-pub const CHECKSUM_OFFSET: u64 = 64;
+pub(crate) const CHECKSUM_OFFSET: u64 = 64;
 /// Size of an `IMAGE_DEBUG_DIRECTORY` entry.
-pub const DEBUG_ENTRY_SIZE: u64 = 28;
+pub(crate) const DEBUG_ENTRY_SIZE: u64 = 28;
 
 pub use object::pe::{
     IMAGE_DIRECTORY_ENTRY_BASERELOC, IMAGE_DIRECTORY_ENTRY_DEBUG, IMAGE_DIRECTORY_ENTRY_EXPORT,
@@ -80,7 +80,7 @@ pub struct PeSection<'a> {
 
 impl PeSection<'_> {
     /// The memory size: `VirtualSize`, or `SizeOfRawData` when that is 0.
-    pub fn mem_size(&self) -> u64 {
+    pub(crate) fn mem_size(&self) -> u64 {
         if self.virtual_size == 0 {
             self.raw_size
         } else {
@@ -88,7 +88,7 @@ impl PeSection<'_> {
         }
     }
 
-    pub fn contains_rva(&self, rva: u64) -> bool {
+    pub(crate) fn contains_rva(&self, rva: u64) -> bool {
         (self.rva..self.rva + self.mem_size()).contains(&rva)
     }
 }
@@ -119,7 +119,7 @@ pub fn is_pe(data: &[u8]) -> bool {
 }
 
 /// The name of a COFF machine, for messages.
-pub fn machine_name(machine: u16) -> String {
+pub(crate) fn machine_name(machine: u16) -> String {
     use object::pe::*;
     let name = match machine {
         IMAGE_FILE_MACHINE_I386 => "x86 (IMAGE_FILE_MACHINE_I386)",
@@ -245,7 +245,7 @@ impl<'a> PeView<'a> {
         self.file
     }
 
-    pub fn optional_header(&self) -> &'a ImageOptionalHeader64 {
+    pub(crate) fn optional_header(&self) -> &'a ImageOptionalHeader64 {
         self.opt
     }
 
@@ -255,17 +255,17 @@ impl<'a> PeView<'a> {
     }
 
     /// File offset of the optional header.
-    pub fn optional_header_offset(&self) -> u64 {
+    pub(crate) fn optional_header_offset(&self) -> u64 {
         self.file_header_offset() + std::mem::size_of::<ImageFileHeader>() as u64
     }
 
     /// File offset of the data directory array.
-    pub fn directories_offset(&self) -> u64 {
+    pub(crate) fn directories_offset(&self) -> u64 {
         self.optional_header_offset() + std::mem::size_of::<ImageOptionalHeader64>() as u64
     }
 
     /// File offset of the section table.
-    pub fn section_table_offset(&self) -> u64 {
+    pub(crate) fn section_table_offset(&self) -> u64 {
         self.optional_header_offset() + u64::from(self.file.size_of_optional_header.get(LE))
     }
 
@@ -285,16 +285,16 @@ impl<'a> PeView<'a> {
         u64::from(self.opt.file_alignment.get(LE))
     }
 
-    pub fn section_alignment(&self) -> u64 {
+    pub(crate) fn section_alignment(&self) -> u64 {
         u64::from(self.opt.section_alignment.get(LE))
     }
 
-    pub fn size_of_headers(&self) -> u64 {
+    pub(crate) fn size_of_headers(&self) -> u64 {
         u64::from(self.opt.size_of_headers.get(LE))
     }
 
     /// The section headers, in table order.
-    pub fn section_headers(&self) -> &'a [ImageSectionHeader] {
+    pub(crate) fn section_headers(&self) -> &'a [ImageSectionHeader] {
         self.sections
     }
 
@@ -367,13 +367,13 @@ impl<'a> PeView<'a> {
     }
 
     /// Check that every section's raw data lies inside the file.
-    pub fn check_sections(&self) -> Result<(), PeError> {
+    pub(crate) fn check_sections(&self) -> Result<(), PeError> {
         self.sections().map(drop)
     }
 
     /// File offset of `len` bytes at `rva`, through the section whose raw
     /// data holds them.
-    pub fn rva_to_offset(&self, rva: u64, len: u64) -> Option<u64> {
+    pub(crate) fn rva_to_offset(&self, rva: u64, len: u64) -> Option<u64> {
         self.sections.iter().find_map(|s| {
             let start = u64::from(s.virtual_address.get(LE));
             let raw = u64::from(s.size_of_raw_data.get(LE));
@@ -385,7 +385,7 @@ impl<'a> PeView<'a> {
     }
 
     /// Every base relocation (type `ABSOLUTE` padding left out).
-    pub fn base_relocations(&self) -> Result<Vec<BaseReloc>, PeError> {
+    pub(crate) fn base_relocations(&self) -> Result<Vec<BaseReloc>, PeError> {
         let (rva, size) = self.directory(IMAGE_DIRECTORY_ENTRY_BASERELOC);
         if size == 0 {
             return Ok(Vec::new());
@@ -411,7 +411,7 @@ impl<'a> PeView<'a> {
     /// The 64-bit pointer field at `rva`: its value at load time relative
     /// to the image base (an RVA), and whether a DIR64 base relocation
     /// rebases it.
-    pub fn pointer_at(&self, relocs: &[BaseReloc], rva: u64) -> Result<Pointer, PeError> {
+    pub(crate) fn pointer_at(&self, relocs: &[BaseReloc], rva: u64) -> Result<Pointer, PeError> {
         let value = self
             .rva_to_offset(rva, 8)
             .and_then(|off| crate::bytes::u64_at(self.data, off))
@@ -435,7 +435,7 @@ impl<'a> PeView<'a> {
 
     /// The PE checksum of `data` (the image's bytes with this layout),
     /// computed with the `CheckSum` field taken as zero.
-    pub fn checksum_of(&self, data: &[u8]) -> u32 {
+    pub(crate) fn checksum_of(&self, data: &[u8]) -> u32 {
         checksum(data, self.optional_header_offset() + CHECKSUM_OFFSET)
     }
 }

@@ -230,7 +230,7 @@ fn section_alignment(elf: &ElfView) -> u64 {
 
 /// Rebuild every bundle with the entries `keep` says, in order, each
 /// top-level bundle at a multiple of `align`.
-pub fn plan_bundles(
+pub(crate) fn plan_bundles(
     input: &Path,
     bundles: &[Bundle],
     align: u64,

@@ -75,7 +75,7 @@ pub fn why(binary: &Path, archs: &[String]) -> Result<Why> {
 }
 
 /// [`why`] with a given loader (and so configuration).
-pub fn why_with(loader: &Loader, binary: &Path, archs: &[String]) -> Result<Why> {
+pub(crate) fn why_with(loader: &Loader, binary: &Path, archs: &[String]) -> Result<Why> {
     let request = |what: &str| Error::request(binary, what);
     if archs.is_empty() {
         return Err(request("no architecture given (--arch)"));

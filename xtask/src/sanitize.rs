@@ -302,7 +302,14 @@ fn sanitizer_test(root: &Path, out: &Path, sanitizer: &str) -> Result<String> {
     let mut c = Command::new("cargo");
     c.current_dir(root)
         .args(["+nightly", "test", "-Zbuild-std", "--target", host])
-        .args(["-p", "kpack-e2e", "--test", "e2e", "--", "robustness_threads::"])
+        .args([
+            "-p",
+            "kpack-e2e",
+            "--test",
+            "e2e",
+            "--",
+            "robustness_threads::",
+        ])
         .env_remove("CARGO")
         .env_remove("RUSTUP_TOOLCHAIN")
         .env("CARGO_TARGET_DIR", out.join(format!("rust-{sanitizer}")))

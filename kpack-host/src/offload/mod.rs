@@ -461,7 +461,7 @@ pub fn rewrite_binary(
 /// Check an offloaded host binary, ELF ([`verify_elf`]) or PE
 /// ([`pe::verify_pe`]). With `bundles`, also that every wrapper's code
 /// object index names one of that many bundles.
-pub fn verify_binary(b: &[u8], bundles: Option<usize>) -> Result<Verified, VerifyError> {
+pub(crate) fn verify_binary(b: &[u8], bundles: Option<usize>) -> Result<Verified, VerifyError> {
     if crate::pe::is_pe(b) {
         pe::verify_pe(b, bundles)
     } else {

@@ -10,7 +10,7 @@ use super::PeTransformError as E;
 use crate::pe::{PeSection, IMAGE_SCN_CNT_INITIALIZED_DATA};
 
 /// The unit `.hip_fat` loses whole multiples of.
-pub const PAGE: u64 = 4096;
+pub(crate) const PAGE: u64 = 4096;
 
 /// The output layout.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,7 +37,7 @@ pub struct Plan {
 impl Plan {
     /// Where an input file offset lands in the output (`None` inside the
     /// removed range).
-    pub fn map_off(&self, o: u64) -> Option<u64> {
+    pub(crate) fn map_off(&self, o: u64) -> Option<u64> {
         let cut_end = self.cut_start + self.removed;
         if o < self.cut_start {
             Some(o)

@@ -31,7 +31,7 @@ pub struct Input<'a> {
 
 /// Where `.hip_fatbin` is.
 #[derive(Debug, Clone, Copy)]
-pub struct Fatbin {
+pub(crate) struct Fatbin {
     pub index: usize,
     pub addr: u64,
     pub offset: u64,
@@ -82,7 +82,7 @@ impl Wrappers {
 /// What restore fills in an offloaded binary: the metadata section, the
 /// free address range the bundles may take, and the segment after X1.
 #[derive(Debug, Clone, Copy)]
-pub struct Hole {
+pub(crate) struct Hole {
     /// `.rocm_kpack_ref` (it is dropped).
     pub meta: Fatbin,
     /// The free range: from the metadata (or the end of the sections moved
@@ -318,7 +318,7 @@ fn check_relocations(
 /// headers, the HIPK wrappers (their code object indices), the read-only
 /// segment X1 whose zero-filled tail is the removed pages, and the free
 /// range the bundles may take ([`Hole`]).
-pub fn analyze_offloaded(elf: ElfView<'_>) -> Result<(Input<'_>, Hole), TransformError> {
+pub(crate) fn analyze_offloaded(elf: ElfView<'_>) -> Result<(Input<'_>, Hole), TransformError> {
     let kinds = rewritable(&elf)?;
     let (fatbin, meta) = offloaded_sections(&elf)?;
     let (xi, x) = holding_segment(&elf, &meta)?;

@@ -167,7 +167,7 @@ pub fn transform(b: &[u8], metadata: &[u8]) -> Result<Transformed, TransformErro
 /// The address range that restore may fill with bundles in an offloaded
 /// binary (what [`Request::Restore`]'s payload must fit, after aligning
 /// its start).
-pub fn restore_room(elf: ElfView) -> Result<std::ops::Range<u64>, TransformError> {
+pub(crate) fn restore_room(elf: ElfView) -> Result<std::ops::Range<u64>, TransformError> {
     let (_, hole) = analyze::analyze_offloaded(elf)?;
     Ok(hole.start..hole.end)
 }

@@ -24,7 +24,7 @@ use crate::hipk::{HIPF_MAGIC, HIPK_MAGIC};
 /// `removed` bytes), or, for restore, the place where `inserted` zero bytes
 /// go back into it (`start == end`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cut {
+pub(crate) struct Cut {
     pub start: u64,
     pub end: u64,
     pub removed: u64,
@@ -33,7 +33,7 @@ pub struct Cut {
 
 /// What the section's range becomes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Form {
+pub(crate) enum Form {
     /// Offload: `.hip_fatbin` NOBITS after the metadata; a
     /// `.rocm_kpack_ref` header appended.
     Offloaded,
@@ -47,7 +47,7 @@ pub enum Form {
 /// One wrapper as written: magic, pointer (written in the file and as the
 /// addend of its relocation), and `reserved1` when it changes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WrapperOut {
+pub(crate) struct WrapperOut {
     pub magic: u32,
     pub pointer: u64,
     pub reserved1: Option<u64>,
@@ -56,7 +56,7 @@ pub struct WrapperOut {
 /// A block of sections moved out of the grown program header table's way,
 /// into the kept page(s) of `.hip_fatbin` after the metadata.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BlockMove {
+pub(crate) struct BlockMove {
     pub start_addr: u64,
     pub end_addr: u64,
     pub start_off: u64,
@@ -80,7 +80,7 @@ impl BlockMove {
 /// after emptied sections cannot be laid out (it warns "section can't be
 /// allocated in segment"), so notes must stay ahead of the others.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NotePlace {
+pub(crate) struct NotePlace {
     pub index: usize,
     pub addr: u64,
     pub off: u64,
@@ -139,7 +139,7 @@ pub struct Plan {
 impl Plan {
     /// Where an input file offset lands in the output (`None` inside the
     /// removed range).
-    pub fn map_off(&self, o: u64) -> Option<u64> {
+    pub(crate) fn map_off(&self, o: u64) -> Option<u64> {
         let c = self.cut;
         if c.inserted > 0 {
             return Some(if o >= c.start { o + c.inserted } else { o });
@@ -154,7 +154,7 @@ impl Plan {
     }
 
     /// Is this input address inside the moved block?
-    pub fn in_block(&self, addr: u64) -> bool {
+    pub(crate) fn in_block(&self, addr: u64) -> bool {
         self.block
             .is_some_and(|bl| (bl.start_addr..bl.end_addr).contains(&addr))
     }
@@ -166,7 +166,7 @@ impl Plan {
 
     /// Where an address inside the moved block goes (a placed note's own
     /// place, or the block's).
-    pub fn moved_addr(&self, addr: u64) -> u64 {
+    pub(crate) fn moved_addr(&self, addr: u64) -> u64 {
         match self.notes.iter().find(|n| n.holds_addr(addr)) {
             Some(n) => n.new_addr + (addr - n.addr),
             None => addr.wrapping_add(self.block.map_or(0, |bl| bl.addr_delta)),
@@ -174,7 +174,7 @@ impl Plan {
     }
 
     /// Where a file offset inside the moved block goes.
-    pub fn moved_off(&self, off: u64) -> u64 {
+    pub(crate) fn moved_off(&self, off: u64) -> u64 {
         match self.notes.iter().find(|n| n.holds_off(off)) {
             Some(n) => n.new_off + (off - n.off),
             None => off.wrapping_add(self.block.map_or(0, |bl| bl.off_delta)),
@@ -182,7 +182,7 @@ impl Plan {
     }
 
     /// How far the addresses of moved section `index` move.
-    pub fn section_addr_delta(&self, index: usize) -> u64 {
+    pub(crate) fn section_addr_delta(&self, index: usize) -> u64 {
         match self.notes.iter().find(|n| n.index == index) {
             Some(n) => n.new_addr.wrapping_sub(n.addr),
             None => self.block.map_or(0, |bl| bl.addr_delta),
@@ -191,7 +191,7 @@ impl Plan {
 
     /// The end of the kept part of `.hip_fatbin` (symbols into it name the
     /// metadata afterwards).
-    pub fn kept_end(&self) -> u64 {
+    pub(crate) fn kept_end(&self) -> u64 {
         if self.split {
             self.payload_addr + self.keep
         } else {
@@ -465,7 +465,11 @@ fn restored_wrappers(
 /// offload removed) goes back into the file, X1 and the segment after it
 /// become one again, and the bundles of `request` take the free range of
 /// `hole`, each wrapper pointing at its code object's bundle.
-pub fn plan_restore(input: &Input, hole: &Hole, request: &Request) -> Result<Plan, TransformError> {
+pub(crate) fn plan_restore(
+    input: &Input,
+    hole: &Hole,
+    request: &Request,
+) -> Result<Plan, TransformError> {
     let Request::Restore {
         bundles,
         starts,
