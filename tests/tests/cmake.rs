@@ -187,18 +187,23 @@ fn installed_package_and_from_source() {
     // here), in the Debug profile. cargo's target directory is this
     // workspace's, whose debug build the test run has made already.
     let build = scratch.path().join("build-source");
-    configure_ok(
-        &consumer,
-        &build,
-        &[
-            "-DKPACK_FROM_SOURCE=ON".into(),
-            "-DKPACK_USE_CORROSION=OFF".into(),
-            "-DCMAKE_BUILD_TYPE=Debug".into(),
-            format!("-DKPACK_SOURCE_DIR={}", root.display()),
-            format!("-DKPACK_CARGO_TARGET_DIR={}", root.join("target").display()),
-        ],
-    );
-    build_and_test(&build);
+    {
+        // cargo relinks target/debug/kpack and librocm_kpack.a (with the
+        // features of both packages).
+        let _build = build_lock();
+        configure_ok(
+            &consumer,
+            &build,
+            &[
+                "-DKPACK_FROM_SOURCE=ON".into(),
+                "-DKPACK_USE_CORROSION=OFF".into(),
+                "-DCMAKE_BUILD_TYPE=Debug".into(),
+                format!("-DKPACK_SOURCE_DIR={}", root.display()),
+                format!("-DKPACK_CARGO_TARGET_DIR={}", root.join("target").display()),
+            ],
+        );
+        build_and_test(&build);
+    }
     check_build_tree(&build, scratch.path());
     assert!(
         build

@@ -537,7 +537,10 @@ fn c_runtime_loads_offloaded_fixtures() {
     // The archive as installed (prelinked: the C API alone, no C++ glue),
     // which a C program links with a C compiler only.
     let installed = dir.path().join("installed");
-    kpack_testkit::workspace::install_runtime(&installed).unwrap_or_else(|e| panic!("{e:#}"));
+    {
+        let _build = build_lock();
+        kpack_testkit::workspace::install_runtime(&installed).unwrap_or_else(|e| panic!("{e:#}"));
+    }
     let lib = installed.join("lib/librocm_kpack.a");
     let checker = dir.path().join("check");
     let mut p = Program::c("c11");

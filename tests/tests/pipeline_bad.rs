@@ -727,6 +727,8 @@ fn xtask_forwards_to_kpack() {
     let shard = t.path().join("shard");
     blas_artifact(&shard.join("blas_lib_gfx110X-dgpu"), &lib("libvadd.so"));
     let xtask = |args: &[&str]| {
+        // xtask builds and runs target/debug/kpack.
+        let _build = build_lock();
         kpack_testkit::workspace::xtask()
             .args(args)
             .env("KPACK_XTASK_PROFILE", "dev")

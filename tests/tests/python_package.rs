@@ -15,11 +15,15 @@ use crate::common::*;
 
 /// Build kpack's wheel (dev profile: reuses the test build) into `dir`.
 fn build_wheel(dir: &Path) -> PathBuf {
-    let out = run_ok(
-        kpack_testkit::workspace::xtask()
-            .args(["wheel", "--debug", "--out"])
-            .arg(dir),
-    );
+    let out = {
+        // maturin moves target/debug/kpack away while it packs.
+        let _build = build_lock();
+        run_ok(
+            kpack_testkit::workspace::xtask()
+                .args(["wheel", "--debug", "--out"])
+                .arg(dir),
+        )
+    };
     let whl = PathBuf::from(out.lines().last().expect("the wheel's path").trim());
     assert!(whl.is_file(), "{out}");
     whl

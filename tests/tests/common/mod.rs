@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{CString, OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 pub use kpack_testkit::cprog::Program;
 pub use kpack_testkit::manifest::{self, Entry, Manifest};
@@ -108,14 +108,40 @@ pub fn cpath(p: &Path) -> CString {
     CString::new(p.to_str().expect("a UTF-8 path")).expect("a path without NUL")
 }
 
+/// Held by a test while it builds, moves or runs the workspace's own build
+/// outputs in `target/` (cargo, `cargo xtask`, maturin, CMake's cargo
+/// build), which the tests of this one process would otherwise do at the
+/// same time: maturin moves `target/debug/kpack` away while it packs a
+/// wheel, and a cargo build of other packages (CMake's) relinks
+/// `target/debug/kpack` and `librocm_kpack.a`. Not held while calling
+/// [`kpack_bin`] for the first time (it takes the lock).
+pub fn build_lock() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    // A test that failed while holding it leaves nothing half-done.
+    LOCK.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// The `kpack` binary, built once per test process (in the tests'
-/// profile).
+/// profile) and run from a copy of its own (`<profile>/e2e-kpack/kpack`),
+/// which what other tests do to `target/debug/kpack` cannot touch (see
+/// [`build_lock`]).
 pub fn kpack_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        kpack_testkit::workspace::build(&["--package", "kpack-cli", "--bin", "kpack"])
-            .unwrap_or_else(|e| panic!("building kpack: {e:#}"))
-            .join("kpack")
+        let _build = build_lock();
+        let profile =
+            kpack_testkit::workspace::build(&["--package", "kpack-cli", "--bin", "kpack"])
+                .unwrap_or_else(|e| panic!("building kpack: {e:#}"));
+        let dir = profile.join("e2e-kpack");
+        std::fs::create_dir_all(&dir).unwrap();
+        // Renamed into place: another test process may be running the copy
+        // it made.
+        let tmp = dir.join(format!(".kpack-{}", std::process::id()));
+        std::fs::copy(profile.join("kpack"), &tmp)
+            .unwrap_or_else(|e| panic!("copying {}: {e}", profile.join("kpack").display()));
+        let bin = dir.join("kpack");
+        std::fs::rename(&tmp, &bin).unwrap();
+        bin
     })
     .clone()
 }
