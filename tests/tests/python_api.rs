@@ -4,33 +4,11 @@
 //! CPython 3.9 and the newest one when installed: `cargo xtask py-env`
 //! lists them), and the pytest suite of `python/tests` runs there.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use crate::common::wheel::*;
 use crate::common::*;
-
-fn build_wheel(dir: &Path) -> PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = run_ok(
-        Command::new(cargo)
-            .args([
-                "run",
-                "--quiet",
-                "--package",
-                "xtask",
-                "--",
-                "wheel",
-                "--debug",
-                "--out",
-            ])
-            .arg(dir)
-            .current_dir(workspace()),
-    );
-    let whl = PathBuf::from(out.lines().last().expect("the wheel's path").trim());
-    assert!(whl.is_file(), "{out}");
-    whl
-}
 
 /// The interpreters to test on: the environment's own, then those
 /// `cargo xtask py-env` found (3.9, the newest).
@@ -47,7 +25,7 @@ fn interpreters() -> Vec<PathBuf> {
 fn python_api_tests_pass_on_the_installed_wheel() {
     let tmp = scratch();
     let t = tmp.path();
-    let whl = build_wheel(&t.join("kw"));
+    let whl = crate::python_package::build_wheel(&t.join("kw"));
     let pythons = interpreters();
     let mut ran = Vec::new();
     for (i, py) in pythons.iter().enumerate() {

@@ -13,8 +13,9 @@ use std::process::{Command, Output};
 use crate::common::wheel::*;
 use crate::common::*;
 
-/// Build kpack's wheel (dev profile: reuses the test build) into `dir`.
-fn build_wheel(dir: &Path) -> PathBuf {
+/// Build kpack's wheel (dev profile: reuses the test build) into `dir`
+/// (also for the Python API's tests).
+pub(crate) fn build_wheel(dir: &Path) -> PathBuf {
     let out = {
         // maturin moves target/debug/kpack away while it packs.
         let _build = build_lock();
