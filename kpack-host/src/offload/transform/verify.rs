@@ -15,10 +15,10 @@ use serde::Serialize;
 use crate::binary::{HostBinary, WrapperSlot};
 use crate::bundle::for_each_bundle;
 use crate::elf::{
-    ElfError, ElfView, PhdrExt, ProgramHeader, RelocKinds, Relocations, Section, FATBIN_SECTION,
-    LE, METADATA_SECTION, PHDR_SIZE, WRAPPER_SECTION,
+    ElfError, ElfView, PhdrExt, ProgramHeader, RelocKinds, Relocations, FATBIN_SECTION, LE,
+    METADATA_SECTION, PHDR_SIZE, WRAPPER_SECTION,
 };
-use crate::hipk::{HipkMetadata, HIPF_MAGIC, HIPK_MAGIC, MAX_METADATA_SIZE, WRAPPER_SIZE};
+use crate::hipk::{HipkMetadata, HIPF_MAGIC, HIPK_MAGIC, MAX_METADATA_SIZE};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum VerifyError {
@@ -339,10 +339,8 @@ fn check_wrappers(
             bad.push(format!("no {WRAPPER_SECTION} section"));
             return Vec::new();
         }
-        Ok(Some(s)) if !wrapper_array(&s) => {
-            bad.push(format!(
-                "{WRAPPER_SECTION} is not an array of {WRAPPER_SIZE}-byte wrappers"
-            ));
+        Ok(Some(s)) if s.is_nobits() => {
+            bad.push(format!("{WRAPPER_SECTION} has no bytes in the file"));
             return Vec::new();
         }
         Ok(Some(_)) => {}
@@ -396,10 +394,6 @@ pub(crate) fn check_hipk_wrapper(
         ));
     }
     w.reserved1
-}
-
-fn wrapper_array(s: &Section) -> bool {
-    s.size.is_multiple_of(WRAPPER_SIZE as u64) && !s.is_nobits()
 }
 
 /// What a valid fat binary (a pruned or restored one) holds.
