@@ -39,6 +39,9 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "librsvg2-bin",
     // Runs the Windows fixtures (PE32+ DLLs and EXEs): /usr/lib/wine/wine64.
     "wine64",
+    // The fourth linker of the AddressSanitizer tests (padded wrapper
+    // tables): lld, GNU ld and gold come with lld-19 and binutils.
+    "mold",
 ];
 
 pub fn run(sh: &Shell, root: &Path) -> Result<()> {
