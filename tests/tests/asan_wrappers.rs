@@ -506,3 +506,150 @@ fn damaged_padded_records_are_errors() {
         assert!(!out.exists());
     }
 }
+
+/// clang 19 for `x86_64-pc-windows-msvc` pads the same way: a DLL of a
+/// plain unit and two ASan units has a 160-byte `.hipFatB` with records at
+/// +0x0, +0x20 and +0x60. Offloaded, verified and run under Wine (the ASan
+/// entry points the units call are stubs: no Windows ASan runtime here;
+/// the globals instrumentation, which pads the records, needs none), every
+/// wrapper the stand-in `amdhip64.dll` is handed resolves to the bundler's
+/// bytes. A record zeroed in the file is refused (its DIR64 base relocation
+/// then applies between records).
+#[test]
+fn pe_mixed_table() {
+    use kpack_testkit::manifest::{wine_path, Host, WINE};
+    let w = fixtures_dir().join(Host::X86_64Windows.dir());
+    let hip = workspace().join("integration/hip");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let target = "--target=x86_64-pc-windows-msvc";
+    std::fs::write(
+        d.join("asanstub.c"),
+        "void __asan_init(void) {}\nvoid __asan_version_mismatch_check_v8(void) {}\n\
+         #define S(n) void __asan_load##n(void *p) { (void)p; } void __asan_store##n(void *p) { (void)p; }\n\
+         S(1) S(2) S(4) S(8) S(16)\n",
+    )
+    .unwrap();
+    run_ok(
+        Command::new("clang-19")
+            .args([target, "-O2", "-c", "-o"])
+            .arg(d.join("asanstub.o"))
+            .arg(d.join("asanstub.c")),
+    );
+    let mut objects = Vec::new();
+    for (stem, asan) in [("histogram", false), ("vadd", true), ("reduce", true)] {
+        let o = d.join(format!("{stem}.o"));
+        let mut c = Command::new(CLANGXX);
+        c.args([target, "-O2", "-x", "hip", "-nogpulib", "-nogpuinc", "-c"]);
+        c.args(TARGETS.iter().map(|t| format!("--offload-arch={t}")));
+        if asan {
+            // Checks of loads and stores as calls (to the stubs), none on
+            // the stack.
+            c.args(["-Xarch_host", "-fsanitize=address"]);
+            c.args(["-mllvm", "-asan-instrumentation-with-call-threshold=0"]);
+            c.args(["-mllvm", "-asan-stack=0"]);
+        }
+        run_ok(
+            c.arg("-I")
+                .arg(&hip)
+                .arg(hip.join(format!("{stem}.hip")))
+                .arg("-o")
+                .arg(&o),
+        );
+        objects.push(o);
+    }
+    let dll = d.join("mixed.dll");
+    run_ok(
+        Command::new(CLANGXX)
+            .args([target, "-fuse-ld=lld", "-nostdlib", "-shared"])
+            .args([
+                "-Wl,-entry:_DllMainCRTStartup",
+                "-Wl,-export:reduce_host_check",
+            ])
+            .args(&objects)
+            .arg(d.join("asanstub.o"))
+            .arg(w.join("crt.o"))
+            .arg(w.join("amdhip64.lib"))
+            .arg("-o")
+            .arg(&dll),
+    );
+    let bytes = std::fs::read(&dll).unwrap();
+    let pe = kpack_host::pe::PeView::parse(&bytes).unwrap();
+    let seg = pe.section(".hipFatB").unwrap().unwrap();
+    assert_eq!(seg.mem_size(), 160, "the table is padded");
+    let ls: Value = serde_json::from_str(&kpack_ok(&[&"ls", &dll, &"--json"])).unwrap();
+    assert_eq!(ls["wrappers"].as_array().unwrap().len(), 3);
+
+    let out = d.join("bin/mixed.dll");
+    kpack_ok(&[
+        &"offload",
+        &dll,
+        &"-o",
+        &out,
+        &"--archive-dir",
+        &d.join(".kpack"),
+    ]);
+    kpack_ok(&[&"verify-elf", &out]);
+    let after = std::fs::read(&out).unwrap();
+    let pe_out = kpack_host::pe::PeView::parse(&after).unwrap();
+    let (t_in, t_out) = (seg.data, pe_out.section(".hipFatB").unwrap().unwrap().data);
+    for at in 0..160 {
+        if ![0usize, 32, 96].iter().any(|&r| (r..r + 24).contains(&at)) {
+            assert_eq!((t_in[at], t_out[at]), (0, 0), "padding +{at:#x}");
+        }
+    }
+
+    // Under Wine: the fixtures' prefix (see windows.rs).
+    let prefix = w.join("wineprefix");
+    let boot = Command::new(WINE)
+        .args(["wineboot", "--init"])
+        .env("WINEPREFIX", &prefix)
+        .env("WINEDEBUG", "-all")
+        .output()
+        .expect("wine64");
+    assert!(boot.status.success());
+    let text = run_ok(
+        Host::X86_64Windows
+            .command(&w.join("winload.exe"))
+            .arg(wine_path(&out))
+            .arg("reduce_host_check")
+            .env("WINEPREFIX", &prefix),
+    );
+    let mut lines = text.lines();
+    assert_eq!(lines.next().map(str::trim), Some("500500"));
+    let truth = code_objects(&dll);
+    let loader = kpack_loader::Loader::new(kpack_loader::Config::default());
+    let mut n = 0;
+    for (i, l) in lines.enumerate() {
+        let p: Vec<&str> = l.trim().split(' ').collect();
+        assert_eq!(u32::from_str_radix(p[0], 16).unwrap(), HIPK_MAGIC);
+        assert_eq!(p[2], i.to_string(), "co_index of wrapper {i}");
+        let meta: Vec<u8> = (0..p[3].len() / 2)
+            .map(|k| u8::from_str_radix(&p[3][2 * k..2 * k + 2], 16).unwrap())
+            .collect();
+        for t in TARGETS {
+            let got = loader
+                .load_code_object(&meta, &out, i as u32, &[t])
+                .unwrap();
+            assert!(got == truth[&(i, t.to_string())], "wrapper {i} {t}");
+        }
+        n += 1;
+    }
+    assert_eq!(n, 3, "wrappers handed to the runtime");
+
+    // Damage: record 1 zeroed in the file.
+    let mut b = bytes.clone();
+    let off = seg.raw_offset as usize;
+    b[off + 32..off + 56].fill(0);
+    let bad = d.join("bad.dll");
+    std::fs::write(&bad, b).unwrap();
+    let err = kpack_fails(&[
+        &"offload",
+        &bad,
+        &"-o",
+        &d.join("x.dll"),
+        &"--archive-dir",
+        &d.join("k"),
+    ]);
+    assert!(err.contains("between wrapper records"), "{err}");
+}
