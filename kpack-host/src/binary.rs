@@ -31,8 +31,9 @@ pub enum Class {
     /// A host binary (executable or shared object) that carries its device
     /// code: a `.hip_fatbin` section with bytes in the file.
     Fat,
-    /// A host binary whose device code was offloaded: `.hip_fatbin` NOBITS
-    /// (or gone), HIPK metadata present, every wrapper HIPK.
+    /// A host binary whose device code was offloaded: HIPK metadata
+    /// present, every wrapper HIPK, `.hip_fatbin` NOBITS or gone (or, as
+    /// the reference tools leave a small one, still with its bytes).
     Offloaded,
     /// A host binary without device code (no `.hip_fatbin`).
     HostOnly,
@@ -477,6 +478,12 @@ impl<'a> HostBinary<'a> {
         // A debug-info file keeps the section headers, NOBITS.
         let has_metadata = matches!(self.metadata(), Ok(Some(m)) if m.in_file);
         match fatbin {
+            // The reference tools leave a `.hip_fatbin` with no whole page
+            // in the file as it was (formats.md §4.3): HIPK wrappers and the
+            // metadata make the binary offloaded all the same (the runtime
+            // loads through the archives); the verifier warns about the
+            // leftover bytes.
+            Some(_) if fat && wrappers.all_hipk() && has_metadata => Class::Offloaded,
             Some(_) if fat => Class::Fat,
             Some(_) if wrappers.all_hipk() => Class::Offloaded,
             Some(_) if wrappers.is_empty() && has_metadata => Class::Offloaded,
