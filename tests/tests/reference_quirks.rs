@@ -331,8 +331,11 @@ fn reference_library_with_its_fatbin_left_is_offloaded() {
     let why = kpack_ok(&[&"why", &t.binary, &"--arch", &"gfx1100"]);
     assert!(why.contains("=> loads gfx1100"), "{why}");
     for other in ["gfx942", "gfx1101"] {
-        std::fs::remove_file(t.root.join(format!(".kpack/libvadd_compressed_{other}.kpack")))
-            .unwrap();
+        std::fs::remove_file(
+            t.root
+                .join(format!(".kpack/libvadd_compressed_{other}.kpack")),
+        )
+        .unwrap();
     }
     let ex = tempfile::tempdir().unwrap();
     kpack_ok(&[&"extract", &t.binary, &"-o", &ex.path()]);

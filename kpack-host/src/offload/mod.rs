@@ -493,10 +493,17 @@ pub fn verify_fat_file(path: &Path) -> Result<VerifiedFat> {
 /// ([`verify::Rules::Shipped`]).
 pub fn verify_file(path: &Path) -> Result<Verified> {
     let mapped = map_file(path)?;
-    if crate::pe::is_pe(&mapped) {
-        return pe::verify_pe(&mapped, None).with_path(path);
+    verify_shipped(&mapped).with_path(path)
+}
+
+/// Check an offloaded binary (ELF or PE) whoever wrote it: the reference
+/// tools' shipped defects are accepted with warnings
+/// ([`verify::Rules::Shipped`]).
+pub fn verify_shipped(b: &[u8]) -> Result<Verified, VerifyError> {
+    if crate::pe::is_pe(b) {
+        return pe::verify_pe(b, None);
     }
-    verify::verify_elf_with(&mapped, None, verify::Rules::Shipped).with_path(path)
+    verify::verify_elf_with(b, None, verify::Rules::Shipped)
 }
 
 #[cfg(test)]
