@@ -424,6 +424,27 @@ fn check_offload(shape: Shape, linker: &str, input: &Path) {
     for at in (0..table_in.len()).filter(|&at| !in_record(at)) {
         assert_eq!(table_restored[at], 0, "{name}: restored padding +{at:#x}");
     }
+
+    // pack-tree packs it like any fat binary, and verify --tree finds the
+    // tree sound (every kernel of every code object named by the binary).
+    let tree_in = dir.path().join("tree-in/lib");
+    std::fs::create_dir_all(&tree_in).unwrap();
+    std::fs::copy(input, tree_in.join(&name)).unwrap();
+    let tree = dir.path().join("tree");
+    kpack_ok(&[
+        &"pack-tree",
+        &"--input",
+        &tree_in.parent().unwrap(),
+        &"--output",
+        &tree,
+        &"--group-name",
+        &"asan",
+    ]);
+    let ok = kpack_ok(&[&"verify", &"--tree", &tree]);
+    assert!(
+        ok.contains("OK: 1 binary with device code (1 offloaded)"),
+        "{name}: {ok}"
+    );
 }
 
 fn check_linker(linker: &str) {

@@ -272,3 +272,24 @@ fn artifacts_with_code_objects_of_another_build() {
         "{text}"
     );
 }
+
+/// A real library nobody here built (Debian's librocrand, one build) packed
+/// as a tree passes: every code object shares kernels with the binary.
+#[test]
+fn a_real_library_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in/lib");
+    std::fs::create_dir_all(&input).unwrap();
+    std::fs::copy(LIBROCRAND, input.join("librocrand.so.1.1")).unwrap();
+    let tree = dir.path().join("tree");
+    kpack_ok(&[
+        &"pack-tree",
+        &"--input",
+        &input.parent().unwrap(),
+        &"--output",
+        &tree,
+        &"--group-name",
+        &"rocrand",
+    ]);
+    assert!(problems(&tree).is_empty());
+}

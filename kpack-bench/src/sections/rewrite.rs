@@ -126,13 +126,26 @@ fn verify_tree(ctx: &Ctx, dir: &Path) -> Result<Vec<Row>> {
         kernels = read_symbol_tables(&tree.join(".kpack"))?;
         floor.wall.push(t0.elapsed().as_secs_f64());
         let r = resident(&[&tree]);
-        one.push(timed(&ctx.kpack, &args!["verify", "--tree", &tree, "-j", "1"], dir)?, r);
-        all.push(timed(&ctx.kpack, &args!["verify", "--tree", &tree], dir)?, r);
+        one.push(
+            timed(
+                &ctx.kpack,
+                &args!["verify", "--tree", &tree, "-j", "1"],
+                dir,
+            )?,
+            r,
+        );
+        all.push(
+            timed(&ctx.kpack, &args!["verify", "--tree", &tree], dir)?,
+            r,
+        );
     }
     let mut f = Row::new(
         s,
         "verify_tree_floor",
-        format!("read the TOCs and every code object's symbol table ({}, 1 thread)", lib.name),
+        format!(
+            "read the TOCs and every code object's symbol table ({}, 1 thread)",
+            lib.name
+        ),
     );
     floor.fill(&mut f);
     f.details = json!({"kernels": kernels});

@@ -18,8 +18,8 @@
 //!   no code object at all for one of those targets (it was built for fewer
 //!   targets than its neighbours) is a warning, not a problem: the fat
 //!   binary could not have run there either. A code object that loads but
-//!   defines kernels the binary does not name comes from another build (as
-//!   `verify --tree` reports, formats.md §6.7).
+//!   defines only kernels the binary does not name comes from another
+//!   build (as `verify --tree` reports, formats.md §6.7).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -426,8 +426,8 @@ fn resolve_component(
 /// The first word of a SPIR-V module (0x07230203), as stored.
 const SPIRV_MAGIC: [u8; 4] = 0x0723_0203u32.to_le_bytes();
 
-/// The problems of code objects of `b` (installed at `path`) whose
-/// kernels `b` does not name: another build's, installed with `device`.
+/// The problems of code objects of `b` (installed at `path`) none of
+/// whose kernels `b` names: another build's, installed with `device`.
 fn foreign_code_objects(
     path: &Path,
     b: &Binary,
@@ -447,13 +447,17 @@ fn foreign_code_objects(
     let missing = unnamed_kernels(&bin, &all);
     cos.iter()
         .filter_map(|(target, co, kernels)| {
-            let foreign: Vec<&String> = kernels.iter().filter(|k| missing.contains(*k)).collect();
-            let first = foreign.first()?;
+            // Builds define kernels their host code never registers: only
+            // a code object none of whose kernels the binary names is
+            // another build's.
+            if !kernels.iter().all(|k| missing.contains(k)) {
+                return None;
+            }
+            let first = kernels.first()?;
             Some(format!(
-                "{}: code object {}#{co} for {target} (installed with {device}) comes from another build: {} of its {} kernels are not named by the binary (e.g. {first})",
+                "{}: code object {}#{co} for {target} (installed with {device}) comes from another build: the binary names none of its {} kernels (e.g. {first})",
                 b.shown,
                 b.kernel_name,
-                foreign.len(),
                 kernels.len()
             ))
         })
