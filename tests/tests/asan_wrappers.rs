@@ -28,7 +28,6 @@ const CLANGXX: &str = "clang++-19";
 const TARGETS: &[&str] = &["gfx1100", "gfx942"];
 /// clang 19's ASan runtime, which an ASan library needs loaded first.
 const ASAN_RUNTIME: &str = "/usr/lib/llvm-19/lib/clang/19/lib/linux/libclang_rt.asan-x86_64.so";
-const LINKERS: &[&str] = &["lld", "bfd", "gold", "mold"];
 
 /// The translation units, compiled once per test process: three with ASan
 /// on the host side, one plain, and the PIE's main (ASan).

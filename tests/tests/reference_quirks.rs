@@ -411,7 +411,8 @@ fn damaged_reference_outputs_still_fail() {
             .find(|&p| u32a(&b, p) == PT_PHDR)
             .unwrap()
     };
-    let cases: Vec<(&str, Box<dyn Fn(&mut Vec<u8>)>, &str)> = vec![
+    type Damage = Box<dyn Fn(&mut Vec<u8>)>;
+    let cases: Vec<(&str, Damage, &str)> = vec![
         (
             "magic",
             Box::new(move |b| b[seg..seg + 4].copy_from_slice(b"XXXX")),

@@ -388,7 +388,7 @@ fn resolve_component(
         report.wrappers_resolved += results.iter().filter(|r| r.is_ok()).count();
         // Code objects of another build: kernels the binary does not name
         // (formats.md §6.7), per binary, one pass over its strings.
-        let mut by_binary: BTreeMap<&str, Vec<(&str, u64, BTreeSet<String>)>> = BTreeMap::new();
+        let mut by_binary: BTreeMap<&str, Vec<LoadedCodeObject>> = BTreeMap::new();
         let mut binary_of: BTreeMap<&str, &Binary> = BTreeMap::new();
         for ((b, target, co), r) in tasks.iter().zip(results) {
             match r {
@@ -426,12 +426,16 @@ fn resolve_component(
 /// The first word of a SPIR-V module (0x07230203), as stored.
 const SPIRV_MAGIC: [u8; 4] = 0x0723_0203u32.to_le_bytes();
 
+/// A code object loaded for a binary: (target, code object index, the
+/// kernels it defines).
+type LoadedCodeObject<'a> = (&'a str, u64, BTreeSet<String>);
+
 /// The problems of code objects of `b` (installed at `path`) none of
 /// whose kernels `b` names: another build's, installed with `device`.
 fn foreign_code_objects(
     path: &Path,
     b: &Binary,
-    cos: &[(&str, u64, BTreeSet<String>)],
+    cos: &[LoadedCodeObject],
     device: &str,
 ) -> Vec<String> {
     let all: BTreeSet<String> = cos.iter().flat_map(|(_, _, k)| k.iter().cloned()).collect();
