@@ -126,8 +126,15 @@ struct Common {
 #[derive(Args)]
 pub struct VerifyArgs {
     /// Directory of split (or recombined) artifacts.
-    #[arg(long, value_name = "DIR")]
-    artifacts_dir: PathBuf,
+    #[arg(long, value_name = "DIR", required_unless_present = "tree")]
+    artifacts_dir: Option<PathBuf>,
+    /// An install tree (host binaries and `.kpack` archives, as pack-tree
+    /// and installed artifacts lay them out): fat binaries where the
+    /// archives expect offloaded ones, offloaded binaries that resolve for
+    /// no target, code objects of another build under a binary's keys,
+    /// invalid binaries and archives. One line per problem; exit 1 if any.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["artifacts_dir", "config", "split_databases"])]
+    tree: Option<PathBuf>,
     /// The packaging config: the artifacts are recombined ones, named after
     /// its groups.
     #[arg(long, value_name = "FILE")]
@@ -326,12 +333,16 @@ fn print_split(summary: &SplitSummary) {
 }
 
 fn verify(a: VerifyArgs) -> CliResult {
+    if let Some(tree) = &a.tree {
+        return verify_tree(tree, &a);
+    }
+    let dir = a.artifacts_dir.clone().expect("clap requires it");
     let config = a.config.as_deref().map(PackagingConfig::load).transpose()?;
     let databases = Database::parse_list(&a.split_databases)?;
     let reporter = Reporter::new(a.verbose, a.json);
     let opts = VerifyOptions { config, databases };
     let report = with_jobs(jobs(a.jobs), || {
-        artifact::verify_artifacts(&a.artifacts_dir, &opts, &reporter)
+        artifact::verify_artifacts(&dir, &opts, &reporter)
     });
     reporter.finish();
     let report = report??;
@@ -339,6 +350,43 @@ fn verify(a: VerifyArgs) -> CliResult {
         print_json(&report);
     } else {
         print_verify(&report);
+    }
+    if !report.ok() {
+        return Err(ArtifactError::VerifyFailed {
+            problems: report.problems.len(),
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// `verify --tree`: one line per problem (`<binary>: <problem>`), a
+/// summary line when there is none.
+fn verify_tree(tree: &Path, a: &VerifyArgs) -> CliResult {
+    let reporter = Reporter::new(a.verbose, a.json);
+    let report = with_jobs(jobs(a.jobs), || {
+        kpack_engine::install_tree::verify_tree(tree, &reporter)
+    });
+    reporter.finish();
+    let report = report??;
+    if a.json {
+        print_json(&report);
+    } else {
+        for p in &report.problems {
+            outln!("{}: {}", p.binary, p.message);
+        }
+        if report.ok() {
+            outln!(
+                "{}: OK: {} binar{} with device code ({} offloaded), {} archive(s), {} code object(s) read; targets: {}",
+                tree.display(),
+                report.binaries,
+                if report.binaries == 1 { "y" } else { "ies" },
+                report.offloaded,
+                report.archives,
+                report.code_objects,
+                if report.targets.is_empty() { "none".to_string() } else { report.targets.join(", ") }
+            );
+        }
     }
     if !report.ok() {
         return Err(ArtifactError::VerifyFailed {

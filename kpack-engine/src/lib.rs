@@ -8,7 +8,8 @@
 //! - `databases` ([`Database`]): the kernel-database handlers (which files belong to
 //!   which GPU target);
 //! - `observer` ([`Observer`]): notes, warnings and progress, for the CLI to show;
-//! - [`size`]: where the bytes of binaries, archives, trees and wheels go.
+//! - [`size`]: where the bytes of binaries, archives, trees and wheels go;
+//! - [`install_tree`]: `verify --tree`, install trees that mix builds.
 //!
 //! Nothing here prints; every failure is an [`ArtifactError`] (or a
 //! [`wheel::WheelError`]) naming the file and the problem.
@@ -18,6 +19,7 @@
 pub mod artifact;
 mod databases;
 mod error;
+pub mod install_tree;
 mod observer;
 mod pack;
 pub mod size;

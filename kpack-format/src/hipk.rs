@@ -1,6 +1,7 @@
 //! The host side of an offloaded binary (formats.md §4.1, §4.2): the 24-byte
-//! `__CudaFatBinaryWrapper` records of `.hipFatBinSegment`, and the HIPK
-//! metadata blob (section `.rocm_kpack_ref`) that a `HIPK` wrapper points at.
+//! `__CudaFatBinaryWrapper` records of `.hipFatBinSegment`, where they lie in
+//! a table that may be padded ([`record_offsets`]), and the HIPK metadata
+//! blob (section `.rocm_kpack_ref`) that a `HIPK` wrapper points at.
 //!
 //! The metadata is a MessagePack map
 //! `{"kpack_search_paths": [str, ...], "kernel_name": str}`; [`HipkMetadata::encode`]
@@ -22,6 +23,8 @@ pub const HIPK_MAGIC: u32 = 0x4B50_4948;
 pub const WRAPPER_VERSION: u32 = 1;
 /// Size of one wrapper record in bytes.
 pub const WRAPPER_SIZE: usize = 24;
+/// Records start on multiples of this (relative to the table's start).
+pub const RECORD_ALIGN: usize = 8;
 /// The runtime reads at most this many bytes of metadata.
 pub const MAX_METADATA_SIZE: usize = 64 * 1024;
 
@@ -77,6 +80,53 @@ impl Wrapper {
     pub fn is_hipk(&self) -> bool {
         self.magic == HIPK_MAGIC
     }
+}
+
+/// Why the bytes of a wrapper table do not lay out as records
+/// ([`record_offsets`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TableError {
+    #[error("size {size} is not a multiple of {RECORD_ALIGN}")]
+    Unaligned { size: usize },
+    #[error("a record at +{at:#x} runs past the end of the table ({size} bytes)")]
+    Truncated { at: usize, size: usize },
+    #[error("{size} bytes, all zero: no wrapper record")]
+    Empty { size: usize },
+}
+
+/// Where the records of a wrapper table start, in order (formats.md §4.1).
+///
+/// A plain table is an array of 24-byte records; an AddressSanitizer build
+/// follows each record with a zero red zone (64-byte slots), and a link that
+/// mixes both has no constant stride. The records are found by layout, not
+/// by `index × 24` and not by looking for a magic: every 8-aligned position
+/// whose 8 bytes are not all zero starts a 24-byte record, and the search
+/// goes on after it. A record with a wrong magic is thus still a record (the
+/// caller reports its magic), never padding. A table whose size is not a
+/// multiple of 8, whose last record is cut short, or that holds only zero
+/// bytes is refused.
+pub fn record_offsets(table: &[u8]) -> Result<Vec<usize>, TableError> {
+    let size = table.len();
+    if !size.is_multiple_of(RECORD_ALIGN) {
+        return Err(TableError::Unaligned { size });
+    }
+    let mut out = Vec::with_capacity(size / WRAPPER_SIZE);
+    let mut at = 0;
+    while at < size {
+        if table[at..at + RECORD_ALIGN].iter().all(|&b| b == 0) {
+            at += RECORD_ALIGN;
+            continue;
+        }
+        if size - at < WRAPPER_SIZE {
+            return Err(TableError::Truncated { at, size });
+        }
+        out.push(at);
+        at += WRAPPER_SIZE;
+    }
+    if out.is_empty() && size > 0 {
+        return Err(TableError::Empty { size });
+    }
+    Ok(out)
 }
 
 /// Why bytes are not valid HIPK metadata.
@@ -343,6 +393,63 @@ mod tests {
             search_paths: vec!["p".into()],
         };
         assert_eq!(HipkMetadata::decode(&fits.encode()).unwrap(), fits);
+    }
+
+    fn record(magic: u32, pointer: u64) -> [u8; WRAPPER_SIZE] {
+        Wrapper {
+            magic,
+            version: WRAPPER_VERSION,
+            binary: pointer,
+            reserved1: 0,
+        }
+        .to_bytes()
+    }
+
+    #[test]
+    fn records_by_layout() {
+        // Plain: a 24-byte stride (pointers zero in the file: RELA).
+        let plain: Vec<u8> = (0..3).flat_map(|_| record(HIPF_MAGIC, 0)).collect();
+        assert_eq!(record_offsets(&plain).unwrap(), vec![0, 24, 48]);
+        // ASan: 64-byte slots, three of them (192 = 8 × 24 bytes).
+        let mut asan = vec![0u8; 192];
+        for i in 0..3 {
+            asan[i * 64..i * 64 + 24].copy_from_slice(&record(HIPF_MAGIC, 0));
+        }
+        assert_eq!(record_offsets(&asan).unwrap(), vec![0, 64, 128]);
+        // Mixed: a plain record, an 8-byte gap, two padded slots.
+        let mut mixed = vec![0u8; 160];
+        for at in [0, 32, 96] {
+            mixed[at..at + 24].copy_from_slice(&record(HIPF_MAGIC, 0));
+        }
+        assert_eq!(record_offsets(&mixed).unwrap(), vec![0, 32, 96]);
+        // A record with a wrong magic is a record, not padding.
+        mixed[32..36].copy_from_slice(b"XXXX");
+        assert_eq!(record_offsets(&mixed).unwrap(), vec![0, 32, 96]);
+        // A zeroed magic and version with a pointer in the file (ET_EXEC):
+        // the pointer is taken for the start of a record, whose "magic"
+        // the caller refuses.
+        mixed[32..40].fill(0);
+        mixed[40..48].copy_from_slice(&0x1234u64.to_le_bytes());
+        assert_eq!(record_offsets(&mixed).unwrap(), vec![0, 40, 96]);
+        assert_eq!(record_offsets(&[]).unwrap(), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn bad_tables() {
+        assert_eq!(
+            record_offsets(&[0u8; 20]),
+            Err(TableError::Unaligned { size: 20 })
+        );
+        assert_eq!(
+            record_offsets(&[0u8; 64]),
+            Err(TableError::Empty { size: 64 })
+        );
+        let mut t = vec![0u8; 40];
+        t[24..32].copy_from_slice(&record(HIPF_MAGIC, 0)[..8]);
+        assert_eq!(
+            record_offsets(&t),
+            Err(TableError::Truncated { at: 24, size: 40 })
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@ use crate::elf::{
     ElfError, ElfType, ElfView, Pointer, Relocations, FATBIN_SECTION, METADATA_SECTION,
     WRAPPER_SECTION,
 };
-use crate::hipk::{Wrapper, HIPF_MAGIC, HIPK_MAGIC, WRAPPER_SIZE};
+use crate::hipk::{record_offsets, Wrapper, HIPF_MAGIC, HIPK_MAGIC, WRAPPER_SIZE};
 use crate::pe::{self, BaseReloc, PeError, PeKind, PeView};
 
 /// The magic of a static archive (`ar`).
@@ -31,8 +31,9 @@ pub enum Class {
     /// A host binary (executable or shared object) that carries its device
     /// code: a `.hip_fatbin` section with bytes in the file.
     Fat,
-    /// A host binary whose device code was offloaded: `.hip_fatbin` NOBITS
-    /// (or gone), HIPK metadata present, every wrapper HIPK.
+    /// A host binary whose device code was offloaded: HIPK metadata
+    /// present, every wrapper HIPK, `.hip_fatbin` NOBITS or gone (or, as
+    /// the reference tools leave a small one, still with its bytes).
     Offloaded,
     /// A host binary without device code: no `.hip_fatbin`, or one that
     /// holds none (empty, only zeros, or NOBITS in a binary that is not
@@ -384,6 +385,14 @@ impl<'a> HostBinary<'a> {
 
     /// The wrapper table; empty when the section is missing or has no bytes
     /// in the file.
+    ///
+    /// The records are found by layout ([`record_offsets`]: a table may be
+    /// padded, as AddressSanitizer builds pad each record to 64 bytes, or
+    /// mix padded and plain records), and the table must be consistent:
+    /// every relocation that applies inside it (ELF dynamic or packed
+    /// relocations, PE base relocations) applies to a record's pointer, so
+    /// that a record zeroed in the file but still relocated is damage, not
+    /// padding.
     pub fn wrappers(&self) -> Result<WrapperTable, BinaryError> {
         let Some(sec) = self.section(Role::Wrappers)? else {
             return Ok(WrapperTable::default());
@@ -391,27 +400,24 @@ impl<'a> HostBinary<'a> {
         if sec.is_nobits() {
             return Ok(WrapperTable::default());
         }
-        let problem = if sec.size % WRAPPER_SIZE as u64 != 0 {
-            Some(format!(
-                "size {} is not a multiple of {WRAPPER_SIZE}",
-                sec.size
-            ))
-        } else if (sec.data.len() as u64) < sec.size {
-            Some(format!(
+        let bad = |problem: String| -> BinaryError {
+            let name = sec.name.clone();
+            match self {
+                HostBinary::Elf(_) => ElfError::BadSection { name, problem }.into(),
+                HostBinary::Pe(_) => PeError::BadSection { name, problem }.into(),
+            }
+        };
+        let Some(bytes) = usize::try_from(sec.size)
+            .ok()
+            .and_then(|n| sec.data.get(..n))
+        else {
+            return Err(bad(format!(
                 "only {} of its {} bytes are in the file",
                 sec.data.len(),
                 sec.size
-            ))
-        } else {
-            None
+            )));
         };
-        if let Some(problem) = problem {
-            let name = sec.name;
-            return Err(match self {
-                HostBinary::Elf(_) => ElfError::BadSection { name, problem }.into(),
-                HostBinary::Pe(_) => PeError::BadSection { name, problem }.into(),
-            });
-        }
+        let offsets = record_offsets(bytes).map_err(|e| bad(e.to_string()))?;
         let mut table = match self {
             HostBinary::Elf(e) => WrapperTable {
                 relocs: Relocations::read(e)?,
@@ -422,14 +428,28 @@ impl<'a> HostBinary<'a> {
                 ..WrapperTable::default()
             },
         };
-        table.slots = (0..sec.size as usize / WRAPPER_SIZE)
-            .map(|index| self.slot(&sec, &table, index))
+        table.slots = offsets
+            .iter()
+            .enumerate()
+            .map(|(index, &at)| self.slot(&sec, &table, index, at as u64))
             .collect();
+        table.padding = sec.size - (offsets.len() * WRAPPER_SIZE) as u64;
+        if let Some(at) = table.stray_relocation(sec.addr, sec.size) {
+            return Err(bad(format!(
+                "a relocation applies at +{:#x}, between wrapper records (a record zeroed in the file?)",
+                at - sec.addr
+            )));
+        }
         Ok(table)
     }
 
-    fn slot(&self, sec: &DeviceSection, table: &WrapperTable, index: usize) -> WrapperSlot {
-        let at = (index * WRAPPER_SIZE) as u64;
+    fn slot(
+        &self,
+        sec: &DeviceSection,
+        table: &WrapperTable,
+        index: usize,
+        at: u64,
+    ) -> WrapperSlot {
         let raw = bytes::array_at(sec.data, at).expect("inside the section");
         let (offset, addr) = (sec.offset + at, sec.addr + at);
         let pointer = match self {
@@ -510,6 +530,12 @@ impl<'a> HostBinary<'a> {
         // A debug-info file keeps the section headers, NOBITS.
         let has_metadata = matches!(self.metadata(), Ok(Some(m)) if m.in_file);
         match fatbin {
+            // The reference tools leave a `.hip_fatbin` with no whole page
+            // in the file as it was (formats.md §4.3): HIPK wrappers and the
+            // metadata make the binary offloaded all the same (the runtime
+            // loads through the archives); the verifier warns about the
+            // leftover bytes.
+            Some(_) if fat && wrappers.all_hipk() && has_metadata => Class::Offloaded,
             Some(_) if fat => Class::Fat,
             Some(_) if wrappers.all_hipk() => Class::Offloaded,
             Some(_) if wrappers.is_empty() && has_metadata => Class::Offloaded,
@@ -550,6 +576,8 @@ impl<'a> HostBinary<'a> {
 /// One `__CudaFatBinaryWrapper` of the wrapper table.
 #[derive(Debug, Clone)]
 pub struct WrapperSlot {
+    /// Its place among the records (not its offset divided by 24: a table
+    /// may be padded).
     pub index: usize,
     /// File offset of the wrapper.
     pub offset: u64,
@@ -606,6 +634,9 @@ pub struct WrapperTable {
     pub relocs: Relocations,
     /// PE: the base relocations (empty for ELF).
     pub base_relocs: Vec<BaseReloc>,
+    /// Bytes of the table that belong to no record: zero red zones and
+    /// alignment gaps (0 for a plain array of records).
+    pub padding: u64,
 }
 
 impl WrapperTable {
@@ -626,6 +657,31 @@ impl WrapperTable {
     /// [`WrapperSlot::loaded`]).
     pub fn loaded(&self) -> Vec<Wrapper> {
         self.slots.iter().map(WrapperSlot::loaded).collect()
+    }
+
+    /// Whether the records are padded or spaced (not a plain array).
+    pub fn is_padded(&self) -> bool {
+        self.padding > 0
+    }
+
+    /// The address of a relocation that applies inside the table
+    /// `[addr, addr + size)` but not to a record's pointer field, if any.
+    fn stray_relocation(&self, addr: u64, size: u64) -> Option<u64> {
+        let inside = |a: u64| a.wrapping_sub(addr) < size;
+        let pointer_field = |a: u64| self.slots.iter().any(|s| s.addr + 8 == a);
+        let elf = self
+            .relocs
+            .relas
+            .iter()
+            .map(|r| r.r_offset)
+            .chain(self.relocs.relr.iter().copied());
+        // PE: IMAGE_REL_BASED_ABSOLUTE (0) entries only pad a block.
+        let pe = self
+            .base_relocs
+            .iter()
+            .filter(|r| r.typ != 0)
+            .map(|r| r.rva);
+        elf.chain(pe).find(|&a| inside(a) && !pointer_field(a))
     }
 }
 

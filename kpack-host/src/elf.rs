@@ -89,7 +89,7 @@ pub struct Section<'a> {
 }
 
 impl Section<'_> {
-    pub(crate) fn is_nobits(&self) -> bool {
+    pub fn is_nobits(&self) -> bool {
         self.sh_type == elf::SHT_NOBITS
     }
 }

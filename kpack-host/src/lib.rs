@@ -31,6 +31,7 @@ mod error;
 pub mod extract;
 pub mod fatbin;
 pub mod inspect;
+pub mod kernels;
 pub mod offload;
 pub mod output;
 pub mod pe;

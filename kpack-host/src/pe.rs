@@ -80,7 +80,7 @@ pub struct PeSection<'a> {
 
 impl PeSection<'_> {
     /// The memory size: `VirtualSize`, or `SizeOfRawData` when that is 0.
-    pub(crate) fn mem_size(&self) -> u64 {
+    pub fn mem_size(&self) -> u64 {
         if self.virtual_size == 0 {
             self.raw_size
         } else {

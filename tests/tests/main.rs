@@ -13,6 +13,7 @@ mod common;
 
 // The command-line tool on the fixtures: listing, offloading, extracting.
 mod archive_cli;
+mod asan_wrappers;
 mod bad_input;
 mod bundle_formats;
 mod golden;
@@ -22,6 +23,7 @@ mod malformed;
 mod offload;
 mod offload_mutations;
 mod prune_restore;
+mod reference_quirks;
 mod size_shared;
 mod unaligned_headers;
 mod why;
@@ -39,6 +41,7 @@ mod pipeline;
 mod pipeline_bad;
 mod rocfft_caches;
 mod therock;
+mod verify_tree;
 
 // Python wheels, and kpack as a pip package.
 mod python_api;

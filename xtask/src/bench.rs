@@ -35,7 +35,7 @@ pub struct BenchArgs {
     reps: usize,
     /// Measure only these sections (comma-separated): rocrand, rocsparse,
     /// pipeline, runtime, large, rewrite (prune and restore of
-    /// librocsparse), wheels, python. Default: all.
+    /// librocsparse, verify --tree over it), wheels, python. Default: all.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Keep target/bench/work (the large intermediate files) afterwards.

@@ -24,6 +24,10 @@ pub const TARGETS: &[(&str, &str)] = &[
     ("bundle", "offload bundles and CCOB (parse_fatbin)"),
     ("archive", ".kpack reader: header, TOC, kernel reads"),
     ("hipk", "HIPK metadata, slice and pointer window"),
+    (
+        "wrappers",
+        "wrapper-table layout: plain, padded (ASan) and mixed",
+    ),
     ("msgpack", "MessagePack decoder"),
     ("target_id", "target-ID parsing and matching"),
     (
@@ -345,6 +349,7 @@ fn make_seeds(sh: &Shell, root: &Path) -> Result<PathBuf> {
     archive_seeds(&seeds, archives)?;
     fs::remove_dir_all(&scratch)?;
     target_id_seeds(&seeds)?;
+    wrapper_table_seeds(&seeds)?;
     seeds.print_counts();
     Ok(seeds.root)
 }
@@ -361,6 +366,9 @@ fn elf_seeds(seeds: &Seeds, fixtures_dir: &Path) -> Result<Vec<PathBuf>> {
         }
         let name = p.file_name().unwrap().to_string_lossy().into_owned();
         seeds.put("offload", &name, &bytes)?;
+        if let Some(table) = section(&bytes, ".hipFatBinSegment") {
+            seeds.put("wrappers", &name, &table)?;
+        }
         if let Some(section) = section(&bytes, ".hip_fatbin") {
             seeds.put("bundle", &format!("{name}.hip_fatbin"), &section)?;
             elf_fixtures.push(p.clone());
@@ -451,6 +459,27 @@ fn archive_seeds(seeds: &Seeds, mut archives: Vec<(String, Vec<u8>)>) -> Result<
         }
     }
     Ok(())
+}
+
+/// Wrapper tables as AddressSanitizer builds lay them out (formats.md
+/// §4.1): 64-byte slots, and a plain record then padded ones.
+fn wrapper_table_seeds(seeds: &Seeds) -> Result<()> {
+    let record = |i: u8| {
+        let mut r = [0u8; 24];
+        r[..8].copy_from_slice(&[b'F', b'P', b'I', b'H', 1, 0, 0, 0]);
+        r[16] = i;
+        r
+    };
+    let mut asan = vec![0u8; 192];
+    for i in 0..3 {
+        asan[i * 64..i * 64 + 24].copy_from_slice(&record(i as u8));
+    }
+    seeds.put("wrappers", "asan-3", &asan)?;
+    let mut mixed = vec![0u8; 160];
+    for (i, at) in [0, 32, 96].into_iter().enumerate() {
+        mixed[at..at + 24].copy_from_slice(&record(i as u8));
+    }
+    seeds.put("wrappers", "mixed", &mixed)
 }
 
 /// Target IDs and bundle entry IDs, valid and not, for target-ID parsing.

@@ -41,6 +41,9 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "wine64",
     // The rocFFT kernel-cache tests make and read real SQLite databases.
     "sqlite3",
+    // The fourth linker of the AddressSanitizer tests (padded wrapper
+    // tables): lld, GNU ld and gold come with lld-19 and binutils.
+    "mold",
 ];
 
 pub fn run(sh: &Shell, root: &Path) -> Result<()> {

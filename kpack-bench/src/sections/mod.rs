@@ -10,7 +10,8 @@
 //!   `kpack_get_kernel` over every kernel, memory after one load;
 //! - [`large`]: an archive over 4 GiB written and read (child processes:
 //!   [`large::child`]);
-//! - `rewrite`: prune and restore of librocsparse;
+//! - `rewrite`: prune and restore of librocsparse, and `verify --tree`
+//!   over its offloaded form installed as a tree;
 //! - `wheels`: `kpack split-wheels` over a torch-like wheel;
 //! - `python`: kpack's Python API packing and reading librocsparse's
 //!   gfx1030 code objects, against the command and pure Python.

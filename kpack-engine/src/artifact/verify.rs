@@ -17,7 +17,9 @@
 //!   ([`Loader`]) for every target the artifact serves. A binary that has
 //!   no code object at all for one of those targets (it was built for fewer
 //!   targets than its neighbours) is a warning, not a problem: the fat
-//!   binary could not have run there either.
+//!   binary could not have run there either. A code object that loads but
+//!   defines only kernels the binary does not name comes from another
+//!   build (as `verify --tree` reports, formats.md §6.7).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -36,6 +38,7 @@ use crate::tree::{copy_symlink, make_dirs, rel_string, scan, Node, NodeKind};
 use crate::{ArtifactError, Observer, Result};
 use kpack_host::binary::{classify, Class};
 use kpack_host::elf::FATBIN_SECTION;
+use kpack_host::kernels::{defined_kernels, unnamed_kernels};
 use kpack_host::offload::verify_file;
 use kpack_host::output;
 
@@ -378,12 +381,36 @@ fn resolve_component(
             }
         }
         let loader = Loader::new(Config::default());
-        let results: Vec<Option<String>> = tasks
+        let results: Vec<std::result::Result<BTreeSet<String>, String>> = tasks
             .par_iter()
             .map(|(b, target, co)| load_wrapper(&loader, root.path(), b, target, *co, &d.name))
             .collect();
-        report.wrappers_resolved += results.iter().filter(|r| r.is_none()).count();
-        found.problems.extend(results.into_iter().flatten());
+        report.wrappers_resolved += results.iter().filter(|r| r.is_ok()).count();
+        // Code objects of another build: kernels the binary does not name
+        // (formats.md §6.7), per binary, one pass over its strings.
+        let mut by_binary: BTreeMap<&str, Vec<LoadedCodeObject>> = BTreeMap::new();
+        let mut binary_of: BTreeMap<&str, &Binary> = BTreeMap::new();
+        for ((b, target, co), r) in tasks.iter().zip(results) {
+            match r {
+                Ok(kernels) => {
+                    binary_of.insert(&b.shown, b);
+                    by_binary
+                        .entry(&b.shown)
+                        .or_default()
+                        .push((target, *co, kernels));
+                }
+                Err(problem) => found.problems.push(problem),
+            }
+        }
+        for (shown, cos) in by_binary {
+            let b = binary_of[shown];
+            found.problems.extend(foreign_code_objects(
+                &root.path().join(&b.rel),
+                b,
+                &cos,
+                &d.name,
+            ));
+        }
     }
     for b in binaries {
         if !found_anywhere.contains(&b.kernel_name) {
@@ -399,9 +426,51 @@ fn resolve_component(
 /// The first word of a SPIR-V module (0x07230203), as stored.
 const SPIRV_MAGIC: [u8; 4] = 0x0723_0203u32.to_le_bytes();
 
+/// A code object loaded for a binary: (target, code object index, the
+/// kernels it defines).
+type LoadedCodeObject<'a> = (&'a str, u64, BTreeSet<String>);
+
+/// The problems of code objects of `b` (installed at `path`) none of
+/// whose kernels `b` names: another build's, installed with `device`.
+fn foreign_code_objects(
+    path: &Path,
+    b: &Binary,
+    cos: &[LoadedCodeObject],
+    device: &str,
+) -> Vec<String> {
+    let all: BTreeSet<String> = cos.iter().flat_map(|(_, _, k)| k.iter().cloned()).collect();
+    if all.is_empty() {
+        return Vec::new();
+    }
+    let Ok(mapped) = map_file(path) else {
+        return Vec::new();
+    };
+    let Ok(bin) = kpack_host::binary::HostBinary::parse(&mapped) else {
+        return Vec::new();
+    };
+    let missing = unnamed_kernels(&bin, &all);
+    cos.iter()
+        .filter_map(|(target, co, kernels)| {
+            // Builds define kernels their host code never registers: only
+            // a code object none of whose kernels the binary names is
+            // another build's.
+            if !kernels.iter().all(|k| missing.contains(k)) {
+                return None;
+            }
+            let first = kernels.first()?;
+            Some(format!(
+                "{}: code object {}#{co} for {target} (installed with {device}) comes from another build: the binary names none of its {} kernels (e.g. {first})",
+                b.shown,
+                b.kernel_name,
+                kernels.len()
+            ))
+        })
+        .collect()
+}
+
 /// Load code object `co` of binary `b` for `target` through the loader, in
-/// the install tree `root` (where `device` was installed): the problem, if
-/// it does not load or is not an ELF file.
+/// the install tree `root` (where `device` was installed): the kernels it
+/// defines, or the problem if it does not load or is not an ELF file.
 fn load_wrapper(
     loader: &Loader,
     root: &Path,
@@ -409,10 +478,10 @@ fn load_wrapper(
     target: &str,
     co: u64,
     device: &str,
-) -> Option<String> {
+) -> std::result::Result<BTreeSet<String>, String> {
     let path = root.join(&b.rel);
     let Ok(co32) = u32::try_from(co) else {
-        return Some(format!(
+        return Err(format!(
             "{}: wrapper code object index {co} does not fit in u32",
             b.shown
         ));
@@ -426,12 +495,18 @@ fn load_wrapper(
         (b"\x7fELF", "an ELF file")
     };
     match loader.load_code_object(&b.metadata, &path, co32, &[target]) {
-        Ok(bytes) if bytes.starts_with(magic) => None,
-        Ok(_) => Some(format!(
+        Ok(bytes) if bytes.starts_with(magic) && spirv => Ok(BTreeSet::new()),
+        Ok(bytes) if bytes.starts_with(magic) => defined_kernels(&bytes).map_err(|e| {
+            format!(
+                "{}: code object {}#{co} for {target} (installed with {device}): {e}",
+                b.shown, b.kernel_name
+            )
+        }),
+        Ok(_) => Err(format!(
             "{}: code object {}#{co} for {target} (installed with {device}) is not {what}",
             b.shown, b.kernel_name
         )),
-        Err(e) => Some(format!(
+        Err(e) => Err(format!(
             "{}: wrapper with co_index {co} does not resolve for {target} when installed with {device}: {e}",
             b.shown
         )),

@@ -40,6 +40,7 @@ pub fn verify_pe(b: &[u8], bundles: Option<usize>) -> Result<Verified, VerifyErr
             metadata,
             metadata_addr,
             co_indices,
+            warnings: Vec::new(),
         }),
         _ => Err(VerifyError::Problems(bad)),
     }

@@ -15,10 +15,10 @@ use serde::Serialize;
 use crate::binary::{HostBinary, WrapperSlot};
 use crate::bundle::for_each_bundle;
 use crate::elf::{
-    ElfError, ElfView, PhdrExt, ProgramHeader, RelocKinds, Relocations, Section, FATBIN_SECTION,
-    LE, METADATA_SECTION, PHDR_SIZE, WRAPPER_SECTION,
+    ElfError, ElfView, PhdrExt, ProgramHeader, RelocKinds, Relocations, FATBIN_SECTION, LE,
+    METADATA_SECTION, PHDR_SIZE, WRAPPER_SECTION,
 };
-use crate::hipk::{HipkMetadata, HIPF_MAGIC, HIPK_MAGIC, MAX_METADATA_SIZE, WRAPPER_SIZE};
+use crate::hipk::{HipkMetadata, HIPF_MAGIC, HIPK_MAGIC, MAX_METADATA_SIZE};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum VerifyError {
@@ -28,6 +28,24 @@ pub enum VerifyError {
     Pe(#[from] crate::pe::PeError),
     #[error("not a valid offloaded binary: {}", .0.join("; "))]
     Problems(Vec<String>),
+    /// What [`verify_fat`] finds wrong: the rules of a fat binary.
+    #[error("not a valid fat binary: {}", .0.join("; "))]
+    FatProblems(Vec<String>),
+}
+
+/// Which binaries [`verify_elf_with`] accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rules {
+    /// Every rule of formats.md §4.3, to the letter: what kpack writes (its
+    /// self-check before an output is renamed into place).
+    Own,
+    /// Also binaries the reference tools wrote with one of the two defects
+    /// they shipped, which load and run (formats.md §4.3): a
+    /// `.hip_fatbin` with no whole page left PROGBITS with its bytes, and
+    /// a `PT_PHDR` larger than the program header table. Each is accepted
+    /// with a warning; anything else (a wrong magic, overwritten
+    /// metadata) is still a problem.
+    Shipped,
 }
 
 /// What a valid offloaded binary holds.
@@ -37,46 +55,87 @@ pub struct Verified {
     pub metadata_addr: u64,
     /// `reserved1` (the code object index) of each wrapper.
     pub co_indices: Vec<u64>,
+    /// The reference tools' defects found and accepted ([`Rules::Shipped`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+/// What a check found: problems (the binary is refused) and, under
+/// [`Rules::Shipped`], warnings.
+struct Findings {
+    rules: Rules,
+    problems: Vec<String>,
+    warnings: Vec<String>,
+}
+
+impl Findings {
+    fn new(rules: Rules) -> Findings {
+        Findings {
+            rules,
+            problems: Vec::new(),
+            warnings: Vec::new(),
+        }
+    }
+
+    /// A defect the reference tools ship: a warning under
+    /// [`Rules::Shipped`], else a problem.
+    fn quirk(&mut self, warning: String, problem: String) {
+        match self.rules {
+            Rules::Shipped => self.warnings.push(warning),
+            Rules::Own => self.problems.push(problem),
+        }
+    }
 }
 
 type Loads<'a> = Vec<(usize, &'a ProgramHeader)>;
 
 /// The `PT_LOAD`s (with their indices), after the segment and program
 /// header table rules that every rewritten binary keeps.
-fn check_loads<'a>(elf: &ElfView<'a>, problems: &mut Vec<String>) -> Loads<'a> {
+fn check_loads<'a>(elf: &ElfView<'a>, found: &mut Findings) -> Loads<'a> {
     let loads: Loads = elf
         .phdrs()
         .iter()
         .enumerate()
         .filter(|(_, p)| p.is_load())
         .collect();
-    check_segments(elf, &loads, problems);
-    check_program_header_table(elf, &loads, problems);
+    check_segments(elf, &loads, &mut found.problems);
+    check_program_header_table(elf, &loads, found);
     loads
 }
 
-/// Check an offloaded host binary. With `bundles`, also that every
-/// wrapper's code object index names one of that many bundles.
+/// Check an offloaded host binary against every rule ([`Rules::Own`]).
+/// With `bundles`, also that every wrapper's code object index names one
+/// of that many bundles.
 pub fn verify_elf(b: &[u8], bundles: Option<usize>) -> Result<Verified, VerifyError> {
+    verify_elf_with(b, bundles, Rules::Own)
+}
+
+/// [`verify_elf`] under the given [`Rules`].
+pub fn verify_elf_with(
+    b: &[u8],
+    bundles: Option<usize>,
+    rules: Rules,
+) -> Result<Verified, VerifyError> {
     let elf = &ElfView::parse(b)?;
     let bin = HostBinary::Elf(*elf);
     elf.check_sections()?;
     let relocs = Relocations::read(elf)?;
-    let mut problems = Vec::new();
-    let loads = check_loads(elf, &mut problems);
-    let metadata = check_metadata(elf, &loads, &mut problems);
-    if let Some(removed) = check_device_code_gone(elf, &loads, &mut problems) {
-        check_relocations(elf, &relocs, &removed, &mut problems);
+    let mut found = Findings::new(rules);
+    let loads = check_loads(elf, &mut found);
+    let metadata = check_metadata(elf, &loads, &mut found.problems);
+    if let Some(removed) = check_device_code_gone(elf, &loads, &mut found) {
+        check_relocations(elf, &relocs, &removed, &mut found.problems);
     }
     let metadata_addr = metadata.as_ref().map(|(_, a)| *a);
-    let co_indices = check_wrappers(&bin, metadata_addr, bundles, &mut problems);
+    let co_indices = check_wrappers(&bin, metadata_addr, bundles, &mut found.problems);
     match metadata {
-        Some((metadata, metadata_addr)) if problems.is_empty() => Ok(Verified {
+        Some((metadata, metadata_addr)) if found.problems.is_empty() => Ok(Verified {
             metadata,
             metadata_addr,
             co_indices,
+            warnings: found.warnings,
         }),
-        _ => Err(VerifyError::Problems(problems)),
+        _ => Err(VerifyError::Problems(found.problems)),
     }
 }
 
@@ -156,19 +215,31 @@ fn check_pair(i: usize, a: &ProgramHeader, j: usize, c: &ProgramHeader, bad: &mu
 
 /// `PT_PHDR` describes the table, a `PT_LOAD` maps it at its address, and
 /// in an executable it lies where Linux kernels before 5.18 compute
-/// `AT_PHDR`: (first `PT_LOAD`'s `p_vaddr - p_offset`) + `e_phoff`.
-fn check_program_header_table(elf: &ElfView, loads: &Loads, bad: &mut Vec<String>) {
+/// `AT_PHDR`: (first `PT_LOAD`'s `p_vaddr - p_offset`) + `e_phoff`. A
+/// `PT_PHDR` that starts at the table but is larger (the reference tools
+/// reserve room for more headers; ld.so and the kernel read `e_phnum`
+/// entries) is a quirk ([`Findings::quirk`]).
+fn check_program_header_table(elf: &ElfView, loads: &Loads, found: &mut Findings) {
     let phoff = elf.header().e_phoff(LE);
     let table = (elf.phdrs().len() * PHDR_SIZE) as u64;
     let Some(ph) = elf.phdrs().iter().find(|p| p.p_type(LE) == elf::PT_PHDR) else {
         return;
     };
     let (ph_off, ph_size, ph_addr) = (ph.p_offset(LE), ph.p_filesz(LE), ph.p_vaddr(LE));
-    if ph_off != phoff || ph_size != table {
-        bad.push(format!(
-            "PT_PHDR ({ph_off:#x}, {ph_size:#x} bytes) does not describe the program header table ({phoff:#x}, {table:#x} bytes)"
-        ));
+    let describes = format!(
+        "PT_PHDR ({ph_off:#x}, {ph_size:#x} bytes) does not describe the program header table ({phoff:#x}, {table:#x} bytes)"
+    );
+    if ph_off == phoff && ph_size > table && ph.p_memsz(LE) >= ph_size {
+        found.quirk(
+            format!(
+                "PT_PHDR covers {ph_size:#x} bytes, the program header table {table:#x} (room the reference tools reserve for more headers; loaders read e_phnum entries)"
+            ),
+            describes,
+        );
+    } else if ph_off != phoff || ph_size != table {
+        found.problems.push(describes);
     }
+    let bad = &mut found.problems;
     let covered = loads.iter().any(|(_, l)| {
         l.file_contains(ph_off, ph_size)
             && ph_addr.wrapping_sub(l.p_vaddr(LE)) == ph_off.wrapping_sub(l.p_offset(LE))
@@ -242,20 +313,34 @@ fn check_metadata(
 }
 
 /// `.hip_fatbin` is NOBITS and no byte of it is left in the file. Returns
-/// its address range.
+/// its address range, for the relocation checks.
+///
+/// A PROGBITS `.hip_fatbin` that holds no whole 4 KiB page of the file is
+/// what the reference tools leave (they remove whole pages only): a quirk
+/// ([`Findings::quirk`]), the warning naming the leftover device bytes.
 fn check_device_code_gone(
     elf: &ElfView,
     loads: &Loads,
-    bad: &mut Vec<String>,
+    found: &mut Findings,
 ) -> Option<std::ops::Range<u64>> {
     let s = &elf.shdrs()[elf.section_index(FATBIN_SECTION)?];
+    let r = s.sh_addr(LE)..s.sh_addr(LE).saturating_add(s.sh_size(LE));
     if s.sh_type(LE) != elf::SHT_NOBITS {
-        bad.push(format!(
-            "{FATBIN_SECTION} still holds device code (not NOBITS)"
-        ));
+        let (off, size) = (s.sh_offset(LE), s.sh_size(LE));
+        let problem = format!("{FATBIN_SECTION} still holds device code (not NOBITS)");
+        if off.next_multiple_of(4096).saturating_add(4096) > off.saturating_add(size) {
+            found.quirk(
+                format!(
+                    "{FATBIN_SECTION} is left in the file with its device code: {size} bytes at file offset {off:#x} (the reference tools remove whole pages only; the wrappers do not use them)"
+                ),
+                problem,
+            );
+            return Some(r);
+        }
+        found.problems.push(problem);
         return None;
     }
-    let r = s.sh_addr(LE)..s.sh_addr(LE).saturating_add(s.sh_size(LE));
+    let bad = &mut found.problems;
     // Any file bytes under the NOBITS range must be zero.
     for (_, l) in loads {
         let lo = r.start.max(l.p_vaddr(LE));
@@ -339,10 +424,8 @@ fn check_wrappers(
             bad.push(format!("no {WRAPPER_SECTION} section"));
             return Vec::new();
         }
-        Ok(Some(s)) if !wrapper_array(&s) => {
-            bad.push(format!(
-                "{WRAPPER_SECTION} is not an array of {WRAPPER_SIZE}-byte wrappers"
-            ));
+        Ok(Some(s)) if s.is_nobits() => {
+            bad.push(format!("{WRAPPER_SECTION} has no bytes in the file"));
             return Vec::new();
         }
         Ok(Some(_)) => {}
@@ -398,10 +481,6 @@ pub(crate) fn check_hipk_wrapper(
     w.reserved1
 }
 
-fn wrapper_array(s: &Section) -> bool {
-    s.size.is_multiple_of(WRAPPER_SIZE as u64) && !s.is_nobits()
-}
-
 /// What a valid fat binary (a pruned or restored one) holds.
 #[derive(Debug, Clone, Serialize)]
 pub struct VerifiedFat {
@@ -424,8 +503,9 @@ pub fn verify_fat(b: &[u8]) -> Result<VerifiedFat, VerifyError> {
     let bin = HostBinary::Elf(*elf);
     elf.check_sections()?;
     let relocs = Relocations::read(elf)?;
-    let mut problems = Vec::new();
-    let loads = check_loads(elf, &mut problems);
+    let mut found = Findings::new(Rules::Own);
+    let loads = check_loads(elf, &mut found);
+    let mut problems = found.problems;
     if matches!(elf.section(METADATA_SECTION), Ok(Some(m)) if !m.is_nobits()) {
         problems.push(format!("a {METADATA_SECTION} section is left"));
     }
@@ -455,7 +535,7 @@ pub fn verify_fat(b: &[u8]) -> Result<VerifiedFat, VerifyError> {
             targets,
             wrapper_bundles,
         }),
-        _ => Err(VerifyError::Problems(problems)),
+        _ => Err(VerifyError::FatProblems(problems)),
     }
 }
 

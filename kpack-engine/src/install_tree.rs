@@ -1,0 +1,410 @@
+//! `kpack verify --tree DIR` (formats.md §6.7): an install tree (host-only
+//! binaries plus `.kpack` archives, as pack-tree and flattened TheRock
+//! installs lay them out) checked, without a GPU, for what makes a GPU
+//! program fail at run time when builds get mixed:
+//!
+//! - a fat binary whose tree-relative path is a key of the tree's archives
+//!   (the host artifact was replaced by a build that was not offloaded: HIP
+//!   loads its embedded code, for the wrong targets);
+//! - an offloaded binary that resolves for no target at all (one missing
+//!   target among several is not a problem: components ship different
+//!   target sets);
+//! - code objects of another build under a binary's keys: a code object
+//!   none of whose kernels (`<name>.kd` symbols) the host binary names, as
+//!   a NUL-terminated string in its allocated sections. Not "every kernel
+//!   must be named": real builds define kernels their host code never
+//!   registers (Debian's librocsparse: up to half of a code object's
+//!   kernels, e.g. some template instantiations of `gpsv_strided_gather`),
+//!   while a code object of another build shares no kernel with the
+//!   binary;
+//! - and what the binary verifier checks of each offloaded binary, and that
+//!   every archive reads.
+//!
+//! Each code object a binary's wrappers resolve to is read once, through
+//! the runtime's own search ([`Loader::load_target`] for each target the
+//! tree's archives serve), and its symbol table read; each binary's
+//! strings are scanned once for all the kernels of its code objects.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::loader::{Config, Loader};
+use crate::target::TargetId;
+use crate::tree::{rel_string, scan, NodeKind};
+use crate::{Observer, Result};
+use kpack_host::binary::{classify_parsed, could_be_binary, Class};
+use kpack_host::fatbin::{device_code, DeviceCode};
+use kpack_host::kernels::{defined_kernels, unnamed_kernels};
+use kpack_host::offload::verify_shipped;
+
+/// What a problem is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProblemKind {
+    /// A fat binary at a path the tree's archives hold code objects for.
+    FatBinary,
+    /// An offloaded binary whose code objects no archive serves, for any
+    /// target.
+    Unresolved,
+    /// A code object under the binary's key defines only kernels the
+    /// binary does not name: another build's.
+    ForeignCodeObject,
+    /// The binary verifier refuses the binary.
+    InvalidBinary,
+    /// An archive that does not read, or a code object that does not.
+    InvalidArchive,
+}
+
+/// One problem: the binary (or archive) by its path in the tree.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct TreeProblem {
+    pub binary: String,
+    pub kind: ProblemKind,
+    pub message: String,
+}
+
+/// What `verify --tree` found (`--json`: the problems only).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TreeReport {
+    pub problems: Vec<TreeProblem>,
+    /// Host binaries with device code looked at (fat and offloaded).
+    #[serde(skip)]
+    pub binaries: usize,
+    #[serde(skip)]
+    pub offloaded: usize,
+    #[serde(skip)]
+    pub archives: usize,
+    /// Code objects read through the loader.
+    #[serde(skip)]
+    pub code_objects: usize,
+    /// Targets the tree's archives serve.
+    #[serde(skip)]
+    pub targets: Vec<String>,
+    /// The reference tools' defects accepted (see the binary verifier).
+    #[serde(skip)]
+    pub warnings: Vec<String>,
+}
+
+impl TreeReport {
+    pub fn ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// What the tree's archives hold.
+#[derive(Default)]
+struct Archives {
+    /// Kernel names (keys without `#N`).
+    names: BTreeSet<String>,
+    targets: BTreeSet<String>,
+}
+
+impl Archives {
+    /// The kernel name of the archives that the binary at `rel` has: `rel`
+    /// itself (pack-tree, wheels), or a name ending in `/rel` (split: the
+    /// artifact's install prefix comes first).
+    fn key_of(&self, rel: &str) -> Option<&String> {
+        let tail = format!("/{rel}");
+        self.names.iter().find(|n| *n == rel || n.ends_with(&tail))
+    }
+}
+
+/// One file's findings.
+#[derive(Default)]
+struct Checked {
+    problems: Vec<TreeProblem>,
+    warnings: Vec<String>,
+    binary: bool,
+    offloaded: bool,
+    code_objects: usize,
+}
+
+/// Verify the install tree `root`.
+pub fn verify_tree(root: &Path, observer: &dyn Observer) -> Result<TreeReport> {
+    let files: Vec<String> = scan(root)?
+        .into_iter()
+        .filter(|n| matches!(n.kind, NodeKind::File { .. }))
+        .filter_map(|n| rel_string(&n.rel))
+        .collect();
+    let (archive_files, others): (Vec<&String>, Vec<&String>) =
+        files.iter().partition(|f| f.ends_with(".kpack"));
+    let mut report = TreeReport {
+        archives: archive_files.len(),
+        ..TreeReport::default()
+    };
+    let mut archives = Archives::default();
+    for rel in &archive_files {
+        match kpack_loader::open_archive(root.join(rel)) {
+            Ok(a) => {
+                archives.targets.extend(a.gfx_arches().iter().cloned());
+                archives.names.extend(
+                    a.binaries()
+                        .map(|k| k.rsplit_once('#').map_or(k, |(n, _)| n).to_string()),
+                );
+            }
+            Err(e) => report.problems.push(TreeProblem {
+                binary: rel.to_string(),
+                kind: ProblemKind::InvalidArchive,
+                message: e.to_string(),
+            }),
+        }
+    }
+    observer.note(&format!(
+        "{}: {} archive(s), targets {}",
+        root.display(),
+        archive_files.len(),
+        archives
+            .targets
+            .iter()
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    let targets: Vec<TargetId> = archives
+        .targets
+        .iter()
+        .filter_map(|t| TargetId::parse(t).ok())
+        .collect();
+    let loader = Loader::new(Config::default());
+    // Archives are named by their path in the tree (the loader gives real
+    // paths).
+    let real_root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+    let checked: Vec<Checked> = others
+        .par_iter()
+        .map(|rel| check_file(root, &real_root, rel, &archives, &targets, &loader))
+        .collect();
+    for c in checked {
+        report.binaries += usize::from(c.binary);
+        report.offloaded += usize::from(c.offloaded);
+        report.code_objects += c.code_objects;
+        report.problems.extend(c.problems);
+        report.warnings.extend(c.warnings);
+    }
+    for w in &report.warnings {
+        observer.warn(w);
+    }
+    report.problems.sort();
+    report.targets = archives.targets.into_iter().collect();
+    Ok(report)
+}
+
+/// The checks of one file of the tree (nothing for a file that is not a
+/// host binary with device code).
+fn check_file(
+    root: &Path,
+    real_root: &Path,
+    rel: &str,
+    archives: &Archives,
+    targets: &[TargetId],
+    loader: &Loader,
+) -> Checked {
+    let mut out = Checked::default();
+    let path = root.join(rel);
+    let Ok(mapped) = kpack_loader::map_file(&path) else {
+        return out;
+    };
+    if !could_be_binary(&mapped[..mapped.len().min(8)]) {
+        return out;
+    }
+    let file = classify_parsed(&mapped);
+    let problem = |kind, message: String| TreeProblem {
+        binary: rel.to_string(),
+        kind,
+        message,
+    };
+    match &file.class {
+        Class::Fat => {
+            out.binary = true;
+            if let Some(key) = archives.key_of(rel) {
+                let fat_targets = match device_code(&path, &file) {
+                    Ok(DeviceCode::Fat(f)) => {
+                        let t: BTreeSet<String> = f
+                            .bundles
+                            .iter()
+                            .flat_map(|b| b.device_entries().map(|e| e.target().to_string()))
+                            .collect();
+                        t.into_iter().collect::<Vec<_>>().join(", ")
+                    }
+                    _ => "unknown targets".into(),
+                };
+                out.problems.push(problem(
+                    ProblemKind::FatBinary,
+                    format!(
+                        "a fat binary (HIPF wrappers, device code for {fat_targets}) where the tree's archives hold code objects for {key}: a build that was not offloaded replaced the offloaded one, and HIP loads its embedded code instead"
+                    ),
+                ));
+            }
+        }
+        Class::Offloaded => {
+            out.binary = true;
+            out.offloaded = true;
+            check_offloaded(&mut out, &path, real_root, rel, &file, targets, loader);
+        }
+        Class::Inconsistent(why) => {
+            out.binary = true;
+            out.problems
+                .push(problem(ProblemKind::InvalidBinary, why.to_string()));
+        }
+        _ => {}
+    }
+    out
+}
+
+/// An offloaded binary: valid, resolving for some target, and naming every
+/// kernel of the code objects it resolves to.
+fn check_offloaded(
+    out: &mut Checked,
+    path: &Path,
+    real_root: &Path,
+    rel: &str,
+    file: &kpack_host::binary::Classified,
+    targets: &[TargetId],
+    loader: &Loader,
+) {
+    let problem = |kind, message: String| TreeProblem {
+        binary: rel.to_string(),
+        kind,
+        message,
+    };
+    let shown = |archive: &Path| {
+        archive
+            .strip_prefix(real_root)
+            .unwrap_or(archive)
+            .display()
+            .to_string()
+    };
+    let v = match verify_shipped(file.bytes) {
+        Ok(v) => v,
+        Err(e) => {
+            out.problems
+                .push(problem(ProblemKind::InvalidBinary, e.to_string()));
+            return;
+        }
+    };
+    out.warnings
+        .extend(v.warnings.iter().map(|w| format!("{rel}: {w}")));
+    let Ok(bin) = &file.binary else {
+        return;
+    };
+    let mut cos = v.co_indices.clone();
+    cos.sort_unstable();
+    cos.dedup();
+    // Every (target, code object) through the loader, in parallel: one
+    // big binary has hundreds.
+    let pairs: Vec<(&TargetId, u64)> = targets
+        .iter()
+        .flat_map(|t| cos.iter().map(move |&co| (t, co)))
+        .filter(|&(_, co)| u32::try_from(co).is_ok())
+        .collect();
+    let loaded: Vec<Loaded> = pairs
+        .par_iter()
+        .map(|&(t, co)| load_one(loader, &v.metadata, path, t, co, &shown))
+        .collect();
+    // (target, co_index) -> (archive, kernels defined).
+    let mut found: BTreeMap<(String, u64), (String, BTreeSet<String>)> = BTreeMap::new();
+    for (&(t, co), l) in pairs.iter().zip(loaded) {
+        match l {
+            Loaded::Found(archive, kernels) => {
+                out.code_objects += 1;
+                found.insert((t.to_string(), co), (archive, kernels));
+            }
+            Loaded::Missing => {}
+            Loaded::Failed(kind, message) => out.problems.push(problem(kind, message)),
+        }
+    }
+    if found.is_empty() {
+        let t: Vec<String> = targets.iter().map(|t| t.to_string()).collect();
+        out.problems.push(problem(
+            ProblemKind::Unresolved,
+            format!(
+                "resolves for no target: no archive its search paths ({}) reach holds {}#N for any of {}",
+                v.metadata.search_paths.join(", "),
+                v.metadata.kernel_name,
+                if t.is_empty() { "the tree's targets (it has no archive)".into() } else { t.join(", ") }
+            ),
+        ));
+        return;
+    }
+    let all: BTreeSet<String> = found
+        .values()
+        .flat_map(|(_, k)| k.iter().cloned())
+        .collect();
+    let missing = unnamed_kernels(bin, &all);
+    if missing.is_empty() {
+        return;
+    }
+    // One problem per archive holding foreign code objects.
+    let mut by_archive: BTreeMap<&str, Vec<(String, u64, usize, usize)>> = BTreeMap::new();
+    let mut example = None;
+    for ((t, co), (archive, kernels)) in &found {
+        // Builds define kernels their host code never registers (see the
+        // module's doc): another build's code object is one none of whose
+        // kernels the binary names.
+        if kernels.is_empty() || !kernels.iter().all(|k| missing.contains(k)) {
+            continue;
+        }
+        if let Some(k) = kernels.first() {
+            example.get_or_insert_with(|| k.clone());
+        }
+        by_archive
+            .entry(archive)
+            .or_default()
+            .push((t.clone(), *co, kernels.len(), kernels.len()));
+    }
+    for (archive, cos) in by_archive {
+        let list: Vec<String> = cos
+            .iter()
+            .map(|(t, co, _, of)| format!("#{co} for {t} ({of} kernels)"))
+            .collect();
+        out.problems.push(problem(
+            ProblemKind::ForeignCodeObject,
+            format!(
+                "code objects of another build in {archive}: {} define only kernels this binary does not name (e.g. {}): HIP would not find the binary's kernels there",
+                list.join(", "),
+                example.as_deref().unwrap_or("?")
+            ),
+        ));
+    }
+}
+
+/// What the loader gave for one (target, code object) of a binary.
+enum Loaded {
+    /// Found in this archive (shown path), defining these kernels.
+    Found(String, BTreeSet<String>),
+    /// No archive has it for that target.
+    Missing,
+    Failed(ProblemKind, String),
+}
+
+/// Load code object `co` of the binary at `path` for exactly `t` and list
+/// the kernels it defines (none for a SPIR-V module).
+fn load_one(
+    loader: &Loader,
+    metadata: &kpack_format::hipk::HipkMetadata,
+    path: &Path,
+    t: &TargetId,
+    co: u64,
+    shown: &dyn Fn(&Path) -> String,
+) -> Loaded {
+    let key = format!("{}#{co}", metadata.kernel_name);
+    match loader.load_target(metadata, path, co as u32, t) {
+        Ok(Some((bytes, hit))) => {
+            let archive = shown(&hit.archive);
+            if !bytes.starts_with(b"\x7fELF") {
+                return Loaded::Found(archive, BTreeSet::new());
+            }
+            match defined_kernels(&bytes) {
+                Ok(k) => Loaded::Found(archive, k),
+                Err(e) => Loaded::Failed(
+                    ProblemKind::InvalidArchive,
+                    format!("{key} for {t} in {archive}: {e}"),
+                ),
+            }
+        }
+        Ok(None) => Loaded::Missing,
+        Err(e) => Loaded::Failed(ProblemKind::InvalidArchive, format!("{key} for {t}: {e}")),
+    }
+}
