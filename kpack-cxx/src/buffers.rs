@@ -216,10 +216,14 @@ impl Out {
         // A stale entry at this address (a buffer released with free()) is
         // replaced.
         let stale = registry().lock().insert(key, handed);
-        // A stale entry's buffer was freed by its owner already: forget it,
-        // releasing nothing (a mapping is never stale: its entry goes
-        // before it is unmapped).
-        std::mem::forget(stale);
+        // A stale entry's buffer was freed by its owner already: drop the
+        // entry, releasing nothing. (A mapping is never stale: its entry
+        // goes before it is unmapped; were one found, it is forgotten, not
+        // unmapped over the new code object.)
+        match stale {
+            Some(Handed::Mapped(m)) => std::mem::forget(m),
+            other => drop(other),
+        }
         (key as *mut c_void, len)
     }
 }

@@ -8,79 +8,106 @@
 //! sanitize` runs both. A pthread mutex gives them the happens-before edge
 //! they understand; uncontended it costs about the same.
 
-use std::cell::UnsafeCell;
-use std::ops::{Deref, DerefMut};
+#[cfg(not(unix))]
+pub use fallback::PMutex;
+#[cfg(unix)]
+pub use pthread::PMutex;
 
-/// A value behind a `pthread_mutex_t`.
-pub struct PMutex<T> {
-    /// Boxed: a pthread mutex must not move once used.
-    lock: Box<UnsafeCell<libc::pthread_mutex_t>>,
-    value: UnsafeCell<T>,
-}
+/// Elsewhere than on Unix (not built or tested yet: docs/runtime.md), the
+/// standard mutex, with the same interface.
+#[cfg(not(unix))]
+mod fallback {
+    use std::sync::{Mutex, MutexGuard, PoisonError};
 
-// SAFETY: the value is only reached through a guard, which holds the
-// pthread mutex; the mutex itself is made for sharing between threads.
-unsafe impl<T: Send> Send for PMutex<T> {}
-// SAFETY: as above: `&PMutex<T>` gives access to `T` under the lock only.
-unsafe impl<T: Send> Sync for PMutex<T> {}
+    pub struct PMutex<T>(Mutex<T>);
 
-impl<T> PMutex<T> {
-    pub fn new(value: T) -> PMutex<T> {
-        PMutex {
-            lock: Box::new(UnsafeCell::new(libc::PTHREAD_MUTEX_INITIALIZER)),
-            value: UnsafeCell::new(value),
+    impl<T> PMutex<T> {
+        pub fn new(value: T) -> PMutex<T> {
+            PMutex(Mutex::new(value))
         }
-    }
 
-    pub fn lock(&self) -> PGuard<'_, T> {
-        // SAFETY: the mutex is initialized (statically) and never moves
-        // (boxed); a default mutex locked by this thread is never locked
-        // again before the guard unlocks it (no re-entry from here).
-        let r = unsafe { libc::pthread_mutex_lock(self.lock.get()) };
-        // Only EINVAL/EDEADLK are possible for a default mutex, and neither
-        // can happen here; continuing without the lock would be unsound.
-        assert_eq!(r, 0, "pthread_mutex_lock failed");
-        PGuard {
-            m: self,
-            _not_send: std::marker::PhantomData,
+        pub fn lock(&self) -> MutexGuard<'_, T> {
+            self.0.lock().unwrap_or_else(PoisonError::into_inner)
         }
     }
 }
 
-impl<T> Drop for PMutex<T> {
-    fn drop(&mut self) {
-        // SAFETY: `&mut self`: nobody holds the mutex.
-        unsafe { libc::pthread_mutex_destroy(self.lock.get()) };
+#[cfg(unix)]
+mod pthread {
+    use std::cell::UnsafeCell;
+    use std::ops::{Deref, DerefMut};
+
+    /// A value behind a `pthread_mutex_t`.
+    pub struct PMutex<T> {
+        /// Boxed: a pthread mutex must not move once used.
+        lock: Box<UnsafeCell<libc::pthread_mutex_t>>,
+        value: UnsafeCell<T>,
     }
-}
 
-/// Access to the value while the mutex is held. Not `Send`: a pthread
-/// mutex is unlocked by the thread that locked it.
-pub struct PGuard<'a, T> {
-    m: &'a PMutex<T>,
-    _not_send: std::marker::PhantomData<*const ()>,
-}
+    // SAFETY: the value is only reached through a guard, which holds the
+    // pthread mutex; the mutex itself is made for sharing between threads.
+    unsafe impl<T: Send> Send for PMutex<T> {}
+    // SAFETY: as above: `&PMutex<T>` gives access to `T` under the lock only.
+    unsafe impl<T: Send> Sync for PMutex<T> {}
 
-impl<T> Deref for PGuard<'_, T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        // SAFETY: this guard holds the mutex.
-        unsafe { &*self.m.value.get() }
+    impl<T> PMutex<T> {
+        pub fn new(value: T) -> PMutex<T> {
+            PMutex {
+                lock: Box::new(UnsafeCell::new(libc::PTHREAD_MUTEX_INITIALIZER)),
+                value: UnsafeCell::new(value),
+            }
+        }
+
+        pub fn lock(&self) -> PGuard<'_, T> {
+            // SAFETY: the mutex is initialized (statically) and never moves
+            // (boxed); a default mutex locked by this thread is never locked
+            // again before the guard unlocks it (no re-entry from here).
+            let r = unsafe { libc::pthread_mutex_lock(self.lock.get()) };
+            // Only EINVAL/EDEADLK are possible for a default mutex, and neither
+            // can happen here; continuing without the lock would be unsound.
+            assert_eq!(r, 0, "pthread_mutex_lock failed");
+            PGuard {
+                m: self,
+                _not_send: std::marker::PhantomData,
+            }
+        }
     }
-}
 
-impl<T> DerefMut for PGuard<'_, T> {
-    fn deref_mut(&mut self) -> &mut T {
-        // SAFETY: this guard holds the mutex, and `&mut self` makes this the
-        // only reference through it.
-        unsafe { &mut *self.m.value.get() }
+    impl<T> Drop for PMutex<T> {
+        fn drop(&mut self) {
+            // SAFETY: `&mut self`: nobody holds the mutex.
+            unsafe { libc::pthread_mutex_destroy(self.lock.get()) };
+        }
     }
-}
 
-impl<T> Drop for PGuard<'_, T> {
-    fn drop(&mut self) {
-        // SAFETY: locked by this guard, on this thread.
-        unsafe { libc::pthread_mutex_unlock(self.m.lock.get()) };
+    /// Access to the value while the mutex is held. Not `Send`: a pthread
+    /// mutex is unlocked by the thread that locked it.
+    pub struct PGuard<'a, T> {
+        m: &'a PMutex<T>,
+        _not_send: std::marker::PhantomData<*const ()>,
+    }
+
+    impl<T> Deref for PGuard<'_, T> {
+        type Target = T;
+        fn deref(&self) -> &T {
+            // SAFETY: this guard holds the mutex.
+            unsafe { &*self.m.value.get() }
+        }
+    }
+
+    impl<T> DerefMut for PGuard<'_, T> {
+        fn deref_mut(&mut self) -> &mut T {
+            // SAFETY: this guard holds the mutex, and `&mut self` makes this the
+            // only reference through it.
+            unsafe { &mut *self.m.value.get() }
+        }
+    }
+
+    impl<T> Drop for PGuard<'_, T> {
+        fn drop(&mut self) {
+            // SAFETY: locked by this guard, on this thread.
+            unsafe { libc::pthread_mutex_unlock(self.m.lock.get()) };
+        }
     }
 }
 
