@@ -14,12 +14,30 @@
  *   kpack_bench memory META BINARY ARCH CO_INDEX
  *       VmRSS/VmHWM of this process (/proc/self/status) after one cold
  *       load, the code object still held.
+ *   kpack_bench floor FRAME SIZE ITERATIONS
+ *       the floor of a load: the system's libzstd (libzstd.so.1, opened
+ *       with dlopen: no headers needed) decompressing the zstd frame in the
+ *       file FRAME (SIZE bytes of content) into one reused buffer with one
+ *       reused context, in this process.
+ *   kpack_bench hold META BINARY ARCH CO_INDEX
+ *       load one code object, read every byte of it (as a GPU loader
+ *       would), print `held ADDRESS SIZE` and keep it until standard input
+ *       closes: the bench reads this process's PSS meanwhile.
+ *
+ * latency takes optional last arguments: `touch`, then also
+ * `warm_load_touch`, a warm load followed by reading every page of the
+ * code object (what a zero-copy load defers to its first reader); and
+ * `frame=FILE`, then each warm load is followed by the floor's
+ * decompression of FILE (the same code object's frame) by the system's
+ * libzstd, `warm_floor`: the two interleaved in one process, so that the
+ * machine's noise falls on both alike.
  *
  * Output: one line per figure, `name median p10 p90 min max n [bytes]`,
  * times in microseconds (memory: kB). Exit 1 on a kpack error. */
 #define _POSIX_C_SOURCE 200809L
 #include <rocm_kpack/kpack.h>
 
+#include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,8 +84,73 @@ static void check(const char* what, kpack_error_t e) {
     }
 }
 
+/* Read one byte of every page of `p` (and the last byte). */
+static unsigned touch(const void* p, size_t size) {
+    const volatile unsigned char* b = p;
+    unsigned sum = 0;
+    for (size_t i = 0; i < size; i += 4096) sum += b[i];
+    if (size > 0) sum += b[size - 1];
+    return sum;
+}
+
+/* The few functions of the system's libzstd the floor needs. */
+typedef void* (*create_dctx_fn)(void);
+typedef size_t (*decompress_dctx_fn)(void*, void*, size_t, const void*, size_t);
+typedef unsigned (*is_error_fn)(size_t);
+typedef const char* (*version_fn)(void);
+
+/* The system's libzstd decompressing one frame into a reused buffer. */
+struct floor {
+    decompress_dctx_fn decompress;
+    is_error_fn is_error;
+    version_fn version;
+    void* dctx;
+    unsigned char* frame;
+    size_t frame_size;
+    unsigned char* out;
+    size_t size;
+};
+
+static int floor_open(struct floor* f, const char* frame_path, size_t size) {
+    FILE* file = fopen(frame_path, "rb");
+    if (!file) return 2;
+    fseek(file, 0, SEEK_END);
+    f->frame_size = (size_t)ftell(file);
+    fclose(file);
+    f->frame = read_file(frame_path);
+    void* lib = dlopen("libzstd.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        fprintf(stderr, "cannot load libzstd.so.1: %s\n", dlerror());
+        return 3;
+    }
+    create_dctx_fn create = (create_dctx_fn)dlsym(lib, "ZSTD_createDCtx");
+    f->decompress = (decompress_dctx_fn)dlsym(lib, "ZSTD_decompressDCtx");
+    f->is_error = (is_error_fn)dlsym(lib, "ZSTD_isError");
+    f->version = (version_fn)dlsym(lib, "ZSTD_versionString");
+    if (!create || !f->decompress || !f->is_error || !f->version) return 3;
+    f->dctx = create();
+    f->size = size;
+    f->out = malloc(size ? size : 1);
+    return 0;
+}
+
+/* One decompression; exits on failure. */
+static void floor_run(struct floor* f) {
+    size_t r = f->decompress(f->dctx, f->out, f->size, f->frame, f->frame_size);
+    if (f->is_error(r) || r != f->size) {
+        fprintf(stderr, "libzstd: decompression failed\n");
+        exit(1);
+    }
+}
+
 static int latency(int argc, char** argv) {
-    if (argc != 8) return 2;
+    if (argc < 8 || argc > 10) return 2;
+    int with_touch = 0;
+    const char* frame = NULL;
+    for (int a = 8; a < argc; a++) {
+        if (strcmp(argv[a], "touch") == 0) with_touch = 1;
+        if (strncmp(argv[a], "frame=", 6) == 0) frame = argv[a] + 6;
+    }
     const char* archive = argv[2];
     unsigned char* meta = read_file(argv[3]);
     const char* binary = argv[4];
@@ -105,14 +188,44 @@ static int latency(int argc, char** argv) {
     check("kpack_load_code_object",
           kpack_load_code_object(c, meta, binary, co_index, archs, 1, &co, &size));
     kpack_free_code_object(co);
+    struct floor fl;
+    double* tf = calloc((size_t)n, sizeof *tf);
+    if (frame) {
+        if (floor_open(&fl, frame, size) != 0) return 3;
+        floor_run(&fl);
+    }
     for (int i = 0; i < n; i++) {
         double t0 = now_us();
         check("kpack_load_code_object",
               kpack_load_code_object(c, meta, binary, co_index, archs, 1, &co, &size));
         kpack_free_code_object(co);
         t[i] = now_us() - t0;
+        if (frame) {
+            t0 = now_us();
+            floor_run(&fl);
+            tf[i] = now_us() - t0;
+        }
     }
     report("warm_load", t, n, size);
+    if (frame) {
+        report("warm_floor", tf, n, size);
+        free(fl.out);
+        free(fl.frame);
+    }
+    free(tf);
+    if (with_touch) {
+        unsigned sum = 0;
+        for (int i = 0; i < n; i++) {
+            double t0 = now_us();
+            check("kpack_load_code_object",
+                  kpack_load_code_object(c, meta, binary, co_index, archs, 1, &co, &size));
+            sum += touch(co, size);
+            kpack_free_code_object(co);
+            t[i] = now_us() - t0;
+        }
+        report("warm_load_touch", t, n, size);
+        if (sum == 1) fprintf(stderr, " ");
+    }
     kpack_cache_destroy(c);
     free(t);
     free(meta);
@@ -210,10 +323,55 @@ static int memory(int argc, char** argv) {
     return 0;
 }
 
+static int floor_(int argc, char** argv) {
+    if (argc != 5) return 2;
+    size_t size = (size_t)strtoull(argv[3], NULL, 10);
+    int n = atoi(argv[4]);
+    struct floor fl;
+    if (n < 1 || floor_open(&fl, argv[2], size) != 0) return 3;
+    double* t = calloc((size_t)n, sizeof *t);
+    for (int i = 0; i < n; i++) {
+        double t0 = now_us();
+        floor_run(&fl);
+        t[i] = now_us() - t0;
+    }
+    report("libzstd_floor", t, n, size);
+    printf("libzstd_version %s\n", fl.version());
+    free(t);
+    free(fl.out);
+    free(fl.frame);
+    return 0;
+}
+
+static int hold(int argc, char** argv) {
+    if (argc != 6) return 2;
+    unsigned char* meta = read_file(argv[2]);
+    const char* archs[] = {argv[4]};
+    uint32_t co_index = (uint32_t)strtoul(argv[5], NULL, 10);
+    kpack_cache_t c = NULL;
+    check("kpack_cache_create", kpack_cache_create(&c));
+    void* co = NULL;
+    size_t size = 0;
+    check("kpack_load_code_object",
+          kpack_load_code_object(c, meta, argv[3], co_index, archs, 1, &co, &size));
+    unsigned sum = touch(co, size);
+    printf("held %lu %zu %u\n", (unsigned long)(uintptr_t)co, size, sum & 1);
+    fflush(stdout);
+    char buf[64];
+    while (fread(buf, 1, sizeof buf, stdin) > 0) {
+    }
+    kpack_free_code_object(co);
+    kpack_cache_destroy(c);
+    free(meta);
+    return 0;
+}
+
 int main(int argc, char** argv) {
     if (argc >= 2 && strcmp(argv[1], "latency") == 0) return latency(argc, argv);
     if (argc >= 2 && strcmp(argv[1], "get-all") == 0) return get_all(argc, argv);
     if (argc >= 2 && strcmp(argv[1], "memory") == 0) return memory(argc, argv);
-    fprintf(stderr, "usage: kpack_bench latency|get-all|memory ...\n");
+    if (argc >= 2 && strcmp(argv[1], "floor") == 0) return floor_(argc, argv);
+    if (argc >= 2 && strcmp(argv[1], "hold") == 0) return hold(argc, argv);
+    fprintf(stderr, "usage: kpack_bench latency|get-all|memory|floor|hold ...\n");
     return 2;
 }

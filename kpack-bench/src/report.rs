@@ -382,7 +382,9 @@ fn short_floor(id: &str) -> String {
         "zstd_t2" => "zstd -T2".into(),
         "zstd_files_t1" => "zstd -T1 per file".into(),
         "cp" => "cp".into(),
-        d if d.starts_with("decompress") => "decompression".into(),
+        d if d.starts_with("decompress") => "bundled zstd".into(),
+        "libzstd_same_process" => "system libzstd (same process)".into(),
+        d if d.starts_with("libzstd") => "system libzstd".into(),
         other => other.replace('_', " "),
     }
 }

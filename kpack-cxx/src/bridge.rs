@@ -22,8 +22,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use kpack_format::archive::ArchiveError;
 use kpack_format::hipk::HipkMetadata;
-use kpack_loader::Loader;
 
+use crate::buffers::Out;
 use crate::{cstr_path_bytes, KpackArchive, KpackCache, KpackError, MetadataReader, PANIC_ERROR};
 
 #[cxx::bridge(namespace = "kpack::bridge")]
@@ -45,6 +45,18 @@ pub mod ffi {
         size: u64,
         /// Its index in the archive's blob.
         ordinal: u32,
+    }
+
+    /// A code object handed out as the C API hands it out (released with
+    /// `kpack_free_code_object`): `kpack::CodeObject`.
+    #[derive(Default)]
+    struct CodeObjectRef {
+        /// Its address (0 on failure).
+        data: usize,
+        size: usize,
+        /// A private mapping of the archive (stored uncompressed), not a
+        /// buffer.
+        mapped: bool,
     }
 
     /// The file mapped at an address (`kpack::discover_binary_path`).
@@ -87,6 +99,13 @@ pub mod ffi {
             arch: &[u8],
             failure: &mut Failure,
         ) -> Vec<u8>;
+        /// Mapped (no copy) when stored uncompressed.
+        fn kernel_view(
+            self: &KpackArchive,
+            binary: &[u8],
+            arch: &[u8],
+            failure: &mut Failure,
+        ) -> CodeObjectRef;
 
         /// NULL on failure.
         fn new_cache(failure: &mut Failure) -> *mut KpackCache;
@@ -105,6 +124,20 @@ pub mod ffi {
             lens: &[usize],
             failure: &mut Failure,
         ) -> Vec<u8>;
+        /// `load_code_object`, handed out as the C API does: mapped (no
+        /// copy) when stored uncompressed, else in a recycled buffer.
+        ///
+        /// # Safety
+        /// As `load_code_object`.
+        unsafe fn load_code_object_view(
+            self: &KpackCache,
+            metadata: *const u8,
+            binary_path: &[u8],
+            co_index: u32,
+            archs: &[u8],
+            lens: &[usize],
+            failure: &mut Failure,
+        ) -> CodeObjectRef;
 
         fn discover_binary_path(address: usize, failure: &mut Failure) -> MappedFile;
     }
@@ -289,14 +322,46 @@ impl KpackArchive {
             Ok(v)
         })
     }
+
+    fn kernel_view(
+        &self,
+        binary: &[u8],
+        arch: &[u8],
+        failure: &mut ffi::Failure,
+    ) -> ffi::CodeObjectRef {
+        guard(failure, || {
+            let entry = self.checked_entry(binary, arch)?;
+            let size = self.size_of(entry)?;
+            let out = self.code_object(entry).map_err(|e| match e {
+                Some(e) => self.failure(e),
+                None => Failure::new(
+                    KpackError::OutOfMemory,
+                    format!(
+                        "{}: kernel {} @ {}: cannot allocate {size} bytes",
+                        self.path.display(),
+                        entry.key,
+                        entry.target
+                    ),
+                ),
+            })?;
+            Ok(hand_out(out))
+        })
+    }
+}
+
+/// A code object handed to C++ as the C API hands it out.
+fn hand_out(out: Out) -> ffi::CodeObjectRef {
+    let mapped = matches!(out, Out::Mapped(_));
+    let (data, size) = out.hand_out();
+    ffi::CodeObjectRef {
+        data: data as usize,
+        size,
+        mapped,
+    }
 }
 
 fn new_cache(failure: &mut ffi::Failure) -> *mut KpackCache {
-    let cache = guard(failure, || {
-        Ok(Some(Box::new(KpackCache {
-            loader: Loader::from_env(),
-        })))
-    });
+    let cache = guard(failure, || Ok(Some(Box::new(KpackCache::from_env()))));
     cache.map_or(std::ptr::null_mut(), Box::into_raw)
 }
 
@@ -313,6 +378,79 @@ impl KpackCache {
         lens: &[usize],
         failure: &mut ffi::Failure,
     ) -> Vec<u8> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe {
+            self.run_load(
+                metadata,
+                binary_path,
+                archs,
+                lens,
+                failure,
+                |reader, path, names| {
+                    let alloc = |size: usize| {
+                        let mut v = Vec::new();
+                        v.try_reserve_exact(size).ok()?;
+                        v.resize(size, 0);
+                        Some(v)
+                    };
+                    self.loader.load_with(
+                        || HipkMetadata::read(reader),
+                        path,
+                        co_index,
+                        names,
+                        alloc,
+                    )
+                },
+            )
+        }
+    }
+
+    /// # Safety
+    /// `metadata` is NULL or points to readable HIPK metadata.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn load_code_object_view(
+        &self,
+        metadata: *const u8,
+        binary_path: &[u8],
+        co_index: u32,
+        archs: &[u8],
+        lens: &[usize],
+        failure: &mut ffi::Failure,
+    ) -> ffi::CodeObjectRef {
+        // SAFETY: the caller's contract, passed on.
+        let out = unsafe {
+            self.run_load(
+                metadata,
+                binary_path,
+                archs,
+                lens,
+                failure,
+                |reader, path, names| {
+                    self.load(|| HipkMetadata::read(reader), path, co_index, names)
+                        .map(Some)
+                },
+            )
+        };
+        out.map_or_else(ffi::CodeObjectRef::default, hand_out)
+    }
+
+    /// The checks and error messages of a load from C++, around `load`.
+    ///
+    /// # Safety
+    /// `metadata` is NULL or points to readable HIPK metadata.
+    unsafe fn run_load<T: Default>(
+        &self,
+        metadata: *const u8,
+        binary_path: &[u8],
+        archs: &[u8],
+        lens: &[usize],
+        failure: &mut ffi::Failure,
+        load: impl FnOnce(
+            MetadataReader,
+            &std::path::Path,
+            &[&str],
+        ) -> Result<T, kpack_loader::LoadError>,
+    ) -> T {
         let path = cstr_path_bytes(binary_path);
         guard(failure, || {
             let invalid = |what: &str| {
@@ -331,26 +469,12 @@ impl KpackCache {
                 ptr: metadata,
                 pos: 0,
             };
-            let alloc = |size: usize| {
-                let mut v = Vec::new();
-                v.try_reserve_exact(size).ok()?;
-                v.resize(size, 0);
-                Some(v)
-            };
-            self.loader
-                .load_with(
-                    || HipkMetadata::read(reader),
-                    &path,
-                    co_index,
-                    &names,
-                    alloc,
+            load(reader, &path, &names).map_err(|e| {
+                Failure::new(
+                    e.code(),
+                    format!("{}: {}", path.display(), kpack_loader::report(&e)),
                 )
-                .map_err(|e| {
-                    Failure::new(
-                        e.code(),
-                        format!("{}: {}", path.display(), kpack_loader::report(&e)),
-                    )
-                })
+            })
         })
     }
 }

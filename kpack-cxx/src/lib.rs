@@ -10,8 +10,10 @@
 //! the error to a [`KpackError`] code, write outputs only on success. Every
 //! entry point runs inside `catch_unwind`, so no panic crosses the C
 //! boundary; a caught panic (a bug) is reported as
-//! `KPACK_ERROR_INVALID_FORMAT`. Buffers handed out are `calloc`ed, so
-//! plain `free()` releases them.
+//! `KPACK_ERROR_INVALID_FORMAT`. Code objects are handed out as
+//! [`buffers`] says: a private mapping of the archive for those stored
+//! uncompressed, a `calloc`ed buffer (recycled through the cache's pool)
+//! for the others.
 //!
 //! [`prelink`] turns the static library into the prelinked archive that is
 //! installed (only `kpack_*` symbols global).
@@ -19,7 +21,9 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod bridge;
+mod buffers;
 pub mod prelink;
+mod sync;
 #[cfg(windows)]
 mod windows;
 
@@ -27,11 +31,12 @@ use std::ffi::{c_char, c_void, CStr, CString};
 use std::io::Read;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
-use std::ptr::NonNull;
+use std::sync::Arc;
 
-use kpack_format::archive::Archive;
 use kpack_format::hipk::HipkMetadata;
-use kpack_loader::Loader;
+use kpack_loader::{ArchiveFile, Loaded, Loader};
+
+use buffers::{CBuffer, Out, Pool};
 
 /// `kpack_error_t`: kpack-loader's `ErrorCode`, value for value (`repr(C)`).
 pub use kpack_loader::ErrorCode as KpackError;
@@ -45,7 +50,7 @@ const PANIC_ERROR: KpackError = E::InvalidFormat;
 /// strings the query functions hand out (stable until `kpack_close`). The
 /// C++ API's `kpack::Archive` holds the same object.
 pub struct KpackArchive {
-    archive: Archive,
+    archive: ArchiveFile,
     path: PathBuf,
     arches: Vec<CString>,
     binaries: Vec<CString>,
@@ -58,7 +63,7 @@ impl KpackArchive {
 
     /// The archive at `path`, or the error code and kpack's message.
     fn open_path(path: PathBuf) -> Result<KpackArchive, (KpackError, String)> {
-        let archive = kpack_loader::open_archive(&path)
+        let archive = ArchiveFile::open(&path)
             .map_err(|e| (KpackError::of_open(&e), kpack_loader::report(&e)))?;
         // TOC strings are MessagePack str: a NUL inside one cannot be
         // handed to C.
@@ -83,46 +88,56 @@ impl KpackArchive {
     }
 }
 
-/// What a `kpack_cache_t` points to.
+/// What a `kpack_cache_t` points to: the loader, and the pool its loads'
+/// buffers go back to when freed.
 pub struct KpackCache {
     loader: Loader,
+    pool: Arc<Pool>,
 }
 
-/// A `calloc`ed buffer: `free()`d on drop unless handed out with
-/// [`CBuffer::into_raw`].
-struct CBuffer {
-    ptr: NonNull<u8>,
-    len: usize,
-}
-
-impl CBuffer {
-    /// `len` zeroed bytes (at least one byte is allocated, so the pointer of
-    /// an empty code object is still a unique, freeable pointer).
-    fn zeroed(len: usize) -> Option<CBuffer> {
-        // SAFETY: calloc has no preconditions; it returns NULL or memory for
-        // max(len, 1) zeroed bytes that we now own.
-        let p = unsafe { libc::calloc(len.max(1), 1) };
-        NonNull::new(p.cast::<u8>()).map(|ptr| CBuffer { ptr, len })
+impl KpackCache {
+    fn from_env() -> KpackCache {
+        KpackCache {
+            loader: Loader::from_env(),
+            pool: Pool::new(),
+        }
     }
 
-    fn into_raw(self) -> (*mut c_void, usize) {
-        let me = std::mem::ManuallyDrop::new(self);
-        (me.ptr.as_ptr().cast(), me.len)
-    }
-}
-
-impl AsMut<[u8]> for CBuffer {
-    fn as_mut(&mut self) -> &mut [u8] {
-        // SAFETY: `ptr` is a live allocation of at least `len` initialized
-        // (zeroed) bytes, owned by `self` and borrowed mutably here.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    /// Run a load: the code object as it is handed out.
+    fn load(
+        &self,
+        metadata: impl FnOnce() -> Result<HipkMetadata, kpack_format::hipk::HipkError>,
+        path: &std::path::Path,
+        co_index: u32,
+        archs: &[&str],
+    ) -> Result<Out, kpack_loader::LoadError> {
+        let loaded = self
+            .loader
+            .load_view(metadata, path, co_index, archs, |n| self.pool.buffer(n))?;
+        Ok(match loaded {
+            Loaded::Mapped(m) => Out::Mapped(m),
+            Loaded::Buffer(b) => Out::Heap(b, Some(self.pool.clone())),
+        })
     }
 }
 
-impl Drop for CBuffer {
-    fn drop(&mut self) {
-        // SAFETY: `ptr` came from calloc and is freed exactly once.
-        unsafe { libc::free(self.ptr.as_ptr().cast()) }
+impl KpackArchive {
+    /// The code object of `entry`: mapped when stored uncompressed, else
+    /// decompressed into a new `calloc`ed buffer; `Err(None)` when that
+    /// buffer cannot be had.
+    fn code_object(
+        &self,
+        entry: &kpack_format::archive::Entry,
+    ) -> Result<Out, Option<kpack_format::archive::ArchiveError>> {
+        if let Some(m) = self.archive.map_code_object(entry)? {
+            return Ok(Out::Mapped(m));
+        }
+        // Validate before allocating original_size bytes.
+        self.archive.check(entry)?;
+        let len = usize::try_from(entry.original_size).map_err(|_| None)?;
+        let mut buf = CBuffer::zeroed(len).ok_or(None)?;
+        self.archive.read_into(entry, buf.as_mut())?;
+        Ok(Out::Heap(buf, None))
     }
 }
 
@@ -325,7 +340,8 @@ pub unsafe extern "C" fn kpack_get_binary(
     unsafe { string_at(archive, index, binary, |a| &a.binaries) }
 }
 
-/// Decompress one code object into a new `malloc`ed buffer.
+/// One code object: mapped from the archive when stored uncompressed, else
+/// decompressed into a new `malloc`ed buffer.
 ///
 /// # Safety
 /// `archive` is NULL or a live handle; `binary_name` and `arch` are NULL or
@@ -354,16 +370,10 @@ pub unsafe extern "C" fn kpack_get_kernel(
             return Err(E::KernelNotFound);
         };
         let entry = a.archive.entry(key, target).ok_or(E::KernelNotFound)?;
-        // Validate before allocating original_size bytes.
-        a.archive
-            .check(entry)
-            .map_err(|e| KpackError::of_read(&e))?;
-        let len = usize::try_from(entry.original_size).map_err(|_| E::OutOfMemory)?;
-        let mut buf = CBuffer::zeroed(len).ok_or(E::OutOfMemory)?;
-        a.archive
-            .read_into(entry, buf.as_mut())
-            .map_err(|e| KpackError::of_read(&e))?;
-        let (ptr, len) = buf.into_raw();
+        let out = a
+            .code_object(entry)
+            .map_err(|e| e.map_or(E::OutOfMemory, |e| KpackError::of_read(&e)))?;
+        let (ptr, len) = out.hand_out();
         // SAFETY: checked non-NULL; writable (caller's contract).
         unsafe {
             kernel_data.write(ptr);
@@ -373,14 +383,15 @@ pub unsafe extern "C" fn kpack_get_kernel(
     })
 }
 
-/// Free a buffer from `kpack_get_kernel` (NULL: no-op).
+/// Release a code object from `kpack_get_kernel` (NULL: no-op).
 ///
 /// # Safety
-/// `kernel_data` is NULL or a buffer from this library not freed yet.
+/// `kernel_data` is NULL or a code object from this library not released
+/// yet.
 #[no_mangle]
 pub unsafe extern "C" fn kpack_free_kernel(kernel_data: *mut c_void) {
-    // SAFETY: malloc'ed by this library (or NULL), freed once.
-    unsafe { libc::free(kernel_data) }
+    // SAFETY: the caller's contract, as buffers::release requires.
+    guard_void(|| unsafe { buffers::release(kernel_data) })
 }
 
 /// Create a loader cache; reads the environment now.
@@ -391,9 +402,7 @@ pub unsafe extern "C" fn kpack_free_kernel(kernel_data: *mut c_void) {
 pub unsafe extern "C" fn kpack_cache_create(cache: *mut *mut KpackCache) -> KpackError {
     guard(|| {
         require(&[cache.is_null()])?;
-        let handle = Box::new(KpackCache {
-            loader: Loader::from_env(),
-        });
+        let handle = Box::new(KpackCache::from_env());
         // SAFETY: checked non-NULL; writable (caller's contract).
         unsafe { cache.write(Box::into_raw(handle)) };
         Ok(())
@@ -519,16 +528,16 @@ pub unsafe extern "C" fn kpack_load_code_object(
             })
             .collect::<Result<Vec<&str>, _>>()?;
         // SAFETY: checked non-NULL; live handle and C string.
-        let (loader, path) = unsafe { (&(*cache).loader, cstr_path(cstr(binary_path))) };
+        let (cache, path) = unsafe { (&*cache, cstr_path(cstr(binary_path))) };
         let metadata = MetadataReader {
             ptr: hipk_metadata.cast(),
             pos: 0,
         };
         let decode = || HipkMetadata::read(metadata);
-        let buf = loader
-            .load_with(decode, &path, co_index, &archs, CBuffer::zeroed)
+        let out = cache
+            .load(decode, &path, co_index, &archs)
             .map_err(|e| e.code())?;
-        let (ptr, len) = buf.into_raw();
+        let (ptr, len) = out.hand_out();
         // SAFETY: checked non-NULL; writable (caller's contract).
         unsafe {
             code_object_out.write(ptr);
@@ -538,14 +547,17 @@ pub unsafe extern "C" fn kpack_load_code_object(
     })
 }
 
-/// Free a buffer from `kpack_load_code_object` (NULL: no-op).
+/// Release a code object from `kpack_load_code_object` (NULL: no-op): a
+/// mapping is unmapped, a buffer goes back to its cache's pool (or is
+/// freed).
 ///
 /// # Safety
-/// `code_object` is NULL or a buffer from this library not freed yet.
+/// `code_object` is NULL or a code object from this library not released
+/// yet.
 #[no_mangle]
 pub unsafe extern "C" fn kpack_free_code_object(code_object: *mut c_void) {
-    // SAFETY: malloc'ed by this library (or NULL), freed once.
-    unsafe { libc::free(code_object) }
+    // SAFETY: the caller's contract, as buffers::release requires.
+    guard_void(|| unsafe { buffers::release(code_object) })
 }
 
 /// `kpack_arch_callback_t`.

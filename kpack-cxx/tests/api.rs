@@ -9,8 +9,11 @@ mod common;
 // The C API: through the rlib, then through a C11 program.
 mod api_regressions;
 mod c_api;
+// Who owns the code objects handed out: zero-copy mappings, recycled buffers.
+mod zero_copy;
 // The C++ API, through a C++17 program.
 mod cxx_api;
+mod cxx_view;
 // The headers, and what the built libraries export.
 mod headers;
 mod symbols;

@@ -1,12 +1,17 @@
 //! Opening input files: memory-mapped, read-only. This module holds the
-//! only `unsafe` code of kpack's Rust libraries (the map and a
+//! only `unsafe` code of kpack's Rust libraries (the maps and a
 //! page-release hint); the C API's FFI is kpack-cxx's.
+//!
+//! [`ArchiveFile`] is an archive opened from its file with the map at hand,
+//! so that a code object stored uncompressed can be handed out without a
+//! copy, as its own private copy-on-write mapping ([`PrivateMap`]).
 
 use std::fs::File;
-use std::ops::Deref;
+use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use crate::archive::{Archive, ArchiveBytes};
+use crate::archive::{Archive, ArchiveBytes, ArchiveError, Entry};
 use crate::error::OpenError;
 
 type Result<T> = std::result::Result<T, OpenError>;
@@ -105,6 +110,71 @@ impl Deref for Mapped {
     }
 }
 
+impl Mapped {
+    /// The `len` bytes at `offset` of the file, as a new private
+    /// copy-on-write mapping of their pages: readable at once (shared with
+    /// the page cache), writable (a written page becomes this mapping's own
+    /// copy, seen by no other mapping), and valid until dropped, whatever
+    /// becomes of `self`. `None` when the file was not kept open
+    /// ([`map_file_with_handle`]), the range is empty or not in the file,
+    /// or the system refuses the mapping.
+    pub fn map_private(&self, offset: u64, len: usize) -> Option<PrivateMap> {
+        let file = self.file.as_ref()?;
+        let end = offset.checked_add(len as u64)?;
+        if len == 0 || end > self.len() as u64 {
+            return None;
+        }
+        // SAFETY: a private mapping of a range inside the file, which is
+        // not truncated while kpack reads it (the documented contract:
+        // replace files by renaming); writes go to this mapping's own
+        // copies of the pages, never to the file. memmap2 aligns the offset
+        // down to a page and hands out the requested range.
+        #[allow(unsafe_code)]
+        let map = unsafe {
+            memmap2::MmapOptions::new()
+                .offset(offset)
+                .len(len)
+                .map_copy(file)
+        };
+        map.ok().map(|map| PrivateMap { map })
+    }
+}
+
+/// A code object that lives in its own private copy-on-write mapping of
+/// the archive's pages ([`Mapped::map_private`]): its bytes without a copy,
+/// writable like a heap buffer, unmapped when dropped.
+pub struct PrivateMap {
+    map: memmap2::MmapMut,
+}
+
+impl PrivateMap {
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.map.as_mut_ptr()
+    }
+}
+
+impl Deref for PrivateMap {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.map
+    }
+}
+
+impl DerefMut for PrivateMap {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.map
+    }
+}
+
+impl std::fmt::Debug for PrivateMap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PrivateMap")
+            .field("ptr", &self.map.as_ptr())
+            .field("len", &self.map.len())
+            .finish()
+    }
+}
+
 /// Memory-map a file read-only.
 ///
 /// Files kpack reads must not be truncated while mapped (that raises
@@ -162,6 +232,76 @@ pub fn open_archive(path: impl AsRef<Path>) -> Result<Archive> {
         path: path.to_path_buf(),
         source,
     })
+}
+
+/// The map of an [`ArchiveFile`], shared by its [`Archive`] and itself.
+struct SharedMap(Arc<Mapped>);
+
+impl ArchiveBytes for SharedMap {
+    fn bytes(&self) -> &[u8] {
+        self.0.bytes()
+    }
+
+    fn u32_at(&self, pos: u64) -> Option<u32> {
+        self.0.array_at(pos).map(u32::from_le_bytes)
+    }
+}
+
+/// An archive opened from its file, the file's map at hand: what the
+/// runtime reads code objects from ([`ArchiveFile::map_code_object`]).
+/// Derefs to the [`Archive`].
+pub struct ArchiveFile {
+    archive: Archive,
+    map: Arc<Mapped>,
+}
+
+impl ArchiveFile {
+    /// Open and validate the archive at `path` (memory-mapped, the file
+    /// kept open).
+    pub fn open(path: impl AsRef<Path>) -> Result<ArchiveFile> {
+        let path = path.as_ref();
+        let map = Arc::new(map_file_with_handle(path)?);
+        let archive =
+            Archive::from_source(SharedMap(map.clone())).map_err(|source| OpenError::Archive {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        Ok(ArchiveFile { archive, map })
+    }
+
+    pub fn archive(&self) -> &Archive {
+        &self.archive
+    }
+
+    /// The path it was opened with.
+    pub fn path(&self) -> &Path {
+        self.map.path()
+    }
+
+    /// The code object of `entry` (an entry of this archive) without a
+    /// copy, when the archive stores it as it is (scheme `none`): its own
+    /// private copy-on-write mapping of the file's pages. `Ok(None)` when it
+    /// is compressed, empty, or the system refuses the mapping: read it
+    /// with [`Archive::read_into`] then. `Err` as [`Archive::read`] would
+    /// fail.
+    pub fn map_code_object(
+        &self,
+        entry: &Entry,
+    ) -> std::result::Result<Option<PrivateMap>, ArchiveError> {
+        let Some((offset, size)) = self.archive.stored_range(entry)? else {
+            return Ok(None);
+        };
+        Ok(usize::try_from(size)
+            .ok()
+            .and_then(|len| self.map.map_private(offset, len)))
+    }
+}
+
+impl Deref for ArchiveFile {
+    type Target = Archive;
+    fn deref(&self) -> &Archive {
+        &self.archive
+    }
 }
 
 #[cfg(test)]

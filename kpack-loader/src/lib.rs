@@ -60,13 +60,24 @@ use kpack_format::{archive, bytes, hipk, target};
 
 pub use error::{report, ErrorCode, LoadError, OpenError};
 use hipk::{HipkError, HipkMetadata};
-pub use input::{map_file, map_file_with_handle, open_archive, Mapped};
+pub use input::{map_file, map_file_with_handle, open_archive, ArchiveFile, Mapped, PrivateMap};
 pub use search::{archives_on_search_path, Hit};
 use search::{Search, State};
 pub use trace::{AgentTrace, Attempt, AttemptOutcome, CandidateStatus, CandidateTrace, Trace};
 
 /// Where a debug line goes.
 type LogSink = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// A code object as [`Loader::load_view`] hands it out.
+#[derive(Debug)]
+pub enum Loaded<B> {
+    /// Decompressed (or, for a code object stored as it is that could not
+    /// be mapped, copied) into a buffer from the caller's allocator.
+    Buffer(B),
+    /// Stored uncompressed in its archive (scheme `none`): its own private
+    /// copy-on-write mapping of the archive's pages, no copy made.
+    Mapped(PrivateMap),
+}
 
 /// The loader and its archive cache (the C API's `kpack_cache_t`).
 ///
@@ -118,18 +129,24 @@ impl Loader {
         loader
     }
 
+    /// The debug lines of a new cache: upstream's line, then the paths of
+    /// the two lists.
     fn created(&self) {
         let c = &self.config;
+        let overrides = c.path_override.as_deref().unwrap_or_default();
         self.debug(format_args!(
-            "cache created: disabled={}, {}={}, {}={}",
-            c.disabled,
-            ENV_PATH,
-            c.path_override
-                .as_ref()
-                .map_or_else(|| "(unset)".to_string(), |l| show_paths(l)),
-            ENV_PATH_PREFIX,
-            show_paths(&c.path_prefix),
+            "cache created: disabled={}, debug={}, override_paths={}, prefix_paths={}",
+            i32::from(c.disabled),
+            i32::from(c.debug),
+            overrides.len(),
+            c.path_prefix.len(),
         ));
+        for p in overrides {
+            self.debug(format_args!("  {ENV_PATH}: {}", p.display()));
+        }
+        for p in &c.path_prefix {
+            self.debug(format_args!("  {ENV_PATH_PREFIX}: {}", p.display()));
+        }
     }
 
     /// The configuration in force.
@@ -188,8 +205,29 @@ impl Loader {
         archs: &[&str],
         alloc: impl FnMut(usize) -> Option<B>,
     ) -> Result<B, LoadError> {
-        self.load_traced(metadata, binary_path, co_index, archs, alloc, None)
-            .map(|(buf, _)| buf)
+        match self.load_traced(metadata, binary_path, co_index, archs, alloc, false, None)? {
+            (Loaded::Buffer(buf), _) => Ok(buf),
+            // Not asked for: a search without zero copy reads every code
+            // object into a buffer.
+            (Loaded::Mapped(_), _) => unreachable!("a mapped code object without zero copy"),
+        }
+    }
+
+    /// [`Loader::load_with`], except that a code object the archive stores
+    /// uncompressed (scheme `none`) comes without a copy, as its own
+    /// private copy-on-write mapping of the archive's pages
+    /// ([`Loaded::Mapped`]): valid until dropped, even after the loader is.
+    /// Compressed ones are decompressed into a buffer from `alloc`.
+    pub fn load_view<B: AsMut<[u8]>>(
+        &self,
+        metadata: impl FnOnce() -> Result<HipkMetadata, HipkError>,
+        binary_path: &Path,
+        co_index: u32,
+        archs: &[&str],
+        alloc: impl FnMut(usize) -> Option<B>,
+    ) -> Result<Loaded<B>, LoadError> {
+        self.load_traced(metadata, binary_path, co_index, archs, alloc, true, None)
+            .map(|(loaded, _)| loaded)
     }
 
     /// What [`Loader::load_code_object`] would do, step by step: the same
@@ -214,9 +252,14 @@ impl Loader {
                 v.resize(size, 0);
                 Some(v)
             },
+            true,
             Some(&mut trace),
         );
-        (result.map(|(buf, hit)| (buf.len() as u64, hit)), trace)
+        let size = |loaded: &Loaded<Vec<u8>>| match loaded {
+            Loaded::Buffer(b) => b.len() as u64,
+            Loaded::Mapped(m) => m.len() as u64,
+        };
+        (result.map(|(loaded, hit)| (size(&loaded), hit)), trace)
     }
 
     /// The code object `kernel_name#co_index` for exactly `target` (no
@@ -237,10 +280,11 @@ impl Loader {
         let name = target.to_string();
         let agents = vec![(name.as_str(), vec![target.clone()])];
         let candidates = self.candidates(metadata, binary_path, &agents);
-        let mut search = Search::new(self, &key, candidates, None);
+        let mut search = Search::new(self, &key, candidates, false, None);
         let found = search.find(target, &mut |size| Some(vec![0u8; size]))?;
         match found {
-            Some(hit) => Ok(Some(hit)),
+            Some((Loaded::Buffer(buf), hit)) => Ok(Some((buf, hit))),
+            Some((Loaded::Mapped(map), hit)) => Ok(Some((map.to_vec(), hit))),
             None => match search.verdict(&[name.as_str()]) {
                 e @ LoadError::Read { .. } => Err(e),
                 _ => Ok(None),
@@ -248,7 +292,14 @@ impl Loader {
         }
     }
 
-    /// The steps of formats.md §5.4, reporting to `trace` when given.
+    /// The steps of formats.md §5.4, reporting to `trace` when given;
+    /// `zero_copy`: code objects stored uncompressed come as mappings.
+    ///
+    /// With `ROCM_KPACK_DEBUG`, the debug lines are upstream's runtime's,
+    /// in its format (`kpack: ` and the message; a line about one archive
+    /// or try indented by two spaces), in the order of kpack's search; a
+    /// line in parentheses after one of them gives kpack's reason.
+    #[allow(clippy::too_many_arguments)]
     fn load_traced<B: AsMut<[u8]>>(
         &self,
         metadata: impl FnOnce() -> Result<HipkMetadata, HipkError>,
@@ -256,23 +307,27 @@ impl Loader {
         co_index: u32,
         archs: &[&str],
         mut alloc: impl FnMut(usize) -> Option<B>,
+        zero_copy: bool,
         mut trace: Option<&mut Trace>,
-    ) -> Result<(B, Hit), LoadError> {
+    ) -> Result<(Loaded<B>, Hit), LoadError> {
         // Step 1.
         if archs.is_empty() {
             return Err(LoadError::NoArchitectures);
         }
         if self.config.disabled {
-            self.debug(format_args!("disabled by {ENV_DISABLE}"));
+            self.debug(format_args!("kpack disabled via {ENV_DISABLE}"));
             return Err(LoadError::Disabled);
         }
         // Steps 2 and 3.
-        let metadata = metadata().inspect_err(|e| self.debug(format_args!("{e}")))?;
+        let metadata = metadata().inspect_err(|e| {
+            self.debug(format_args!("failed to parse HIPK metadata"));
+            self.debug(format_args!("  ({e})"));
+        })?;
         let key = format!("{}#{}", metadata.kernel_name, co_index);
         self.debug(format_args!(
-            "load {key} for {} (binary {})",
-            archs.join(", "),
-            binary_path.display()
+            "parsed HIPK metadata: kernel_name='{}', co_index={co_index}, lookup_key='{key}', {} search paths",
+            metadata.kernel_name,
+            metadata.search_paths.len()
         ));
         let agents = self.agents(archs);
         if let Some(t) = trace.as_deref_mut() {
@@ -288,14 +343,35 @@ impl Loader {
         // Step 4.
         let candidates = self.candidates(&metadata, binary_path, &agents);
         // Steps 5 and 6.
-        let mut search = Search::new(self, &key, candidates, trace);
-        for target in agents.iter().flat_map(|(_, t)| t) {
-            if let Some(found) = search.find(target, &mut alloc)? {
-                return Ok(found);
+        let candidate_count = candidates.len();
+        let mut search = Search::new(self, &key, candidates, zero_copy, trace);
+        for (arch, targets) in &agents {
+            self.debug(format_args!("trying architecture: {arch}"));
+            for target in targets {
+                if let Some(mut found) = search.find(target, &mut alloc)? {
+                    let (size, how) = match &mut found.0 {
+                        Loaded::Buffer(b) => (b.as_mut().len(), ""),
+                        Loaded::Mapped(m) => (m.len(), " (mapped from the archive, no copy)"),
+                    };
+                    self.debug(format_args!("loaded code object: {size} bytes{how}"));
+                    return Ok(found);
+                }
             }
         }
         let err = search.verdict(archs);
-        self.debug(format_args!("{err}"));
+        match &err {
+            LoadError::Read { .. } | LoadError::KernelNotFound { .. } => self.debug(format_args!(
+                "kernel not found in any compatible archive (last error {})",
+                err.code() as i32
+            )),
+            LoadError::ArchNotFound { .. } => self.debug(format_args!(
+                "no archive with compatible architecture found"
+            )),
+            _ => self.debug(format_args!(
+                "no valid archives found in {candidate_count} kpack paths"
+            )),
+        }
+        self.debug(format_args!("  ({err})"));
         Err(err)
     }
 
@@ -320,11 +396,6 @@ impl Loader {
             }
         }
     }
-}
-
-fn show_paths(paths: &[PathBuf]) -> String {
-    let v: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
-    format!("[{}]", v.join(", "))
 }
 
 #[cfg(test)]
@@ -458,14 +529,21 @@ mod tests {
         assert_eq!(
             lines
                 .iter()
-                .filter(|l| l.contains("opened archive"))
+                .filter(|l| l.contains("opened and cached archive"))
                 .count(),
             2
         );
         assert!(lines.iter().all(|l| l.starts_with("kpack: ")));
-        assert!(lines
-            .iter()
-            .any(|l| l.contains("has gfx90a:xnack- but not lib/libtorch.so#1")));
+        // Upstream's lines: the archive with the target, then the miss.
+        assert!(
+            lines.windows(2).any(|w| {
+                w[0].starts_with("kpack:   archive ")
+                    && w[0].ends_with("lib_gfx90a:xnack-.kpack has architecture gfx90a:xnack-")
+                    && w[1]
+                        == "kpack:   kernel not found in this archive (error 5), trying next candidate"
+            }),
+            "{lines:#?}"
+        );
         // An xnack+ agent never takes xnack- code.
         let plus = quiet()
             .load_code_object(&m, &bin, 0, &["gfx90a:xnack+"])
@@ -661,7 +739,7 @@ mod tests {
             .lock()
             .unwrap()
             .iter()
-            .filter(|l| l.contains("opened archive"))
+            .filter(|l| l.contains("opened and cached archive"))
             .count();
         assert_eq!(opened, 1);
     }
@@ -683,19 +761,30 @@ mod tests {
             matches!(r, Err(LoadError::ArchiveNotFound { ref candidates, .. }) if candidates.len() == 3)
         );
         let lines = lines.lock().unwrap();
+        let d = dir.path().display();
+        // Upstream's lines, in its format, then kpack's reasons.
+        let want = [
+            "kpack: cache created: disabled=0, debug=1, override_paths=0, prefix_paths=1".to_string(),
+            format!("kpack:   ROCM_KPACK_PATH_PREFIX: {d}/p.kpack"),
+            "kpack: parsed HIPK metadata: kernel_name='k', co_index=0, lookup_key='k#0', 1 search paths".into(),
+            "kpack: prepending 1 paths from ROCM_KPACK_PATH_PREFIX".into(),
+            format!("kpack: expanded pattern: m_@GFXARCH@.kpack -> {d}/m_gfx90a:xnack-.kpack"),
+            format!("kpack: expanded pattern: m_@GFXARCH@.kpack -> {d}/m_gfx90a.kpack"),
+            "kpack: trying architecture: gfx90a:xnack-".into(),
+            format!("kpack: archive not found: {d}/p.kpack"),
+            "kpack:   (No such file or directory (os error 2))".into(),
+            format!("kpack: archive not found: {d}/m_gfx90a:xnack-.kpack"),
+            "kpack:   (No such file or directory (os error 2))".into(),
+            format!("kpack: archive not found: {d}/m_gfx90a.kpack"),
+            "kpack:   (No such file or directory (os error 2))".into(),
+            "kpack: no valid archives found in 3 kpack paths".into(),
+        ];
+        assert_eq!(lines[..want.len()], want[..], "{lines:#?}");
         assert!(
-            lines[0].starts_with("kpack: cache created: disabled=false"),
-            "{lines:?}"
+            lines[want.len()].starts_with("kpack:   (k#0: none of 3 candidate archive(s)"),
+            "{lines:#?}"
         );
-        for want in [
-            "load k#0 for gfx90a:xnack-",
-            "p.kpack: No such file",
-            "m_gfx90a:xnack-.kpack: No such file",
-            "m_gfx90a.kpack: No such file",
-            "none of 3 candidate archive(s) could be opened",
-        ] {
-            assert!(lines.iter().any(|l| l.contains(want)), "{want}: {lines:?}");
-        }
+        assert_eq!(lines.len(), want.len() + 1, "{lines:#?}");
         // Without debug, nothing is written to the sink.
         let quiet_lines = Arc::new(StdMutex::new(0));
         let q = quiet_lines.clone();

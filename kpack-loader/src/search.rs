@@ -8,15 +8,17 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use super::trace::{Attempt, AttemptOutcome, CandidateStatus, CandidateTrace, Trace};
-use super::{LoadError, Loader};
-use crate::archive::{Archive, Entry};
+use super::{ErrorCode, LoadError, Loaded, Loader};
+use crate::archive::Entry;
+use crate::config::{ENV_PATH, ENV_PATH_PREFIX};
 use crate::hipk::{HipkMetadata, GFXARCH};
+use crate::input::ArchiveFile;
 use crate::target::{TargetId, AGENT_ISA_PREFIX};
 
 /// An archive the loader opened, with its `gfx_arches` parsed once.
 pub(super) struct Opened {
     path: PathBuf,
-    archive: Archive,
+    archive: ArchiveFile,
     /// `(parsed, as written)` for each `gfx_arches` entry that parses.
     targets: Vec<(TargetId, String)>,
 }
@@ -54,8 +56,9 @@ pub(super) struct Slot {
 pub(super) enum Unusable {
     /// Its path does not resolve.
     Missing(String),
-    /// It exists but does not open as an archive.
-    Failed(String),
+    /// It exists but does not open as an archive: the error code
+    /// `kpack_open` would return, and why.
+    Failed(ErrorCode, String),
 }
 
 /// Where a code object was found.
@@ -107,18 +110,35 @@ impl Loader {
             }
         };
         if let Some(paths) = &self.config.path_override {
+            self.debug(format_args!(
+                "using {ENV_PATH} override: {} paths",
+                paths.len()
+            ));
             paths.iter().cloned().for_each(push);
             return out;
+        }
+        if !self.config.path_prefix.is_empty() {
+            self.debug(format_args!(
+                "prepending {} paths from {ENV_PATH_PREFIX}",
+                self.config.path_prefix.len()
+            ));
         }
         self.config.path_prefix.iter().cloned().for_each(&mut push);
         let dir = binary_path.parent().unwrap_or(Path::new(""));
         for path in &metadata.search_paths {
             if path.contains(GFXARCH) {
                 for target in agents.iter().flat_map(|(_, t)| t) {
-                    push(dir.join(path.replace(GFXARCH, &target.to_string())));
+                    let expanded = dir.join(path.replace(GFXARCH, &target.to_string()));
+                    self.debug(format_args!(
+                        "expanded pattern: {path} -> {}",
+                        expanded.display()
+                    ));
+                    push(expanded);
                 }
             } else {
-                push(dir.join(path));
+                let direct = dir.join(path);
+                self.debug(format_args!("direct path: {path} -> {}", direct.display()));
+                push(direct);
             }
         }
         out
@@ -169,14 +189,15 @@ impl Loader {
                     .canonical
                     .as_deref()
                     .map_err(|e| Unusable::Missing(e.clone()))?;
-                match crate::open_archive(path) {
+                match ArchiveFile::open(path) {
                     Ok(archive) => {
                         self.debug(format_args!(
-                            "opened archive {}: targets [{}], {} code objects",
-                            path.display(),
-                            archive.gfx_arches().join(", "),
-                            archive.kernel_count()
+                            "opened and cached archive: {}",
+                            path.display()
                         ));
+                        for arch in archive.gfx_arches() {
+                            self.debug(format_args!("  architecture: {arch}"));
+                        }
                         let targets = archive
                             .gfx_arches()
                             .iter()
@@ -188,10 +209,7 @@ impl Loader {
                             targets,
                         }))
                     }
-                    Err(e) => {
-                        self.debug(format_args!("skipping archive: {e}"));
-                        Err(Unusable::Failed(e.to_string()))
-                    }
+                    Err(e) => Err(Unusable::Failed(ErrorCode::of_open(&e), e.to_string())),
                 }
             })
             .clone()
@@ -200,13 +218,7 @@ impl Loader {
     /// Map `candidate` to the slot of its canonical path (shared with other
     /// names of the same file), remembering the answer.
     fn resolve(&self, candidate: &Path) -> Arc<Slot> {
-        let canonical = std::fs::canonicalize(candidate).map_err(|e| {
-            self.debug(format_args!(
-                "skipping archive {}: {e}",
-                candidate.display()
-            ));
-            e.to_string()
-        });
+        let canonical = std::fs::canonicalize(candidate).map_err(|e| e.to_string());
         let mut state = self.lock();
         let slot = match canonical {
             Ok(c) => state
@@ -238,6 +250,8 @@ impl Loader {
 pub(super) struct Search<'l> {
     loader: &'l Loader,
     key: &'l str,
+    /// Hand out code objects stored uncompressed as private mappings.
+    zero_copy: bool,
     candidates: Vec<PathBuf>,
     /// Per candidate: not tried yet, or its archive (`None`: unusable or the
     /// same archive as an earlier candidate).
@@ -255,6 +269,7 @@ impl<'l> Search<'l> {
         loader: &'l Loader,
         key: &'l str,
         candidates: Vec<PathBuf>,
+        zero_copy: bool,
         trace: Option<&'l mut Trace>,
     ) -> Search<'l> {
         let mut trace = trace;
@@ -270,6 +285,7 @@ impl<'l> Search<'l> {
         Search {
             loader,
             key,
+            zero_copy,
             opened: vec![None; candidates.len()],
             candidates,
             read_error: None,
@@ -296,7 +312,7 @@ impl<'l> Search<'l> {
         &mut self,
         target: &TargetId,
         alloc: &mut impl FnMut(usize) -> Option<B>,
-    ) -> Result<Option<(B, Hit)>, LoadError> {
+    ) -> Result<Option<(Loaded<B>, Hit)>, LoadError> {
         for i in 0..self.candidates.len() {
             let Some(archive) = self.candidate(i) else {
                 continue;
@@ -305,18 +321,20 @@ impl<'l> Search<'l> {
                 continue;
             };
             self.target_matched = true;
+            self.loader.debug(format_args!(
+                "  archive {} has architecture {spelling}",
+                archive.path.display()
+            ));
             let Some(entry) = archive.entry(self.key, spelling, target) else {
-                self.loader.debug(format_args!(
-                    "{}: has {spelling} but not {}",
-                    archive.path.display(),
-                    self.key
-                ));
+                self.not_here(ErrorCode::KernelNotFound, None);
                 self.attempted(target, i, AttemptOutcome::KeyMissing);
                 continue;
             };
             match self.read(&archive, entry, spelling, alloc)? {
                 Ok(buf) => {
                     let size = entry.original_size;
+                    self.loader
+                        .debug(format_args!("  found kernel: {size} bytes"));
                     self.attempted(target, i, AttemptOutcome::Loaded { size });
                     let hit = Hit {
                         archive: archive.path.clone(),
@@ -331,6 +349,19 @@ impl<'l> Search<'l> {
         Ok(None)
     }
 
+    /// The debug lines of a candidate that has the target but does not
+    /// give the code object: the error (`KERNEL_NOT_FOUND` for a missing
+    /// key) and, for a read error, why.
+    fn not_here(&self, code: ErrorCode, why: Option<&str>) {
+        self.loader.debug(format_args!(
+            "  kernel not found in this archive (error {}), trying next candidate",
+            code as i32
+        ));
+        if let Some(why) = why {
+            self.loader.debug(format_args!("  ({why})"));
+        }
+    }
+
     /// The code object of `entry`, or (remembered) why it does not read.
     fn read<B: AsMut<[u8]>>(
         &mut self,
@@ -338,12 +369,17 @@ impl<'l> Search<'l> {
         entry: &Entry,
         spelling: &str,
         alloc: &mut impl FnMut(usize) -> Option<B>,
-    ) -> Result<Result<B, String>, LoadError> {
+    ) -> Result<Result<Loaded<B>, String>, LoadError> {
         // Validate before allocating original_size bytes.
         if let Err(e) = archive.archive.check(entry) {
-            let why = e.to_string();
-            self.failed(archive, spelling, e);
-            return Ok(Err(why));
+            return Ok(Err(self.failed(archive, spelling, e)));
+        }
+        if self.zero_copy {
+            match archive.archive.map_code_object(entry) {
+                Ok(Some(map)) => return Ok(Ok(Loaded::Mapped(map))),
+                Ok(None) => {}
+                Err(e) => return Ok(Err(self.failed(archive, spelling, e))),
+            }
         }
         let size = entry.original_size;
         let out_of_memory = || LoadError::OutOfMemory {
@@ -353,32 +389,32 @@ impl<'l> Search<'l> {
         let len = usize::try_from(size).map_err(|_| out_of_memory())?;
         let mut buf = alloc(len).ok_or_else(out_of_memory)?;
         match archive.archive.read_into(entry, buf.as_mut()) {
-            Ok(()) => {
-                self.loader.debug(format_args!(
-                    "loaded {} for {spelling} from {} ({size} bytes)",
-                    self.key,
-                    archive.path.display()
-                ));
-                Ok(Ok(buf))
-            }
-            Err(e) => {
-                let why = e.to_string();
-                self.failed(archive, spelling, e);
-                Ok(Err(why))
-            }
+            Ok(()) => Ok(Ok(Loaded::Buffer(buf))),
+            Err(e) => Ok(Err(self.failed(archive, spelling, e))),
         }
     }
 
-    fn failed(&mut self, archive: &Opened, spelling: &str, e: crate::archive::ArchiveError) {
-        self.loader.debug(format_args!(
-            "{}: reading {} for {spelling} failed: {e}",
-            archive.path.display(),
-            self.key
-        ));
+    /// Remember the first read error; returns its message.
+    fn failed(
+        &mut self,
+        archive: &Opened,
+        spelling: &str,
+        e: crate::archive::ArchiveError,
+    ) -> String {
+        let why = e.to_string();
+        self.not_here(
+            ErrorCode::of_read(&e),
+            Some(&format!(
+                "{}: reading {} for {spelling}: {why}",
+                archive.path.display(),
+                self.key
+            )),
+        );
         self.read_error.get_or_insert(LoadError::Read {
             path: archive.path.clone(),
             source: e,
         });
+        why
     }
 
     /// Why nothing was found: a read error, else a missing key, else no
@@ -411,6 +447,22 @@ impl<'l> Search<'l> {
     fn candidate(&mut self, i: usize) -> Option<Arc<Opened>> {
         if self.opened[i].is_none() {
             let archive = self.loader.archive(&self.candidates[i]);
+            match &archive {
+                Ok(_) => {}
+                Err(Unusable::Missing(why)) => {
+                    let path = self.candidates[i].display();
+                    self.loader.debug(format_args!("archive not found: {path}"));
+                    self.loader.debug(format_args!("  ({why})"));
+                }
+                Err(Unusable::Failed(code, why)) => {
+                    let path = self.candidates[i].display();
+                    self.loader.debug(format_args!(
+                        "failed to open archive: {path} (error {})",
+                        *code as i32
+                    ));
+                    self.loader.debug(format_args!("  ({why})"));
+                }
+            }
             // The same archive under another name was already searched.
             let seen = archive.as_ref().ok().and_then(|a| {
                 self.opened[..i]
@@ -427,7 +479,7 @@ impl<'l> Search<'l> {
                     (Err(Unusable::Missing(error)), None) => CandidateStatus::Missing {
                         error: error.clone(),
                     },
-                    (Err(Unusable::Failed(error)), None) => CandidateStatus::Unusable {
+                    (Err(Unusable::Failed(_, error)), None) => CandidateStatus::Unusable {
                         error: error.clone(),
                     },
                 };

@@ -4,14 +4,22 @@
 //!
 //! Archives: librocsparse's per-target archives (`kpack offload`), one
 //! archive holding all of librocsparse's code objects (every target;
-//! written here with `ArchiveWriter`, keys `librocsparse.so.0.1#N`), and
-//! librocrand's per-target archives (for the 1.7 MB code object).
+//! written here with `ArchiveWriter`, keys `librocsparse.so.0.1#N`),
+//! librocrand's per-target archives (for the 1.7 MB code object), and an
+//! uncompressed (scheme `none`) archive of the targets of librocsparse's
+//! median and largest code objects, for the zero-copy loads.
+//!
+//! Floors of a load: the same zstd frame decompressed into a reused buffer
+//! with a reused context, in process, by the system's libzstd (Debian's,
+//! through the C program) and by kpack's bundled zstd (the `zstd` crate, as
+//! the library links it).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use kpack_format::archive::Scheme;
 use kpack_format::hipk::HipkMetadata;
 use kpack_format::msgpack::Value;
 use kpack_host::ArchiveWriter;
@@ -87,6 +95,34 @@ fn write_all_targets(input: &Path, name: &str, out: &Path) -> Result<(u64, f64)>
     Ok((s.bytes_out, t0.elapsed().as_secs_f64()))
 }
 
+/// One uncompressed (scheme `none`) archive with every code object of
+/// `input` for `targets`, keys `<name>#N`.
+fn write_uncompressed(input: &Path, name: &str, targets: &[&str], out: &Path) -> Result<u64> {
+    let mapped = kpack_loader::map_file(input)?;
+    let cos = kpack_host::offload::code_objects(input, &mapped)?;
+    let group = name.split('.').next().unwrap_or(name).to_string();
+    let arches: Vec<String> = targets.iter().map(|t| t.to_string()).collect();
+    let mut w = ArchiveWriter::new(group, targets[0], arches).scheme(Scheme::None);
+    for c in cos.iter().filter(|c| targets.contains(&c.target.as_str())) {
+        w.add(
+            kpack_host::offload::archive_key(name, c.bundle),
+            c.target.clone(),
+            c.source(&mapped),
+            None,
+        )?;
+    }
+    Ok(w.write(out)?.bytes_out)
+}
+
+/// The zstd frame of `data` as the archive writer makes it (level 3,
+/// content size and checksum).
+fn frame_of(data: &[u8], checksum: bool) -> Result<Vec<u8>> {
+    let mut c = zstd::bulk::Compressor::new(3)?;
+    c.include_checksum(checksum)?;
+    c.include_contentsize(true)?;
+    Ok(c.compress(data)?)
+}
+
 /// The bytes of code object (bundle, target) of `path`.
 fn code_object(path: &Path, pick: &Pick) -> Result<Vec<u8>> {
     let mapped = kpack_loader::map_file(path)?;
@@ -108,10 +144,7 @@ fn decompress_floor(
     reps: usize,
     iterations: usize,
 ) -> Result<Vec<f64>> {
-    let mut c = zstd::bulk::Compressor::new(3)?;
-    c.include_checksum(checksum)?;
-    c.include_contentsize(true)?;
-    let frame = c.compress(data)?;
+    let frame = frame_of(data, checksum)?;
     let mut d = zstd::bulk::Decompressor::new()?;
     let mut buf = Vec::with_capacity(data.len());
     let mut runs = Vec::new();
@@ -200,6 +233,8 @@ enum Source {
     SparsePerTarget,
     /// librocrand's per-target archives.
     RandPerTarget,
+    /// The uncompressed archive (scheme `none`).
+    Uncompressed,
 }
 
 /// A target of the issue on a latency: its text and its limit (seconds).
@@ -218,6 +253,10 @@ struct Latency<'a> {
     /// The targets of the cold and of the warm load, if any.
     cold_target: Option<Limit>,
     warm_target: Option<Limit>,
+    /// The warm load's limit as a multiple of the system libzstd floor.
+    warm_vs_floor: Option<f64>,
+    /// Also a row for a warm load followed by reading every page.
+    touch: bool,
 }
 
 impl<'a> Latency<'a> {
@@ -237,7 +276,19 @@ impl<'a> Latency<'a> {
             open_close: false,
             cold_target: None,
             warm_target: None,
+            warm_vs_floor: None,
+            touch: false,
         }
+    }
+
+    fn with_warm_vs_floor(mut self, limit: f64) -> Self {
+        self.warm_vs_floor = Some(limit);
+        self
+    }
+
+    fn with_touch(mut self) -> Self {
+        self.touch = true;
+        self
     }
 
     fn with_open_close(mut self) -> Self {
@@ -257,12 +308,13 @@ impl<'a> Latency<'a> {
 }
 
 /// The latency configurations, in the order they are measured.
-fn latencies(p: &Picks) -> [Latency<'_>; 5] {
-    use Source::{All, RandPerTarget, SparsePerTarget};
+fn latencies(p: &Picks) -> [Latency<'_>; 7] {
+    use Source::{All, RandPerTarget, SparsePerTarget, Uncompressed};
     [
         Latency::new("all_median", "median code object", All, &p.median, 200)
             .with_open_close()
-            .with_cold_target(("≤ 2 ms", 2e-3)),
+            .with_cold_target(("≤ 2 ms", 2e-3))
+            .with_warm_vs_floor(1.1),
         Latency::new("all_largest", "largest code object", All, &p.largest, 20),
         Latency::new(
             "pt_median",
@@ -271,7 +323,8 @@ fn latencies(p: &Picks) -> [Latency<'_>; 5] {
             &p.median,
             200,
         )
-        .with_open_close(),
+        .with_open_close()
+        .with_warm_vs_floor(1.1),
         Latency::new(
             "pt_largest",
             "largest code object",
@@ -286,7 +339,24 @@ fn latencies(p: &Picks) -> [Latency<'_>; 5] {
             &p.warm,
             100,
         )
-        .with_warm_target(("≤ 1.1 ms", 1.1e-3)),
+        .with_warm_vs_floor(1.1),
+        Latency::new(
+            "none_median",
+            "median code object",
+            Uncompressed,
+            &p.median,
+            200,
+        )
+        .with_touch(),
+        Latency::new(
+            "none_largest",
+            "largest code object",
+            Uncompressed,
+            &p.largest,
+            200,
+        )
+        .with_warm_target(("≤ 50 µs", 50e-6))
+        .with_touch(),
     ]
 }
 
@@ -326,19 +396,32 @@ struct Metadata {
     all: PathBuf,
     per_target: PathBuf,
     rand: PathBuf,
+    uncompressed: PathBuf,
 }
 
 impl Metadata {
     /// Write it in `dir`: search paths `all`, and the per-target archives
     /// under `sparse_dir` and `rand_dir`.
-    fn write(dir: &Path, sparse_dir: &Path, rand_dir: &Path, all: &Path) -> Result<Metadata> {
+    fn write(
+        dir: &Path,
+        sparse_dir: &Path,
+        rand_dir: &Path,
+        all: &Path,
+        uncompressed: &Path,
+    ) -> Result<Metadata> {
         let m = Metadata {
             all: dir.join("meta-all"),
             per_target: dir.join("meta-per-target"),
             rand: dir.join("meta-rand"),
+            uncompressed: dir.join("meta-uncompressed"),
         };
         let sparse_name = ROCSPARSE.file_name();
         write_metadata(&m.all, sparse_name, &all.display().to_string())?;
+        write_metadata(
+            &m.uncompressed,
+            sparse_name,
+            &uncompressed.display().to_string(),
+        )?;
         write_metadata(
             &m.per_target,
             sparse_name,
@@ -373,6 +456,9 @@ struct Setup {
     all_size: u64,
     all_write_s: f64,
     all_desc: String,
+    /// The uncompressed archive, and its size.
+    uncompressed: PathBuf,
+    uncompressed_size: u64,
     picks: Picks,
     meta: Metadata,
     /// librocsparse's per-target archives, sorted.
@@ -399,7 +485,13 @@ impl Setup {
         let all = sparse_dir.join("librocsparse_all.kpack");
         let (all_size, all_write_s) = write_all_targets(sparse, ROCSPARSE.file_name(), &all)?;
         let picks = Picks::of(sparse, Path::new(ROCRAND.path))?;
-        let meta = Metadata::write(dir, &sparse_dir, &rand_dir, &all)?;
+        eprintln!("runtime: writing an uncompressed archive of two of librocsparse's targets");
+        let uncompressed = sparse_dir.join("librocsparse_none.kpack");
+        let mut targets = vec![picks.median.target.as_str(), picks.largest.target.as_str()];
+        targets.dedup();
+        let uncompressed_size =
+            write_uncompressed(sparse, ROCSPARSE.file_name(), &targets, &uncompressed)?;
+        let meta = Metadata::write(dir, &sparse_dir, &rand_dir, &all, &uncompressed)?;
         let pt_archives = kpack_files(&sparse_dir.join("arch"))?;
         warm(&[&sparse_dir, &rand_dir])?;
         let all_desc = format!(
@@ -414,6 +506,8 @@ impl Setup {
             all_size,
             all_write_s,
             all_desc,
+            uncompressed,
+            uncompressed_size,
             picks,
             meta,
             pt_archives,
@@ -426,6 +520,7 @@ impl Setup {
             Source::All => self.all.clone(),
             Source::SparsePerTarget => per_target(&self.sparse_dir, "librocsparse", &pick.target),
             Source::RandPerTarget => per_target(&self.rand_dir, "librocrand", &pick.target),
+            Source::Uncompressed => self.uncompressed.clone(),
         }
     }
 
@@ -434,13 +529,16 @@ impl Setup {
             Source::All => &self.meta.all,
             Source::SparsePerTarget => &self.meta.per_target,
             Source::RandPerTarget => &self.meta.rand,
+            Source::Uncompressed => &self.meta.uncompressed,
         }
     }
 
     /// The offloaded binary whose code objects `source` holds.
     fn binary(&self, source: Source) -> PathBuf {
         match source {
-            Source::All | Source::SparsePerTarget => self.sparse_dir.join(ROCSPARSE.file_name()),
+            Source::All | Source::SparsePerTarget | Source::Uncompressed => {
+                self.sparse_dir.join(ROCSPARSE.file_name())
+            }
             Source::RandPerTarget => self.rand_dir.join(ROCRAND.file_name()),
         }
     }
@@ -451,6 +549,7 @@ impl Setup {
             Source::All => &self.all_desc,
             Source::SparsePerTarget => "librocsparse per-target archive",
             Source::RandPerTarget => "librocrand per-target archive",
+            Source::Uncompressed => "uncompressed archive (scheme none, no copy)",
         }
     }
 }
@@ -493,10 +592,21 @@ fn kpack_files(dir: &Path) -> Result<Vec<PathBuf>> {
 /// Per-figure medians of each run (µs), and the last run's lines.
 type Figures = Vec<(String, Vec<f64>)>;
 
-/// Run the C program's latency mode `reps` times on `l`.
-fn latency(exe: &Path, reps: usize, s: &Setup, l: &Latency) -> Result<(Figures, String)> {
+/// Run the C program's latency mode `reps` times on `l` (with the floor's
+/// frame, for a warm load checked against it, interleaved with it).
+fn latency(
+    exe: &Path,
+    dir: &Path,
+    reps: usize,
+    s: &Setup,
+    l: &Latency,
+) -> Result<(Figures, String)> {
     let mut per: Vec<(String, Vec<f64>)> = Vec::new();
     let mut last = String::new();
+    let frame = match l.warm_vs_floor {
+        Some(_) => format!("frame={}", frame_file(dir, l.pick).display()),
+        None => String::new(),
+    };
     for _ in 0..reps {
         let out = run_c(
             exe,
@@ -507,7 +617,9 @@ fn latency(exe: &Path, reps: usize, s: &Setup, l: &Latency) -> Result<(Figures, 
                 s.binary(l.source),
                 l.pick.agent(),
                 l.pick.bundle.to_string(),
-                l.iterations.to_string()
+                l.iterations.to_string(),
+                if l.touch { "touch" } else { "" },
+                &frame
             ],
         )?;
         for (name, v) in parse_lines(&out) {
@@ -550,40 +662,114 @@ fn latency_row(
 /// The decompression floors, each keyed by its code object (`Pick::key`).
 type Floors = Vec<(String, Row)>;
 
-/// Floors: the decompression alone of each code object measured.
-fn floor_rows(reps: usize, p: &Picks) -> Result<Floors> {
+/// Floors: the decompression alone of each code object measured, by the
+/// system's libzstd (in the C program) and by kpack's bundled zstd.
+fn floor_rows(exe: &Path, dir: &Path, reps: usize, p: &Picks) -> Result<Floors> {
     let mut floors = Vec::new();
     for (id, pick, bin, iterations) in [
-        ("decompress_median", &p.median, ROCSPARSE.path, 200),
-        ("decompress_largest", &p.largest, ROCSPARSE.path, 20),
-        ("decompress_rand", &p.warm, ROCRAND.path, 100),
+        ("median", &p.median, ROCSPARSE.path, 200),
+        ("largest", &p.largest, ROCSPARSE.path, 20),
+        ("rand", &p.warm, ROCRAND.path, 100),
     ] {
-        eprintln!("runtime: {id}");
-        let row = floor_row(reps, id, pick, Path::new(bin), iterations)?;
-        floors.push((pick.key(), row));
+        eprintln!("runtime: floors of {id}");
+        let data = code_object(Path::new(bin), pick)?;
+        let system = libzstd_floor_row(exe, dir, reps, id, pick, &data, iterations)?;
+        let mut bundled = floor_row(reps, &format!("decompress_{id}"), pick, &data, iterations)?;
+        if let (Some(b), Some(s)) = (bundled.wall(), system.wall()) {
+            bundled.floors.push(FloorRatio {
+                floor: system.id.clone(),
+                ratio: b / s,
+            });
+            bundled.targets.push(Target::at_most(
+                "not slower than system libzstd (≤ 1.05×, noise)",
+                b / s,
+                1.05,
+            ));
+        }
+        floors.push((pick.key(), system));
+        floors.push((pick.key(), bundled));
     }
     Ok(floors)
 }
 
-/// The decompression floor of `pick` of `bin`, with and without the
-/// content checksum.
-fn floor_row(reps: usize, id: &str, pick: &Pick, bin: &Path, iterations: usize) -> Result<Row> {
-    let data = code_object(bin, pick)?;
+/// The floor of `pick` by the system's libzstd: the C program decompresses
+/// the frame (as the archive writer makes it) `iterations` times per run.
+fn libzstd_floor_row(
+    exe: &Path,
+    dir: &Path,
+    reps: usize,
+    id: &str,
+    pick: &Pick,
+    data: &[u8],
+    iterations: usize,
+) -> Result<Row> {
+    let frame_file = frame_file(dir, pick);
+    std::fs::write(&frame_file, frame_of(data, true)?)?;
+    let mut runs = Vec::new();
+    let mut version = String::new();
+    for _ in 0..reps {
+        let out = run_c(
+            exe,
+            &args![
+                "floor",
+                &frame_file,
+                data.len().to_string(),
+                iterations.to_string()
+            ],
+        )?;
+        for line in out.lines() {
+            if let Some(v) = line.strip_prefix("libzstd_version ") {
+                version = v.to_string();
+            }
+        }
+        for (name, v) in parse_lines(&out) {
+            if name == "libzstd_floor" {
+                runs.push(v.first().copied().unwrap_or(f64::NAN) / 1e6);
+            }
+        }
+    }
     let mut row = Row::new(
         SECTION,
-        id,
+        &format!("libzstd_{id}"),
         format!(
-            "floor: zstd decompression alone (same library, reused context), {} #{} ({})",
+            "floor: system libzstd {version} decompressing the same frame (reused context and buffer, in process), {} #{} ({})",
             pick.target,
             pick.bundle,
             fmt_bytes(pick.size as f64)
         ),
     );
-    row.wall_s = Stats::of(decompress_floor(&data, true, reps, iterations)?);
+    row.wall_s = Stats::of(runs);
+    row.bytes_out = Some(pick.size as u64);
+    row.details = json!({ "libzstd_version": version });
+    Ok(row)
+}
+
+/// Where the floor's frame of `pick` is written (in the section's work
+/// directory).
+fn frame_file(dir: &Path, pick: &Pick) -> PathBuf {
+    dir.join(format!("frame-{}.zst", pick.key().replace([':', '#'], "_")))
+}
+
+/// The decompression floor of `pick` by kpack's bundled zstd (the `zstd`
+/// crate, as librocm_kpack links it), with and without the content
+/// checksum.
+fn floor_row(reps: usize, id: &str, pick: &Pick, data: &[u8], iterations: usize) -> Result<Row> {
+    let mut row = Row::new(
+        SECTION,
+        id,
+        format!(
+            "floor: kpack's bundled zstd {} decompressing the same frame (reused context and buffer), {} #{} ({})",
+            zstd::zstd_safe::version_string(),
+            pick.target,
+            pick.bundle,
+            fmt_bytes(pick.size as f64)
+        ),
+    );
+    row.wall_s = Stats::of(decompress_floor(data, true, reps, iterations)?);
     row.bytes_out = Some(pick.size as u64);
     row.details = json!({
         "without_content_checksum_s":
-            Stats::of(decompress_floor(&data, false, reps, iterations)?),
+            Stats::of(decompress_floor(data, false, reps, iterations)?),
     });
     Ok(row)
 }
@@ -605,15 +791,21 @@ fn floor_ratios(floors: &Floors, pick: &Pick, row: &Row) -> Vec<FloorRatio> {
 
 /// The loads of a latency run: row id suffix, the C program's figure, the
 /// row's text.
-const LOADS: [(&str, &str, &str); 2] = [
+const LOADS: [(&str, &str, &str); 3] = [
     ("cold", "cold_load", "cold first load (create+load+destroy)"),
     ("warm", "warm_load", "warm load"),
+    (
+        "warm_touch",
+        "warm_load_touch",
+        "warm load, then reading every page of it",
+    ),
 ];
 
 /// The rows of one latency configuration: kpack_open + kpack_close (where
 /// asked), the cold and the warm load.
 fn latency_rows(
     exe: &Path,
+    dir: &Path,
     reps: usize,
     s: &Setup,
     l: &Latency,
@@ -622,7 +814,7 @@ fn latency_rows(
     eprintln!("runtime: latency {}", l.id);
     let archive = s.archive(l.source, l.pick);
     let resident_before = resident(&[&archive]);
-    let (f, last) = latency(exe, reps, s, l)?;
+    let (f, last) = latency(exe, dir, reps, s, l)?;
     let mut rows = Vec::new();
     if l.open_close {
         rows.push(open_close_row(s, l, &f, &last, &archive));
@@ -635,7 +827,12 @@ fn latency_rows(
         l.pick.bundle
     );
     let where_ = s.where_(l.source);
-    for ((suffix, name, text), target) in LOADS.into_iter().zip([l.cold_target, l.warm_target]) {
+    for ((suffix, name, text), target) in
+        LOADS.into_iter().zip([l.cold_target, l.warm_target, None])
+    {
+        if suffix == "warm_touch" && !l.touch {
+            continue;
+        }
         let mut row = latency_row(
             &format!("{}_{suffix}", l.id),
             format!("{text}, {co}, {where_}"),
@@ -648,6 +845,32 @@ fn latency_rows(
         row.input_resident = Some(resident_before);
         if let (Some((text, limit)), Some(w)) = (target, row.wall()) {
             row.targets.push(Target::at_most(text, w, limit));
+        }
+        // Against the system libzstd decompressing the same frame in the
+        // same process, interleaved with the loads (the noise of a busy
+        // machine falls on both).
+        if let (Some(limit), "warm", Some(w), Some(floor)) = (
+            l.warm_vs_floor,
+            suffix,
+            row.wall(),
+            figure(&f, "warm_floor"),
+        ) {
+            let ratio = w / floor.median;
+            row.floors.insert(
+                0,
+                FloorRatio {
+                    floor: "libzstd_same_process".into(),
+                    ratio,
+                },
+            );
+            row.targets.push(Target::at_most(
+                format!("≤ {limit}× system libzstd, same process"),
+                ratio,
+                limit,
+            ));
+            if let Some(d) = row.details.as_object_mut() {
+                d.insert("system_libzstd_same_process_s".into(), json!(floor));
+            }
         }
         rows.push(row);
     }
@@ -856,6 +1079,129 @@ fn memory_row(
     Ok(row)
 }
 
+/// How many processes hold the same code object at once.
+const HOLDERS: usize = 4;
+
+/// PSS of `HOLDERS` processes holding the largest code object at once:
+/// loaded from the uncompressed archive (private mappings of one file: one
+/// page-cache copy, shared), and from a compressed one for comparison
+/// (decompressed: a copy each).
+fn pss_rows(exe: &Path, reps: usize, s: &Setup) -> Result<Vec<Row>> {
+    let pick = &s.picks.largest;
+    let mut rows = Vec::new();
+    for (id, source, limit) in [
+        ("pss_none_largest", Source::Uncompressed, Some(1.3)),
+        ("pss_pt_largest", Source::SparsePerTarget, None),
+    ] {
+        eprintln!("runtime: {id}");
+        let mut totals = Vec::new();
+        let mut processes = Vec::new();
+        for _ in 0..reps {
+            let (co, whole) = measure_pss(exe, s.meta(source), &s.binary(source), pick)?;
+            totals.push(co.iter().sum::<f64>());
+            processes.push(whole);
+        }
+        let mut row = Row::new(
+            SECTION,
+            id,
+            format!(
+                "{HOLDERS} processes holding the largest code object ({}), {}: total PSS of the code object",
+                fmt_bytes(pick.size as f64),
+                s.where_(source)
+            ),
+        );
+        let kib = pick.size as f64 / 1024.0;
+        row.peak_rss_kib = Stats::of(totals.clone());
+        row.bytes_out = Some(pick.size as u64);
+        if let (Some(limit), Some(t)) = (limit, Stats::of(totals.clone())) {
+            row.targets.push(Target::at_most(
+                format!("total ≤ {limit}× one copy"),
+                t.median / kib,
+                limit,
+            ));
+        }
+        row.details = json!({
+            "total_pss_of_the_code_object_kib": totals,
+            "copies": Stats::of(totals.iter().map(|t| t / kib).collect()),
+            "whole_process_pss_kib": processes,
+        });
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// Start `HOLDERS` processes that each load `pick` and read it, then read
+/// their PSS: of the pages holding the code object (KiB, per process), and
+/// of the whole process.
+fn measure_pss(
+    exe: &Path,
+    meta: &Path,
+    binary: &Path,
+    pick: &Pick,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let mut children = Vec::new();
+    let mut held = Vec::new();
+    for _ in 0..HOLDERS {
+        let mut child = Command::new(exe)
+            .args(args![
+                "hold",
+                meta,
+                binary,
+                pick.agent(),
+                pick.bundle.to_string()
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().context("stdout")?).read_line(&mut line)?;
+        let mut it = line.split_whitespace().skip(1);
+        let addr: u64 = it.next().context("hold: no address")?.parse()?;
+        let size: u64 = it.next().context("hold: no size")?.parse()?;
+        held.push((child.id(), addr, size));
+        children.push(child);
+    }
+    // All of them hold it now.
+    let mut co = Vec::new();
+    let mut whole = Vec::new();
+    for &(pid, addr, size) in &held {
+        let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps"))?;
+        co.push(pss_in(&smaps, addr, addr + size));
+        whole.push(pss_in(&smaps, 0, u64::MAX));
+    }
+    for mut c in children {
+        drop(c.stdin.take());
+        c.wait()?;
+    }
+    Ok((co, whole))
+}
+
+/// The PSS (KiB) of the mappings of `smaps` that overlap `start..end`.
+fn pss_in(smaps: &str, start: u64, end: u64) -> f64 {
+    let mut total = 0.0;
+    let mut inside = false;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or_default();
+        if let Some((a, b)) = first.split_once('-') {
+            if let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) {
+                inside = a < end && start < b;
+                continue;
+            }
+        }
+        if let (true, Some(v)) = (inside, line.strip_prefix("Pss:")) {
+            total += v
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<f64>()
+                .unwrap_or(0.0);
+        }
+    }
+    total
+}
+
 /// The row saying why nothing is measured, if a library is missing.
 fn missing_library() -> Option<Row> {
     [ROCSPARSE.path, ROCRAND.path]
@@ -869,6 +1215,7 @@ fn describe_inputs(rows: &mut [Row], s: &Setup) {
     if let Some(r) = rows.first_mut() {
         r.details = json!({
             "all_targets_archive_bytes": s.all_size,
+            "uncompressed_archive_bytes": s.uncompressed_size,
             "all_targets_archive_write_seconds": s.all_write_s,
             "device_code_bytes": s.picks.device_bytes,
             "code_objects": s.picks.count,
@@ -888,14 +1235,15 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
     std::fs::create_dir_all(&dir)?;
     let exe = build_program(ctx, &dir)?;
     let s = Setup::prepare(ctx, &dir)?;
-    let floors = floor_rows(ctx.reps, &s.picks)?;
+    let floors = floor_rows(&exe, &dir, ctx.reps, &s.picks)?;
     let mut rows = Vec::new();
     for l in &latencies(&s.picks) {
-        rows.extend(latency_rows(&exe, ctx.reps, &s, l, &floors)?);
+        rows.extend(latency_rows(&exe, &dir, ctx.reps, &s, l, &floors)?);
     }
     rows.extend(floors.into_iter().map(|(_, r)| r));
     rows.extend(get_kernel_rows(&exe, ctx.reps, &s)?);
     rows.extend(memory_rows(&exe, ctx.reps, &s)?);
+    rows.extend(pss_rows(&exe, ctx.reps, &s)?);
     describe_inputs(&mut rows, &s);
     Ok(rows)
 }

@@ -9,9 +9,21 @@
  *   written only when it is KPACK_SUCCESS.
  * - A NULL pointer argument (other than the optional ones documented below)
  *   gives KPACK_ERROR_INVALID_ARGUMENT.
- * - Buffers returned by kpack_get_kernel and kpack_load_code_object are
- *   malloc'ed: release them with kpack_free_kernel / kpack_free_code_object
- *   or with free().
+ * - Code objects returned by kpack_get_kernel and kpack_load_code_object
+ *   are the caller's until released with kpack_free_kernel /
+ *   kpack_free_code_object (either one, exactly once). They stay valid until
+ *   then, also after kpack_close / kpack_cache_destroy, and are writable;
+ *   a write to one is seen by no other.
+ *   - Stored uncompressed in the archive (scheme none): no copy is made.
+ *     The pointer is into a private copy-on-write mapping of the archive
+ *     file of this code object alone (pages shared with the page cache, and
+ *     so with other processes, until written). Release it ONLY through
+ *     kpack_free_code_object / kpack_free_kernel: free() on it is undefined.
+ *   - Compressed: a malloc-compatible buffer the code object was
+ *     decompressed into (free() also releases it).
+ *     kpack_free_code_object returns it to a small pool of its cache, whose
+ *     next loads decompress into it (at most 4 buffers and 32 MiB per
+ *     cache, freed by kpack_cache_destroy).
  * - Concurrent calls on one archive or one cache are safe; kpack_close and
  *   kpack_cache_destroy must not race them.
  * - Archives are memory-mapped: replace an archive file by renaming a new
@@ -66,15 +78,18 @@ KPACK_API kpack_error_t kpack_get_binary_count(kpack_archive_t archive,
 KPACK_API kpack_error_t kpack_get_binary(kpack_archive_t archive, size_t index,
                                          const char** binary);
 
-/* Decompress the code object of `binary_name` (the exact key, with its
- * "#N") for `arch` (exact target ID) into a new malloc'ed buffer.
+/* The code object of `binary_name` (the exact key, with its "#N") for
+ * `arch` (exact target ID): mapped from the archive when stored
+ * uncompressed, else decompressed into a new malloc'ed buffer (see the
+ * conventions above). Release it with kpack_free_kernel.
  * Errors: KERNEL_NOT_FOUND, DECOMPRESSION_FAILED, OUT_OF_MEMORY. */
 KPACK_API kpack_error_t kpack_get_kernel(kpack_archive_t archive,
                                          const char* binary_name,
                                          const char* arch, void** kernel_data,
                                          size_t* kernel_size);
 
-/* free() a buffer from kpack_get_kernel; NULL is a no-op. */
+/* Release a code object from kpack_get_kernel (or kpack_load_code_object);
+ * NULL is a no-op. */
 KPACK_API void kpack_free_kernel(void* kernel_data);
 
 /* ---- Loader ------------------------------------------------------------ */
@@ -102,7 +117,9 @@ KPACK_API kpack_error_t kpack_discover_binary_path(const void* address_in_binary
  * metadata (MessagePack, at most 64 KiB) is at `hipk_metadata` and whose
  * file is `binary_path`, for the first of `arch_list` (priority order, e.g.
  * "amdgcn-amd-amdhsa--gfx942:sramecc+:xnack-" then its generic target)
- * that an archive serves. The result is malloc'ed.
+ * that an archive serves. The result is mapped from the archive when it is
+ * stored uncompressed, else a malloc-compatible buffer (see the conventions
+ * above); release it with kpack_free_code_object.
  * Errors: INVALID_ARGUMENT (NULL, arch_count == 0), NOT_IMPLEMENTED
  * (ROCM_KPACK_DISABLE), INVALID_METADATA, then, when no archive had it:
  * DECOMPRESSION_FAILED / IO_ERROR (a matching archive failed to read it),
@@ -114,7 +131,9 @@ KPACK_API kpack_error_t kpack_load_code_object(
     uint32_t co_index, const char* const* arch_list, size_t arch_count,
     void** code_object_out, size_t* code_object_size_out);
 
-/* free() a buffer from kpack_load_code_object; NULL is a no-op. */
+/* Release a code object from kpack_load_code_object (or kpack_get_kernel):
+ * unmaps a mapped one, returns a buffer to its cache's pool (or frees it
+ * when the cache is gone or the pool full). NULL is a no-op. */
 KPACK_API void kpack_free_code_object(void* code_object);
 
 /* Open the archive at `archive_path`, call `callback` for each of its

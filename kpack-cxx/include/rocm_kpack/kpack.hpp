@@ -14,6 +14,9 @@
 //   kpack::Cache cache;  // reads ROCM_KPACK_* now
 //   kpack::Bytes co = cache.load_code_object(
 //       metadata, "/opt/rocm/lib/librocblas.so", 0, {"gfx942:sramecc+:xnack-"});
+//   kpack::CodeObject view = cache.load_code_object_view(
+//       metadata, "/opt/rocm/lib/librocblas.so", 0, {"gfx942:sramecc+:xnack-"});
+//   // view.data(), view.size(): no copy from an uncompressed archive
 //
 // Failures throw kpack::Error: code() is the kpack_error_t, what() the
 // message the kpack command prints for the same problem (the file, and
@@ -71,6 +74,69 @@ class Error : public std::runtime_error {
 // Code objects: a Rust-owned vector (data(), size(), begin(), end(),
 // operator[]), handed over without a copy.
 using Bytes = rust::Vec<std::uint8_t>;
+
+// A code object as the C API hands it out: for an archive that stores it
+// uncompressed (scheme none), its own private copy-on-write mapping of the
+// archive's pages (no copy; mapped() is true), else a buffer the
+// decompression wrote. Writable; a write is seen by no other load. It stays
+// valid until destroyed, also after the Archive or Cache it came from is
+// gone. Move-only; release() hands the pointer to C code, which must free it
+// with kpack_free_code_object.
+class CodeObject {
+ public:
+  CodeObject() noexcept = default;
+  CodeObject(CodeObject&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)),
+        size_(std::exchange(other.size_, 0)),
+        mapped_(std::exchange(other.mapped_, false)) {}
+  CodeObject& operator=(CodeObject&& other) noexcept {
+    if (this != &other) {
+      reset();
+      data_ = std::exchange(other.data_, nullptr);
+      size_ = std::exchange(other.size_, 0);
+      mapped_ = std::exchange(other.mapped_, false);
+    }
+    return *this;
+  }
+  CodeObject(const CodeObject&) = delete;
+  CodeObject& operator=(const CodeObject&) = delete;
+  ~CodeObject() { reset(); }
+
+  std::uint8_t* data() noexcept { return data_; }
+  const std::uint8_t* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+  bool empty() const noexcept { return size_ == 0; }
+  std::uint8_t* begin() noexcept { return data_; }
+  std::uint8_t* end() noexcept { return data_ + size_; }
+  const std::uint8_t* begin() const noexcept { return data_; }
+  const std::uint8_t* end() const noexcept { return data_ + size_; }
+  std::uint8_t& operator[](std::size_t i) noexcept { return data_[i]; }
+  const std::uint8_t& operator[](std::size_t i) const noexcept { return data_[i]; }
+  // Whether it is a mapping of the archive (stored uncompressed, no copy).
+  bool mapped() const noexcept { return mapped_; }
+  // Give up ownership: the caller frees the pointer with
+  // kpack_free_code_object.
+  void* release() noexcept {
+    size_ = 0;
+    mapped_ = false;
+    return std::exchange(data_, nullptr);
+  }
+
+ private:
+  friend class Archive;
+  friend class Cache;
+  explicit CodeObject(const bridge::CodeObjectRef& r) noexcept
+      : data_(reinterpret_cast<std::uint8_t*>(r.data)), size_(r.size), mapped_(r.mapped) {}
+  void reset() noexcept {
+    kpack_free_code_object(data_);
+    data_ = nullptr;
+    size_ = 0;
+    mapped_ = false;
+  }
+  std::uint8_t* data_ = nullptr;
+  std::size_t size_ = 0;
+  bool mapped_ = false;
+};
 
 // One code object of an archive.
 struct KernelInfo {
@@ -191,6 +257,15 @@ class Archive {
     });
   }
 
+  // That code object without a copy when the archive stores it
+  // uncompressed (a mapping of the archive), else decompressed; it outlives
+  // this Archive. Errors as kernel().
+  CodeObject kernel_view(const std::string& binary, const std::string& arch) const {
+    return CodeObject(detail::call([&](bridge::Failure& c) {
+      return get().kernel_view(detail::bytes(binary), detail::bytes(arch), c);
+    }));
+  }
+
   // The same archive as a C handle, for the C API (owned by this object:
   // do not kpack_close it); NULL after a move.
   kpack_archive_t handle() const noexcept { return reinterpret_cast<kpack_archive_t>(impl_); }
@@ -243,6 +318,28 @@ class Cache {
                                     detail::bytes(binary_path), co_index, detail::bytes(names),
                                     rust::Slice<const std::size_t>(lens.data(), lens.size()), c);
     });
+  }
+
+  // load_code_object() handed out as kpack_load_code_object does: without
+  // a copy when the archive stores the code object uncompressed (a mapping
+  // of the archive), else in a buffer recycled from earlier loads of this
+  // cache. It outlives this Cache. Errors as load_code_object().
+  CodeObject load_code_object_view(const void* hipk_metadata, const std::string& binary_path,
+                                   std::uint32_t co_index,
+                                   const std::vector<std::string>& archs) const {
+    std::string names;
+    std::vector<std::size_t> lens;
+    lens.reserve(archs.size());
+    for (const std::string& a : archs) {
+      names += a;
+      lens.push_back(a.size());
+    }
+    const bridge::KpackCache& cache = get();
+    return CodeObject(detail::call([&](bridge::Failure& c) {
+      return cache.load_code_object_view(
+          static_cast<const std::uint8_t*>(hipk_metadata), detail::bytes(binary_path), co_index,
+          detail::bytes(names), rust::Slice<const std::size_t>(lens.data(), lens.size()), c);
+    }));
   }
 
   // The same cache as a C handle (owned by this object); NULL after a move.

@@ -9,6 +9,7 @@ pub use kpack_testkit::cprog::Program;
 use kpack_testkit::workspace;
 
 pub mod archives;
+pub mod zero_copy;
 #[allow(unused_imports)]
 pub use archives::*;
 
