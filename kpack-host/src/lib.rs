@@ -42,6 +42,9 @@ use kpack_bundle as bundle;
 use kpack_format::{archive, bytes, hipk, msgpack, target};
 use kpack_loader::{self as loader, input};
 
-pub use archive_writer::{ArchiveWriter, FileRange, KernelData, WriteSummary, DEFAULT_BATCH_BYTES};
+pub use archive_writer::{
+    ArchiveWriter, FileRange, Frame, FrameCompressor, FrameParams, KernelData, WriteSummary,
+    DEFAULT_BATCH_BYTES,
+};
 pub use error::{Error, Result, WithPath};
 pub use kpack_loader::report;

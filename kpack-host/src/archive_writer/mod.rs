@@ -23,7 +23,7 @@ use rayon::prelude::*;
 mod source;
 
 use source::same_bytes;
-pub use source::{FileRange, KernelData};
+pub use source::{FileRange, Frame, FrameCompressor, FrameParams, KernelData};
 
 use crate::archive::{
     ArchiveError, Metadata, Scheme, DEFAULT_ZSTD_LEVEL, FORMAT_VERSION, HEADER_SIZE, MAGIC,
@@ -380,6 +380,11 @@ impl<'a> ArchiveWriter<'a> {
             .map_init(
                 || self.compressor(),
                 |c, k| {
+                    // A kernel compressed already with these parameters is
+                    // the same frame: copied.
+                    if let Some(frame) = k.data.frame_for(self.frame_params())? {
+                        return Ok(frame);
+                    }
                     let c = c.as_mut().map_err(|e| compress_err(k, e))?;
                     let data = k.data.load()?;
                     c.compress(&data).map_err(|e| compress_err(k, &e))
@@ -414,12 +419,24 @@ impl<'a> ArchiveWriter<'a> {
         })
     }
 
-    fn compressor(&self) -> std::io::Result<zstd::bulk::Compressor<'static>> {
-        let mut c = zstd::bulk::Compressor::new(self.level)?;
-        c.include_checksum(self.checksum)?;
-        c.include_contentsize(true)?;
-        c.include_dictid(false)?;
-        Ok(c)
+    fn compressor(&self) -> std::io::Result<FrameCompressor> {
+        FrameCompressor::new(self.frame_params())
+    }
+
+    /// What decides the bytes of this writer's frames.
+    pub fn frame_params(&self) -> FrameParams {
+        FrameParams {
+            level: self.level,
+            checksum: self.checksum,
+        }
+    }
+
+    /// The frames this writer makes, for kernels compressed ahead of
+    /// writing ([`KernelData::Frame`]): `None` when it stores kernels
+    /// uncompressed, or when its level is invalid (which `write` reports).
+    pub fn frames(&self) -> Option<FrameParams> {
+        let valid = zstd::compression_level_range().contains(&self.level);
+        (self.scheme == Scheme::ZstdPerKernel && valid).then(|| self.frame_params())
     }
 
     /// The TOC of these kernels stored as `layout` says.
