@@ -34,11 +34,15 @@ pub fn stream_agrees(data: &[u8]) {
         (Ok(_), Err(e)) => panic!("parse_fatbin succeeds, list_fatbin fails: {e}"),
         (Err(_), _) => {}
     }
-    // Every code object, then only those of every other target.
-    for filtered in [false, true] {
+    // Every code object, then only those of every other target; compressed
+    // bundles read whole where they can be, then always as a stream.
+    for (filtered, whole) in [(false, true), (true, true), (false, false), (true, false)] {
         let mut s = FatbinStream::new(data);
         if filtered {
             s = s.keep(|t: &str| t.len() % 2 == 0);
+        }
+        if !whole {
+            s = s.whole_limit(0);
         }
         let mut got = Vec::new();
         let streamed = loop {

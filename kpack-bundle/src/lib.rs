@@ -25,7 +25,9 @@ mod stream;
 #[doc(hidden)]
 pub mod fuzzing;
 
-pub use stream::{check_fatbin, list_fatbin, FatbinStream, Streamed, LIST_CHECK_LIMIT};
+pub use stream::{
+    check_fatbin, list_fatbin, FatbinStream, Streamed, LIST_CHECK_LIMIT, WHOLE_LIMIT,
+};
 
 /// Magic of an uncompressed bundle.
 pub const BUNDLE_MAGIC: &[u8; 24] = b"__CLANG_OFFLOAD_BUNDLE__";
@@ -731,26 +733,39 @@ fn inner_bundles(
     first_index: usize,
     offset: usize,
 ) -> Result<Vec<Bundle<'static>>, BundleError> {
+    let len = buf.len();
+    inner_bundles_of(buf, len, first_index, offset)
+}
+
+/// [`inner_bundles`] of the first `len` bytes of `buf` (a reused buffer may
+/// be longer than the data in it).
+pub(crate) fn inner_bundles_of(
+    buf: Arc<[u8]>,
+    len: usize,
+    first_index: usize,
+    offset: usize,
+) -> Result<Vec<Bundle<'static>>, BundleError> {
     let bad = |problem: String| BundleError::BadPayload { offset, problem };
+    let data = &buf[..len];
     let mut inner = Vec::new();
     let mut pos = 0usize;
     loop {
-        while pos < buf.len() && buf[pos] == 0 {
+        while pos < data.len() && data[pos] == 0 {
             pos += 1;
         }
-        if pos >= buf.len() {
+        if pos >= data.len() {
             break;
         }
-        let rest = &buf[pos..];
+        let rest = &data[pos..];
         if !rest.starts_with(BUNDLE_MAGIC) {
             return Err(bad(format!(
                 "not an uncompressed bundle at decompressed offset {pos:#x} ({})",
                 describe(rest)
             )));
         }
-        let (base, shared) = (pos, buf.clone());
+        let base = pos;
         let (bundle, len) = parse_plain(rest, first_index + inner.len(), offset, |r| {
-            Blob::Shared(shared.clone(), r.start + base..r.end + base)
+            Blob::Shared(buf.clone(), r.start + base..r.end + base)
         })
         .map_err(|e| bad(e.to_string()))?;
         inner.push(bundle);

@@ -36,6 +36,15 @@ pub const LIST_CHECK_LIMIT: u64 = 1 << 20;
 /// Bytes decompressed ahead of what is asked for (entry tables, padding).
 const LOOKAHEAD: usize = 64 << 10;
 
+/// [`FatbinStream`] decompresses a compressed bundle whole, into one
+/// buffer its code objects share, when its zstd frame's window is its whole
+/// content (a single-segment frame: what clang's long-distance matching
+/// makes of bundles up to 128 MiB) and it is at most this large: the
+/// decompressor would hold a window that large anyway, and the code
+/// objects are not copied out of it. Other compressed bundles are read as
+/// a stream, each code object copied out of the decompressor's window.
+pub const WHOLE_LIMIT: u64 = 128 << 20;
+
 /// List the bundles of a `.hip_fatbin` section (or bundle file) from their
 /// headers and entry tables, every count, offset and size checked as
 /// [`crate::parse_fatbin`] checks them. A compressed bundle of at most
@@ -43,7 +52,8 @@ const LOOKAHEAD: usize = 64 << 10;
 /// the first bytes are, unless its inner bundles do not account for every
 /// byte of it (then the rest is read, a window at a time, to find them):
 /// its `hash_matches` is then `None` and damage past its entry tables goes
-/// unnoticed.
+/// unnoticed. (A compressed bundle holding several bundles is read up to the
+/// last one's table: their start is found only by reading past the others.)
 pub fn list_fatbin(data: &[u8]) -> Result<Vec<BundleInfo>, BundleError> {
     list(data, false)
 }
@@ -83,7 +93,8 @@ fn list(data: &[u8], whole: bool) -> Result<Vec<BundleInfo>, BundleError> {
                 }
                 count += inner.len();
             } else {
-                let mut c = CcobCursor::new(rest, h, count, start, dctx.take(), true);
+                // The hash only when every byte is read anyway.
+                let mut c = CcobCursor::new(rest, h, count, start, dctx.take(), whole);
                 let mut inner = Vec::new();
                 while let Some(info) = c.next_bundle()? {
                     inner.push(info);
@@ -168,6 +179,7 @@ pub struct FatbinStream<'a> {
     pos: usize,
     count: usize,
     keep: Option<Keep<'a>>,
+    whole_limit: u64,
     ready: VecDeque<Streamed<'a>>,
     ccob: Option<CcobCursor<'a>>,
     /// A zstd context reused from one compressed bundle to the next.
@@ -181,6 +193,7 @@ impl<'a> FatbinStream<'a> {
             pos: 0,
             count: 0,
             keep: None,
+            whole_limit: WHOLE_LIMIT,
             ready: VecDeque::new(),
             ccob: None,
             dctx: None,
@@ -194,10 +207,111 @@ impl<'a> FatbinStream<'a> {
         self
     }
 
+    /// Decompress a compressed bundle whole (see [`WHOLE_LIMIT`]) only up
+    /// to `bytes`; 0: always as a stream.
+    pub fn whole_limit(mut self, bytes: u64) -> Self {
+        self.whole_limit = bytes;
+        self
+    }
+
+    /// What the next call of [`next`](Self::next) may allocate to
+    /// decompress: the size of the next compressed bundle when it starts
+    /// one read whole, its zstd window when read as a stream (an estimate
+    /// for zlib), 0 when the next code object is at hand.
+    pub fn upcoming(&self) -> u64 {
+        if !self.ready.is_empty() || self.ccob.is_some() {
+            return 0;
+        }
+        let Some(start) = next_bundle_start(self.data, self.pos) else {
+            return 0;
+        };
+        let rest = &self.data[start..];
+        if !rest.starts_with(CCOB_MAGIC) {
+            return 0;
+        }
+        let Ok(h) = read_ccob_header(rest, self.count, start) else {
+            return 0;
+        };
+        let payload = &rest[h.header_len as usize..h.total as usize];
+        match (h.method, frame_window(payload)) {
+            (Method::Zstd, Some(w)) if self.reads_whole(&h, payload) => w.window,
+            (Method::Zstd, Some(w)) => w.window.min(h.uncompressed),
+            _ => LOOKAHEAD as u64,
+        }
+    }
+
+    /// Whether a compressed bundle is decompressed whole.
+    fn reads_whole(&self, h: &CcobHeader, payload: &[u8]) -> bool {
+        h.method == Method::Zstd
+            && h.uncompressed <= self.whole_limit
+            && frame_window(payload)
+                .is_some_and(|w| w.single_segment && w.content == Some(h.uncompressed))
+    }
+
+    /// Decompress a compressed bundle at `start` (`rest` from there) into
+    /// one buffer and queue its kept code objects (slices of it).
+    fn read_whole(
+        &mut self,
+        rest: &'a [u8],
+        h: CcobHeader,
+        start: usize,
+    ) -> Result<(), BundleError> {
+        let payload = &rest[h.header_len as usize..h.total as usize];
+        let mut p = Payload::new(
+            payload,
+            h.method,
+            h.uncompressed,
+            start,
+            self.dctx.take(),
+            false,
+        );
+        let len = h.uncompressed as usize;
+        // The frame says its window is this large: zstd would allocate it.
+        // (A buffer kept for reuse would stay resident beside the next one
+        // while its code objects are compressed: each is fresh.)
+        let mut buf: Arc<[u8]> = std::iter::repeat_n(0u8, len).collect();
+        let read = p
+            .read_exact(Arc::get_mut(&mut buf).expect("not shared yet"))
+            .and_then(|()| p.finish());
+        self.dctx = p.into_dctx();
+        read?;
+        let range = start..start + h.total as usize;
+        let inner = crate::inner_bundles_of(buf, len, self.count, start)?;
+        self.count += inner.len();
+        for b in inner {
+            for (i, e) in b.entries.into_iter().enumerate() {
+                if e.is_host() || !wanted(self.keep.as_deref(), e.target()) {
+                    continue;
+                }
+                self.ready.push_back(Streamed {
+                    bundle: b.index,
+                    range: range.clone(),
+                    compressed: true,
+                    entry: i,
+                    triple: e.triple,
+                    offset: e.offset,
+                    data: e.data,
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Bundles seen so far (all of them once [`next`](Self::next) returned
     /// `None`).
     pub fn bundles(&self) -> usize {
         self.count + self.ccob.as_ref().map_or(0, |c| c.inner)
+    }
+
+    /// How many bytes of the input, from its start, were read and are not
+    /// needed again: a caller reading the input through a memory map may
+    /// drop these pages (the code objects of plain bundles handed out are
+    /// slices of the input, and excluded only if still held by the caller).
+    pub fn consumed(&self) -> usize {
+        match &self.ccob {
+            Some(c) => c.offset + c.header.header_len as usize + c.payload.input_pos(),
+            None => self.pos.min(self.data.len()),
+        }
     }
 
     /// The next code object, `None` after the last.
@@ -242,6 +356,10 @@ impl<'a> FatbinStream<'a> {
             } else if rest.starts_with(CCOB_MAGIC) {
                 let h = read_ccob_header(rest, self.count, start)?;
                 self.pos = start + h.total as usize;
+                if self.reads_whole(&h, &rest[h.header_len as usize..h.total as usize]) {
+                    self.read_whole(rest, h, start)?;
+                    continue;
+                }
                 self.ccob = Some(CcobCursor::new(
                     rest,
                     h,
@@ -258,6 +376,57 @@ impl<'a> FatbinStream<'a> {
             }
         }
     }
+}
+
+/// What a zstd frame header says of the memory its decompression needs.
+struct FrameWindow {
+    /// The window the decoder keeps (the content size for a single-segment
+    /// frame).
+    window: u64,
+    single_segment: bool,
+    content: Option<u64>,
+}
+
+/// The window of the zstd frame at the start of `payload` (RFC 8878
+/// §3.1.1.1), if it is one.
+fn frame_window(payload: &[u8]) -> Option<FrameWindow> {
+    let magic = payload.get(..4)?;
+    if magic != [0x28, 0xb5, 0x2f, 0xfd] {
+        return None;
+    }
+    let fhd = *payload.get(4)?;
+    let single_segment = fhd & 0x20 != 0;
+    let mut at = 5;
+    let mut window = 0u64;
+    if !single_segment {
+        let wd = *payload.get(at)?;
+        at += 1;
+        let base = 1u64 << (10 + (wd >> 3));
+        window = base + (base / 8) * u64::from(wd & 7);
+    }
+    at += [0, 1, 2, 4][usize::from(fhd & 3)];
+    let content = match (fhd >> 6, single_segment) {
+        (0, false) => None,
+        (0, true) => Some(u64::from(*payload.get(at)?)),
+        (1, _) => {
+            let b = payload.get(at..at + 2)?;
+            Some(u64::from(u16::from_le_bytes([b[0], b[1]])) + 256)
+        }
+        (2, _) => Some(u64::from(u32::from_le_bytes(
+            payload.get(at..at + 4)?.try_into().ok()?,
+        ))),
+        _ => Some(u64::from_le_bytes(
+            payload.get(at..at + 8)?.try_into().ok()?,
+        )),
+    };
+    if single_segment {
+        window = content?;
+    }
+    Some(FrameWindow {
+        window,
+        single_segment,
+        content,
+    })
 }
 
 fn wanted(keep: Option<&(dyn Fn(&str) -> bool + Send + '_)>, target: &str) -> bool {
@@ -683,6 +852,14 @@ impl<'a> Payload<'a> {
             head: 0,
             md5: hash.then(Md5::new),
             record: None,
+        }
+    }
+
+    /// Compressed bytes consumed so far.
+    fn input_pos(&self) -> usize {
+        match &self.inflate {
+            Inflate::Zstd { pos, .. } => *pos,
+            Inflate::Zlib(z) => z.total_in() as usize,
         }
     }
 
