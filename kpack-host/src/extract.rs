@@ -22,7 +22,8 @@ use crate::archive::Archive;
 use crate::binary::{classify_parsed, Class};
 use crate::error::{Error, Result, WithPath};
 use crate::fatbin::{device_code, DeviceCode, FatBinary, Offloaded};
-use crate::input::map_file;
+use crate::input::{map_file, Mapped};
+use crate::offload::collect::Pages;
 use crate::output::StagedDir;
 use crate::target::TargetId;
 
@@ -128,7 +129,7 @@ pub fn extract(input: &Path, out_dir: &Path, target: Option<&str>) -> Result<Vec
         });
     }
     match device_code(input, &file)? {
-        DeviceCode::Fat(fat) => from_fat(input, out_dir, &fat, target),
+        DeviceCode::Fat(fat) => from_fat(input, &mapped, out_dir, &fat, target),
         DeviceCode::Offloaded(o) => {
             let (archives, plan) = from_offloaded(&o, input, target)?;
             write_planned(input, out_dir, target, plan, |(at, (key, tgt))| {
@@ -168,6 +169,7 @@ fn from_archive<'a>(archive: &'a Archive, target: Option<&str>) -> Plan<(&'a str
 /// written as the bundles are read (compressed ones as a stream).
 fn from_fat(
     input: &Path,
+    mapped: &Mapped,
     out_dir: &Path,
     fat: &FatBinary,
     target: Option<&str>,
@@ -201,6 +203,7 @@ fn from_fat(
         .collect();
     write_staged(out_dir, |dir| {
         let mut stream = fat.stream().keep(|t: &str| wanted(target, t));
+        let mut pages = Pages::new(mapped, fat.data);
         let mut written = 0;
         while let Some(co) = stream.next().with_path(input)? {
             let Some(name) = names.get(&(co.bundle, co.entry)) else {
@@ -209,6 +212,7 @@ fn from_fat(
             let p = dir.join(name);
             fs::write(&p, &*co.data).with_path(&p)?;
             written += 1;
+            pages.release(&stream);
         }
         if written != names.len() {
             return Err(Error::request(

@@ -3,24 +3,34 @@
 //!
 //! A plain bundle's code objects are recorded as ranges of the input file
 //! (an archive writer reads each when it compresses it). A compressed
-//! bundle is read as a stream (`kpack_bundle::FatbinStream`): each code
-//! object is decompressed once into a buffer of its own, compressed into
-//! the frame an archive writer with the same [`FrameParams`] would make,
-//! and the frame appended to a spill file, which the writer then copies.
-//! Code objects are compressed in parallel batches of about
-//! [`STREAM_BATCH_BYTES`] while the next batch is decompressed: what is held
-//! is two batches and the decompressor's window, whatever the size of the
-//! binary or of one compressed bundle. Without frame parameters (archives
-//! stored uncompressed), decompressed code objects are spilled as they are.
+//! bundle is read by `kpack_bundle::FatbinStream` (decompressed whole when
+//! its zstd window is its whole content, as clang makes them, else as a
+//! stream through its window), each code object compressed into the frame
+//! an archive writer with the same [`FrameParams`] would make, and the
+//! frame appended to a spill file, which the writer then copies.
 //!
-//! The frames do not depend on batches or threads, so the archives are
-//! byte-identical to those written from fully decompressed bundles.
+//! A producer thread decompresses while the thread pool compresses the
+//! code objects already decompressed, one frame per task (a
+//! `par_bridge` over a channel). The decompressed buffers alive (handed out
+//! and not compressed yet) are counted: the producer starts the next
+//! compressed bundle only while they and it fit in [`STREAM_MEMORY`] (or
+//! when nothing else is held: one compressed bundle larger than that is
+//! still read). Memory is that, the decompressor's window when streaming,
+//! and one frame per thread, whatever the size of the binary. Without
+//! frame parameters (archives stored uncompressed), decompressed code
+//! objects are spilled as they are, on the calling thread.
+//!
+//! The frames do not depend on the order they are made in, so the archives
+//! are byte-identical to those written from fully decompressed bundles, for
+//! any number of threads.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::Duration;
 
 use rayon::prelude::*;
 
@@ -29,8 +39,9 @@ use crate::error::{Error, Result, WithPath};
 use crate::input::Mapped;
 use crate::{FileRange, Frame, FrameCompressor, FrameParams, KernelData};
 
-/// Decompressed bytes compressed per parallel batch.
-pub const STREAM_BATCH_BYTES: usize = 32 << 20;
+/// Decompressed bytes held at once (waiting or being compressed) before
+/// the next compressed bundle is decompressed.
+pub const STREAM_MEMORY: u64 = 128 << 20;
 
 /// One device code object, and where its bytes are.
 #[derive(Debug, Clone)]
@@ -67,7 +78,8 @@ pub struct CollectOptions<'k> {
     pub spill: PathBuf,
     /// Keep only code objects of targets this accepts.
     pub keep: Option<&'k (dyn Fn(&str) -> bool + Sync)>,
-    pub batch_bytes: usize,
+    /// Decompressed bytes held at once (see [`STREAM_MEMORY`]).
+    pub memory: u64,
 }
 
 impl CollectOptions<'_> {
@@ -76,7 +88,7 @@ impl CollectOptions<'_> {
             frames,
             spill: spill.into(),
             keep: None,
-            batch_bytes: STREAM_BATCH_BYTES,
+            memory: STREAM_MEMORY,
         }
     }
 }
@@ -99,38 +111,44 @@ pub fn collect(
         }
         k
     };
-    let mut stream = FatbinStream::new(section).keep(keep);
-    let mut sink = Sink {
+    let stream = FatbinStream::new(section).keep(keep);
+    let spill = Mutex::new(Spill::new(&opts.spill));
+    let producer = Producer {
         path,
         input,
-        out: Vec::new(),
-        spill: Spill::new(&opts.spill),
-        raw: opts.frames.is_none(),
-        limit: opts.batch_bytes.max(1),
+        section,
+        spill: &spill,
+        budget: Budget::new(opts.memory),
     };
-    let mut batch = sink.fill(&mut stream)?;
-    if let Some(params) = opts.frames {
-        // Compress this batch while the next one is decompressed.
-        while !batch.is_empty() {
-            let (next, frames) =
-                rayon::join(|| sink.fill(&mut stream), || compress(path, &batch, params));
-            let (next, frames) = (next?, frames?);
-            for ((slot, _), frame) in batch.into_iter().zip(frames) {
-                let at = sink.spill.append(&frame)?;
-                let co = &mut sink.out[slot];
+    let (mut out, bundles) = match opts.frames {
+        None => producer.run(stream, None)?,
+        Some(params) => {
+            let (tx, rx) = sync_channel::<Msg<'_>>(64);
+            let done: Mutex<Vec<(usize, FileRange)>> = Mutex::new(Vec::new());
+            let (produced, consumed) = std::thread::scope(|s| {
+                let p = s.spawn(|| producer.run(stream, Some(tx)));
+                let c = consume(path, rx, params, &spill, &done, &producer.budget);
+                let p = p.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+                (p, c)
+            });
+            // A damaged input explains a failure of the consumer too.
+            let (mut out, bundles) = produced?;
+            consumed?;
+            for (slot, bytes) in done.into_inner().unwrap_or_else(|e| e.into_inner()) {
+                let co = &mut out[slot];
                 co.data = KernelData::Frame(Frame {
-                    bytes: at,
+                    bytes,
                     len: co.data.len(),
                     params,
                 });
             }
-            batch = next;
+            (out, bundles)
         }
-    }
-    let bundles = stream.bundles();
-    drop(stream);
-    let Sink { mut out, spill, .. } = sink;
-    let spilled = spill.finish()?;
+    };
+    let spilled = spill
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .finish()?;
     out.sort_by_key(|c| (c.bundle, c.entry));
     Ok(Collected {
         code_objects: out,
@@ -140,77 +158,233 @@ pub fn collect(
     })
 }
 
-/// Code objects decompressed, waiting for their frames: (slot in the
-/// output, bytes).
-type Batch<'a> = Vec<(usize, Blob<'a>)>;
-
-/// Where code objects go as they are read.
-struct Sink<'s> {
-    path: &'s Path,
-    input: &'s Mapped,
-    out: Vec<Located>,
-    spill: Spill,
-    /// No frame parameters: decompressed code objects are spilled as they
-    /// are read.
-    raw: bool,
-    limit: usize,
+/// A decompressed code object to compress: its slot in the output, its
+/// bytes, and the count of its buffer.
+struct Msg<'a> {
+    slot: usize,
+    data: Blob<'a>,
+    held: Arc<Held>,
 }
 
-impl Sink<'_> {
-    /// Record code objects until a batch of about `limit` decompressed
-    /// bytes is waiting to be compressed (or the section ends).
-    fn fill<'a>(&mut self, stream: &mut FatbinStream<'a>) -> Result<Batch<'a>> {
-        let mut batch = Vec::new();
-        let mut bytes = 0;
-        while bytes < self.limit {
+/// Compress what the producer sends, in parallel; each frame appended to
+/// the spill file, its place recorded in `done`.
+fn consume(
+    path: &Path,
+    rx: Receiver<Msg<'_>>,
+    params: FrameParams,
+    spill: &Mutex<Spill>,
+    done: &Mutex<Vec<(usize, FileRange)>>,
+    budget: &Budget,
+) -> Result<()> {
+    let r = rx.into_iter().par_bridge().try_for_each_init(
+        || FrameCompressor::new(params),
+        |c, msg| -> Result<()> {
+            let c = c.as_mut().map_err(|e| Error::io(path, clone_io(e)))?;
+            let frame = c.compress(&msg.data).map_err(|e| Error::io(path, e))?;
+            // The decompressed bytes go before the frame is written.
+            drop(msg.data);
+            drop(msg.held);
+            let at = lock(spill).append(&frame)?;
+            lock(done).push((msg.slot, at));
+            Ok(())
+        },
+    );
+    if r.is_err() {
+        budget.abort();
+    }
+    r
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn clone_io(e: &std::io::Error) -> std::io::Error {
+    std::io::Error::new(e.kind(), e.to_string())
+}
+
+/// Reads the section: records every code object, hands decompressed ones
+/// to the compressing threads (or, without them, spills them).
+struct Producer<'p> {
+    path: &'p Path,
+    input: &'p Mapped,
+    section: &'p [u8],
+    spill: &'p Mutex<Spill>,
+    budget: Budget,
+}
+
+impl Producer<'_> {
+    /// Every code object, in stream order, and the number of bundles.
+    fn run<'a>(
+        &self,
+        mut stream: FatbinStream<'a>,
+        tx: Option<SyncSender<Msg<'a>>>,
+    ) -> Result<(Vec<Located>, usize)> {
+        let mut pages = Pages::new(self.input, self.section);
+        let mut out = Vec::new();
+        let mut current: Option<(usize, Weak<Held>)> = None;
+        loop {
+            if tx.is_some() && !self.budget.wait(stream.upcoming()) {
+                // The compressing side failed: its error is reported.
+                break;
+            }
             let Some(co) = stream.next().with_path(self.path)? else {
                 break;
             };
             let target = co.target().to_string();
-            let placeholder = |len| {
-                KernelData::File(FileRange {
-                    path: Arc::from(Path::new("")),
-                    offset: 0,
-                    len,
-                })
-            };
-            let data = match FileRange::of_slice(self.input, &co.data) {
-                Some(range) if !co.compressed => KernelData::File(range),
-                _ if self.raw => KernelData::File(self.spill.append(&co.data)?),
-                _ => {
-                    bytes += co.data.len();
-                    batch.push((self.out.len(), co.data.clone()));
-                    placeholder(co.data.len())
+            let len = co.data.len();
+            let data = match (FileRange::of_slice(self.input, &co.data), &tx) {
+                (Some(range), _) if !co.compressed => KernelData::File(range),
+                (_, None) => KernelData::File(lock(self.spill).append(&co.data)?),
+                (_, Some(tx)) => {
+                    let held = self.held(&mut current, &co.data);
+                    let msg = Msg {
+                        slot: out.len(),
+                        data: co.data.clone(),
+                        held,
+                    };
+                    if tx.send(msg).is_err() {
+                        break;
+                    }
+                    // Replaced by the frame once made.
+                    placeholder(len)
                 }
             };
-            self.out.push(Located {
+            out.push(Located {
                 bundle: co.bundle,
                 entry: co.entry,
                 triple: co.triple,
                 target,
                 data,
             });
+            pages.release(&stream);
         }
-        Ok(batch)
+        pages.release(&stream);
+        Ok((out, stream.bundles()))
+    }
+
+    /// The count of the buffer `data` is a slice of: the last one's if the
+    /// same and still counted (the producer keeps no count alive itself:
+    /// it would never be released), else a new one.
+    fn held(&self, current: &mut Option<(usize, Weak<Held>)>, data: &Blob) -> Arc<Held> {
+        let (key, bytes) = match data {
+            Blob::Shared(buf, _) => (Arc::as_ptr(buf) as *const u8 as usize, buf.len() as u64),
+            Blob::Borrowed(b) => (b.as_ptr() as usize, b.len() as u64),
+        };
+        if let Some(h) = current
+            .as_ref()
+            .filter(|(k, _)| *k == key)
+            .and_then(|(_, h)| h.upgrade())
+        {
+            return h;
+        }
+        let h = Arc::new(self.budget.hold(bytes));
+        *current = Some((key, Arc::downgrade(&h)));
+        h
     }
 }
 
-/// The frames of a batch, compressed in parallel, in order.
-fn compress(path: &Path, batch: &Batch<'_>, params: FrameParams) -> Result<Vec<Vec<u8>>> {
-    batch
-        .par_iter()
-        .map_init(
-            || FrameCompressor::new(params),
-            |c, (_, data)| {
-                let c = c.as_mut().map_err(|e| Error::io(path, clone_io(e)))?;
-                c.compress(data).map_err(|e| Error::io(path, e))
-            },
-        )
-        .collect()
+fn placeholder(len: usize) -> KernelData<'static> {
+    KernelData::File(FileRange {
+        path: Arc::from(Path::new("")),
+        offset: 0,
+        len,
+    })
 }
 
-fn clone_io(e: &std::io::Error) -> std::io::Error {
-    std::io::Error::new(e.kind(), e.to_string())
+/// Decompressed bytes alive, against a limit.
+struct Budget {
+    state: Arc<(Mutex<u64>, Condvar)>,
+    limit: u64,
+    aborted: Arc<AtomicBool>,
+}
+
+/// Bytes of one decompressed buffer, counted in a [`Budget`] until
+/// dropped.
+struct Held {
+    state: Arc<(Mutex<u64>, Condvar)>,
+    bytes: u64,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let (m, cv) = &*self.state;
+        *lock(m) -= self.bytes;
+        cv.notify_all();
+    }
+}
+
+impl Budget {
+    fn new(limit: u64) -> Self {
+        Budget {
+            state: Arc::new((Mutex::new(0), Condvar::new())),
+            limit,
+            aborted: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    fn hold(&self, bytes: u64) -> Held {
+        *lock(&self.state.0) += bytes;
+        Held {
+            state: self.state.clone(),
+            bytes,
+        }
+    }
+
+    /// Wait until `upcoming` more bytes fit beside those held (or nothing
+    /// is held); `false` if the consumer gave up.
+    fn wait(&self, upcoming: u64) -> bool {
+        let (m, cv) = &*self.state;
+        let mut held = lock(m);
+        while *held > 0 && *held + upcoming > self.limit {
+            if self.aborted.load(Ordering::Relaxed) {
+                return false;
+            }
+            held = cv
+                .wait_timeout(held, Duration::from_millis(50))
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+        !self.aborted.load(Ordering::Relaxed)
+    }
+
+    fn abort(&self) {
+        self.aborted.store(true, Ordering::Relaxed);
+        self.state.1.notify_all();
+    }
+}
+
+/// The input's pages read through the map, dropped as the stream moves on
+/// (compressed bytes are read once; plain bundles' code objects are read
+/// again through the file, not the map): touched pages of a map count in
+/// the process's resident size.
+pub(crate) struct Pages<'m> {
+    input: &'m Mapped,
+    /// The section's offset in the input, if it is a slice of the map.
+    at: Option<usize>,
+    /// Offset in the input up to which pages were dropped (a page
+    /// boundary).
+    released: usize,
+}
+
+impl<'m> Pages<'m> {
+    pub(crate) fn new(input: &'m Mapped, section: &[u8]) -> Self {
+        let at = input.offset_of(section).map(|o| o as usize);
+        Pages {
+            input,
+            at,
+            released: at.unwrap_or(0) / 4096 * 4096,
+        }
+    }
+
+    pub(crate) fn release(&mut self, stream: &FatbinStream) {
+        let Some(at) = self.at else { return };
+        let upto = (at + stream.consumed()) / 4096 * 4096;
+        if upto > self.released {
+            self.input.release(self.released..upto);
+            self.released = upto;
+        }
+    }
 }
 
 /// A file decompressed code objects or their frames are appended to,
