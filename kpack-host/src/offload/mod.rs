@@ -431,35 +431,51 @@ fn write_archives(
     kernel_name: &str,
     opts: &OffloadOptions,
 ) -> Result<Vec<ArchiveWritten>> {
-    let mut written = Vec::with_capacity(by_target.len());
-    for (target, cos) in &by_target {
-        let path = opts.archive_dir.join(archive_file_name(group, target));
-        let mut w = archive_writer(group, target, opts);
-        for co in cos {
-            let meta = vec![("target".to_string(), co.triple.as_str().into())];
-            w.add(
-                archive_key(kernel_name, co.bundle),
-                target.clone(),
-                co.data.clone(),
-                Some(meta),
-            )
-            .map_err(|e| Error::Archive {
-                path: path.clone(),
-                source: e,
-            })?;
-        }
-        let s = w.write(&path)?;
-        written.push(ArchiveWritten {
-            path,
-            target: target.clone(),
-            kernels: s.kernels,
-            bytes_in: s.bytes_in,
-            bytes_out: s.bytes_out,
-            shared_code_objects: s.shared,
-            bytes_saved: s.bytes_saved,
-        });
+    use rayon::prelude::*;
+    // Archives side by side (each compresses in parallel too); the first
+    // error in target order is reported.
+    let by_target: Vec<(&String, &Vec<Located>)> = by_target.iter().collect();
+    by_target
+        .par_iter()
+        .map(|(target, cos)| write_archive(target, cos, group, kernel_name, opts))
+        .collect::<Vec<_>>()
+        .into_iter()
+        .collect()
+}
+
+/// The archive of one target.
+fn write_archive(
+    target: &str,
+    cos: &[Located],
+    group: &str,
+    kernel_name: &str,
+    opts: &OffloadOptions,
+) -> Result<ArchiveWritten> {
+    let path = opts.archive_dir.join(archive_file_name(group, target));
+    let mut w = archive_writer(group, target, opts);
+    for co in cos {
+        let meta = vec![("target".to_string(), co.triple.as_str().into())];
+        w.add(
+            archive_key(kernel_name, co.bundle),
+            target.to_string(),
+            co.data.clone(),
+            Some(meta),
+        )
+        .map_err(|e| Error::Archive {
+            path: path.clone(),
+            source: e,
+        })?;
     }
-    Ok(written)
+    let s = w.write(&path)?;
+    Ok(ArchiveWritten {
+        path,
+        target: target.to_string(),
+        kernels: s.kernels,
+        bytes_in: s.bytes_in,
+        bytes_out: s.bytes_out,
+        shared_code_objects: s.shared,
+        bytes_saved: s.bytes_saved,
+    })
 }
 
 /// Every device code object of a fat binary's `.hip_fatbin`, in bundle
