@@ -11,8 +11,12 @@
 //! - [`large`]: an archive over 4 GiB written and read (child processes:
 //!   [`large::child`]);
 //! - `rewrite`: prune and restore of librocsparse;
-//! - `wheels`: `kpack split-wheels` over a torch-like wheel.
+//! - `wheels`: `kpack split-wheels` over a torch-like wheel;
+//! - `compressed`: offload, split, extract, pack-tree, restore, ls and
+//!   split-wheels of librocsparse re-bundled into compressed bundles, and
+//!   the floor `zstd -d | zstd -3 -T1` of the same bytes.
 
+mod compressed;
 pub mod large;
 mod libs;
 mod pipeline;
@@ -34,6 +38,7 @@ pub const SECTIONS: &[&str] = &[
     "large",
     "rewrite",
     "wheels",
+    "compressed",
 ];
 
 /// A section measured by one function (the libraries' sections aside).
@@ -49,12 +54,13 @@ pub fn run(ctx: &Ctx, only: &[String]) -> Result<Vec<Row>> {
             rows.extend(libs::run(ctx, lib)?);
         }
     }
-    let sections: [Section; 5] = [
+    let sections: [Section; 6] = [
         ("pipeline", pipeline::run),
         ("runtime", runtime::run),
         ("large", large::run),
         ("rewrite", rewrite::run),
         ("wheels", wheels::run),
+        ("compressed", compressed::run),
     ];
     for (section, run) in sections {
         if wanted(section) {
