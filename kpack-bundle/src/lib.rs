@@ -797,6 +797,34 @@ pub(crate) fn md5_word(digest: &[u8]) -> u64 {
 /// clang does: the entry table, then each entry's data (aligned to
 /// `align`, which clang sets to 4096 for code objects).
 pub fn write_bundle(entries: &[(&str, &[u8])], align: usize) -> Vec<u8> {
+    let sizes: Vec<(&str, usize)> = entries.iter().map(|(t, d)| (*t, d.len())).collect();
+    let (offsets, len) = bundle_layout(&sizes, align);
+    let mut out = Vec::with_capacity(len as usize);
+    write_table(&mut out, &sizes, &offsets);
+    for ((_, d), off) in entries.iter().zip(&offsets) {
+        out.resize(*off as usize, 0);
+        out.extend_from_slice(d);
+    }
+    out
+}
+
+/// [`write_bundle`] of entries it takes: each entry's bytes are dropped
+/// once copied, so that the entries and the bundle are not both held whole.
+pub fn write_bundle_owned(entries: Vec<(String, Vec<u8>)>, align: usize) -> Vec<u8> {
+    let sizes: Vec<(&str, usize)> = entries.iter().map(|(t, d)| (t.as_str(), d.len())).collect();
+    let (offsets, len) = bundle_layout(&sizes, align);
+    let mut out = Vec::with_capacity(len as usize);
+    write_table(&mut out, &sizes, &offsets);
+    for ((_, d), off) in entries.into_iter().zip(&offsets) {
+        out.resize(*off as usize, 0);
+        out.extend_from_slice(&d);
+    }
+    out
+}
+
+/// Where [`write_bundle`] puts entries of these (triple, size): their
+/// offsets, and the bundle's length.
+pub fn bundle_layout(entries: &[(&str, usize)], align: usize) -> (Vec<u64>, u64) {
     let align = align.max(1) as u64;
     let table_len: u64 = 32
         + entries
@@ -805,27 +833,25 @@ pub fn write_bundle(entries: &[(&str, &[u8])], align: usize) -> Vec<u8> {
             .sum::<u64>();
     let mut offsets = Vec::with_capacity(entries.len());
     let mut pos = table_len;
-    for (_, d) in entries {
-        if !d.is_empty() {
+    for (_, n) in entries {
+        if *n > 0 {
             pos = pos.div_ceil(align) * align;
         }
         offsets.push(pos);
-        pos += d.len() as u64;
+        pos += *n as u64;
     }
-    let mut out = Vec::with_capacity(pos as usize);
+    (offsets, pos)
+}
+
+fn write_table(out: &mut Vec<u8>, entries: &[(&str, usize)], offsets: &[u64]) {
     out.extend_from_slice(BUNDLE_MAGIC);
     out.extend_from_slice(&(entries.len() as u64).to_le_bytes());
-    for ((t, d), off) in entries.iter().zip(&offsets) {
+    for ((t, n), off) in entries.iter().zip(offsets) {
         out.extend_from_slice(&off.to_le_bytes());
-        out.extend_from_slice(&(d.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(*n as u64).to_le_bytes());
         out.extend_from_slice(&(t.len() as u64).to_le_bytes());
         out.extend_from_slice(t.as_bytes());
     }
-    for ((_, d), off) in entries.iter().zip(&offsets) {
-        out.resize(*off as usize, 0);
-        out.extend_from_slice(d);
-    }
-    out
 }
 
 /// Wrap uncompressed bundle bytes (one or more bundles) in a CCOB header of
@@ -845,15 +871,46 @@ pub fn compress_bundle_at(
     method: Method,
     level: i32,
 ) -> std::io::Result<Vec<u8>> {
-    use std::io::Write;
     let payload = match method {
         Method::Zstd => zstd::bulk::compress(uncompressed, level)?,
-        Method::Zlib => {
-            let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
-            e.write_all(uncompressed)?;
-            e.finish()?
-        }
+        Method::Zlib => zlib(uncompressed)?,
     };
+    wrap_ccob(uncompressed, &payload, version, method)
+}
+
+/// A CCOB (zstd) compressed as clang's `--offload-compress` does: level
+/// `level` with long-distance matching (a window of up to 128 MiB, so that
+/// the code objects of a bundle's many targets, much alike, are matched
+/// against each other), no checksum. Much smaller than plain zstd on
+/// bundles of many targets.
+pub fn compress_bundle_long(
+    uncompressed: &[u8],
+    version: u16,
+    level: i32,
+) -> std::io::Result<Vec<u8>> {
+    use zstd::zstd_safe::CParameter;
+    let mut c = zstd::bulk::Compressor::new(level)?;
+    c.set_parameter(CParameter::EnableLongDistanceMatching(true))?;
+    c.set_parameter(CParameter::WindowLog(27))?;
+    c.set_parameter(CParameter::ChecksumFlag(false))?;
+    let payload = c.compress(uncompressed)?;
+    wrap_ccob(uncompressed, &payload, version, Method::Zstd)
+}
+
+fn zlib(data: &[u8]) -> std::io::Result<Vec<u8>> {
+    use std::io::Write;
+    let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+    e.write_all(data)?;
+    e.finish()
+}
+
+/// `payload` (the compressed `uncompressed`) behind a CCOB header.
+fn wrap_ccob(
+    uncompressed: &[u8],
+    payload: &[u8],
+    version: u16,
+    method: Method,
+) -> std::io::Result<Vec<u8>> {
     let hash = md5_word(&Md5::digest(uncompressed));
     let mut out = Vec::new();
     out.extend_from_slice(CCOB_MAGIC);
@@ -884,7 +941,7 @@ pub fn compress_bundle_at(
         _ => return Err(std::io::Error::other("unknown CCOB version")),
     }
     out.extend_from_slice(&hash.to_le_bytes());
-    out.extend_from_slice(&payload);
+    out.extend_from_slice(payload);
     Ok(out)
 }
 
