@@ -11,7 +11,8 @@
 //! 2× and 4× libraries (peak RSS must not grow with the bundles: 4×'s ≤
 //! 1.25× 1×'s); `split-wheels -j 2` of a torch-like wheel holding two such
 //! libraries (≤ 256 MiB). The archives offload writes are checked to be
-//! byte-identical to those of Debian's plain librocsparse.
+//! byte-identical to those of the same bundles stored plainly (the plain
+//! twin of [`crate::compressed::plain_twin`]).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -341,7 +342,7 @@ fn rows(
     };
     let floor_target = |r: &Runs| {
         Target::at_most(
-            format!("≤ {FLOOR_FACTOR}× the zstd -d | zstd -3 -T1 floor"),
+            format!("≤ {FLOOR_FACTOR}× the floor (zstd -d into zstd -3 -T1)"),
             median(r) / floor,
             FLOOR_FACTOR,
         )
@@ -357,7 +358,7 @@ fn rows(
     let mut row = Row::new(
         SECTION,
         "floor",
-        "floor: zstd -d of the compressed bundles' payloads | zstd -3 -T1, 1× library",
+        "floor: zstd -d of the compressed bundles' payloads, piped into zstd -3 -T1, 1× library",
     );
     m.floor.fill(&mut row);
     row.bytes_in = Some(one.payloads.iter().map(|p| size(p)).sum());
