@@ -39,7 +39,7 @@ pub fn stream_agrees(data: &[u8]) {
     for (filtered, whole) in [(false, true), (true, true), (false, false), (true, false)] {
         let mut s = FatbinStream::new(data);
         if filtered {
-            s = s.keep(|t: &str| t.len() % 2 == 0);
+            s = s.keep(|t: &str| t.len().is_multiple_of(2));
         }
         if !whole {
             s = s.whole_limit(0);
@@ -58,7 +58,7 @@ pub fn stream_agrees(data: &[u8]) {
                 let mut expect = Vec::new();
                 for b in bs {
                     for (i, e) in b.entries.iter().enumerate() {
-                        if e.is_host() || (filtered && e.target().len() % 2 != 0) {
+                        if e.is_host() || (filtered && !e.target().len().is_multiple_of(2)) {
                             continue;
                         }
                         expect.push((b.index, i, e.triple.clone(), e.data.to_vec()));

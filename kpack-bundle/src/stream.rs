@@ -280,7 +280,9 @@ impl<'a> FatbinStream<'a> {
             // the error is the one decompressing as a stream gives.
             return Err(match e {
                 BundleError::Decompress { .. } => {
-                    decompress_all(payload, h.method, h.uncompressed, start).err().unwrap_or(e)
+                    decompress_all(payload, h.method, h.uncompressed, start)
+                        .err()
+                        .unwrap_or(e)
                 }
                 e => e,
             });
