@@ -35,7 +35,8 @@ pub struct BenchArgs {
     reps: usize,
     /// Measure only these sections (comma-separated): rocrand, rocsparse,
     /// pipeline, runtime, large, rewrite (prune and restore of
-    /// librocsparse), wheels. Default: all.
+    /// librocsparse), wheels, compressed (librocsparse re-bundled into
+    /// compressed bundles: needs clang-19 and lld-19). Default: all.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Keep target/bench/work (the large intermediate files) afterwards.
@@ -71,7 +72,7 @@ pub fn run(sh: &Shell, root: &Path, args: &BenchArgs) -> Result<()> {
     let cargo = cargo();
     let flags = args.flags();
     let mut bench = cmd!(sh, "{cargo} run --release -p kpack-bench -- {flags...}");
-    if args.wants("wheels") {
+    if args.wants("wheels") || args.wants("compressed") {
         bench = bench.env("KPACK_PY_VENV", wheel::py_env(sh, root)?);
     }
     cmd!(sh, "{cargo} build --release -p kpack-cli -p kpack-cxx")
