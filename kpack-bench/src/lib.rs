@@ -18,8 +18,11 @@
 //! - [`report`]: rows, the table and the JSON report;
 //! - [`measure`]: timing child processes, page-cache residency;
 //! - [`inputs`]: the ROCm libraries measured, laid out as inputs;
+//! - [`compressed`]: librocsparse re-bundled into compressed bundles (CCOB
+//!   v3) inside a linked library, the input of the `compressed` section;
 //! - [`sections`]: one module per section of the table.
 
+pub mod compressed;
 pub mod context;
 pub mod inputs;
 pub mod measure;
@@ -44,7 +47,8 @@ pub struct BenchArgs {
     pub reps: usize,
     /// Measure only these sections (comma-separated): rocrand, rocsparse,
     /// pipeline, runtime, large, rewrite (prune and restore of
-    /// librocsparse), wheels. Default: all.
+    /// librocsparse), wheels, compressed (librocsparse in compressed
+    /// bundles). Default: all.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Keep target/bench/work (the large intermediate files) afterwards.

@@ -13,13 +13,21 @@
 #![deny(unsafe_code)]
 
 use std::fmt;
-use std::io::Read;
 use std::ops::{Deref, Range};
 use std::sync::Arc;
 
 use md5::{Digest, Md5};
 
 use kpack_format::target::{is_host_triple, target_of_triple};
+
+mod stream;
+
+#[doc(hidden)]
+pub mod fuzzing;
+
+pub use stream::{
+    check_fatbin, list_fatbin, FatbinStream, Streamed, LIST_CHECK_LIMIT, WHOLE_LIMIT,
+};
 
 /// Magic of an uncompressed bundle.
 pub const BUNDLE_MAGIC: &[u8; 24] = b"__CLANG_OFFLOAD_BUNDLE__";
@@ -165,8 +173,10 @@ pub struct Ccob {
     pub uncompressed_size: u64,
     pub hash: u64,
     /// Whether `hash` equals the low 8 bytes of the MD5 of the decompressed
-    /// data (LLVM never rejects a mismatch; kpack reports it).
-    pub hash_matches: bool,
+    /// data (LLVM never rejects a mismatch; kpack reports it). `None` when
+    /// the bundle was listed from its entry table alone ([`list_fatbin`]):
+    /// the hash needs every decompressed byte.
+    pub hash_matches: Option<bool>,
     /// How many bundles the decompressed data holds.
     pub inner_bundles: usize,
 }
@@ -217,6 +227,75 @@ impl<'a> Bundle<'a> {
     /// The device entry for a target ID, written exactly as in the triple.
     pub fn entry_for(&self, target: &str) -> Option<&Entry<'a>> {
         self.device_entries().find(|e| e.target() == target)
+    }
+}
+
+/// One entry of a bundle as its table describes it: no bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryInfo {
+    /// The full triple.
+    pub triple: String,
+    /// The entry's offset from the start of its (uncompressed) bundle.
+    pub offset: u64,
+    pub size: u64,
+}
+
+impl EntryInfo {
+    /// The target ID as written in the triple (text after the last `--`).
+    pub fn target(&self) -> &str {
+        target_of_triple(&self.triple)
+    }
+
+    /// Host entries (`host-...`) carry no device code.
+    pub fn is_host(&self) -> bool {
+        is_host_triple(&self.triple)
+    }
+}
+
+/// One bundle as its header and entry table describe it
+/// ([`list_fatbin`], [`check_fatbin`]): what `ls`, `size` and planning
+/// need, without the code objects.
+#[derive(Debug, Clone)]
+pub struct BundleInfo {
+    /// Bundle index (formats.md §1.4).
+    pub index: usize,
+    /// Byte range in the input: of this bundle, or of the compressed bundle
+    /// it came from.
+    pub range: Range<usize>,
+    /// The compressed bundle this one came from, and its position in it.
+    pub compressed: Option<(Arc<Ccob>, usize)>,
+    /// All entries, host entries included, in table order.
+    pub entries: Vec<EntryInfo>,
+}
+
+impl BundleInfo {
+    /// Entries with device code (host entries skipped).
+    pub fn device_entries(&self) -> impl Iterator<Item = &EntryInfo> {
+        self.entries.iter().filter(|e| !e.is_host())
+    }
+
+    /// The device entry for a target ID, written exactly as in the triple.
+    pub fn entry_for(&self, target: &str) -> Option<&EntryInfo> {
+        self.device_entries().find(|e| e.target() == target)
+    }
+}
+
+impl From<&Bundle<'_>> for BundleInfo {
+    fn from(b: &Bundle<'_>) -> Self {
+        BundleInfo {
+            index: b.index,
+            range: b.range.clone(),
+            compressed: b.compressed.clone(),
+            entries: b
+                .entries
+                .iter()
+                .map(|e| EntryInfo {
+                    triple: e.triple.clone(),
+                    offset: e.offset,
+                    size: e.data.len() as u64,
+                })
+                .collect(),
+        }
     }
 }
 
@@ -272,7 +351,7 @@ pub fn for_each_bundle<'a>(
     Ok(())
 }
 
-fn describe(bytes: &[u8]) -> String {
+pub(crate) fn describe(bytes: &[u8]) -> String {
     let head = &bytes[..bytes.len().min(8)];
     let hex: Vec<String> = head.iter().map(|b| format!("{b:02x}")).collect();
     format!("bytes {}", hex.join(" "))
@@ -329,27 +408,18 @@ fn parse_plain<'a>(
     offset: usize,
     blob: impl Fn(Range<usize>) -> Blob<'a>,
 ) -> Result<(Bundle<'a>, usize), BundleError> {
-    let mut r = Reader {
-        data,
-        pos: 0,
-        bundle: index,
-        offset,
-    };
-    let raw = read_entry_table(&mut r)?;
-    // The bundle ends after its table or its last entry's data, whichever
-    // is later.
-    let mut end = r.pos as u64;
-    let mut entries: Vec<Entry<'a>> = Vec::with_capacity(raw.len());
-    for (entry, (triple, start, size)) in raw.into_iter().enumerate() {
-        let stop = check_entry(data, index, offset, entry, &triple, start, size, &entries)?;
-        end = end.max(stop);
-        entries.push(Entry {
-            triple,
-            offset: start,
-            data: blob(start as usize..stop as usize),
-        });
-    }
-    let len = end as usize;
+    let (infos, len) = plain_table(data, index, offset)?;
+    let entries = infos
+        .into_iter()
+        .map(|e| {
+            let data = blob(e.offset as usize..(e.offset + e.size) as usize);
+            Entry {
+                triple: e.triple,
+                offset: e.offset,
+                data,
+            }
+        })
+        .collect();
     let bundle = Bundle {
         index,
         range: 0..len,
@@ -359,12 +429,88 @@ fn parse_plain<'a>(
     Ok((bundle, len))
 }
 
+/// The checked entry table of the uncompressed bundle at the start of
+/// `data`, and the bundle's length.
+fn plain_table(
+    data: &[u8],
+    index: usize,
+    offset: usize,
+) -> Result<(Vec<EntryInfo>, usize), BundleError> {
+    let mut r = Reader {
+        data,
+        pos: 0,
+        bundle: index,
+        offset,
+    };
+    let raw = read_entry_table(&mut r)?;
+    let table_len = r.pos as u64;
+    let (entries, end) = check_entries(raw, table_len, data.len() as u64, index, offset)?;
+    Ok((entries, end as usize))
+}
+
+/// Check a bundle's raw entries against the `have` bytes the bundle can
+/// span (from its first byte); returns them and the bundle's length: it
+/// ends after its table or its last entry's data, whichever is later.
+pub(crate) fn check_entries(
+    raw: Vec<(String, u64, u64)>,
+    table_len: u64,
+    have: u64,
+    index: usize,
+    offset: usize,
+) -> Result<(Vec<EntryInfo>, u64), BundleError> {
+    let mut end = table_len;
+    let mut entries: Vec<EntryInfo> = Vec::with_capacity(raw.len());
+    for (entry, (triple, start, size)) in raw.into_iter().enumerate() {
+        let stop = check_entry(have, index, offset, entry, &triple, start, size, &entries)?;
+        end = end.max(stop);
+        entries.push(EntryInfo {
+            triple,
+            offset: start,
+            size,
+        });
+    }
+    Ok((entries, end))
+}
+
+/// Bytes an entry table is read from: a slice ([`Reader`]) or a
+/// decompressing stream. `take` hands out the next `n` bytes (valid until
+/// the next call), or says what is missing.
+pub(crate) trait TableSource {
+    fn take(&mut self, n: u64, field: &'static str) -> Result<&[u8], BundleError>;
+    /// Bytes left from the current position.
+    fn left(&self) -> u64;
+    /// The bundle index and offset errors name.
+    fn place(&self) -> (usize, usize);
+
+    fn u64(&mut self, field: &'static str) -> Result<u64, BundleError> {
+        Ok(u64::from_le_bytes(
+            self.take(8, field)?.try_into().expect("8 bytes"),
+        ))
+    }
+}
+
+impl TableSource for Reader<'_> {
+    fn take(&mut self, n: u64, field: &'static str) -> Result<&[u8], BundleError> {
+        Reader::take(self, n, field)
+    }
+
+    fn left(&self) -> u64 {
+        (self.data.len() - self.pos) as u64
+    }
+
+    fn place(&self) -> (usize, usize) {
+        (self.bundle, self.offset)
+    }
+}
+
 /// The magic, the entry count and the entries: (triple, offset, size).
-fn read_entry_table(r: &mut Reader) -> Result<Vec<(String, u64, u64)>, BundleError> {
-    let (index, offset) = (r.bundle, r.offset);
+pub(crate) fn read_entry_table(
+    r: &mut impl TableSource,
+) -> Result<Vec<(String, u64, u64)>, BundleError> {
+    let (index, offset) = r.place();
     r.take(BUNDLE_MAGIC.len() as u64, "magic")?;
     let count = r.u64("entry count")?;
-    let have = (r.data.len() - r.pos) as u64;
+    let have = r.left();
     // Each entry needs at least three u64 fields.
     if count > have / 24 {
         return Err(BundleError::TooManyEntries {
@@ -397,16 +543,15 @@ fn read_entry_table(r: &mut Reader) -> Result<Vec<(String, u64, u64)>, BundleErr
 /// the end of its data.
 #[allow(clippy::too_many_arguments)]
 fn check_entry(
-    data: &[u8],
+    have: u64,
     bundle: usize,
     offset: usize,
     entry: usize,
     triple: &str,
     start: u64,
     size: u64,
-    before: &[Entry],
+    before: &[EntryInfo],
 ) -> Result<u64, BundleError> {
-    let have = data.len() as u64;
     let Some(stop) = start.checked_add(size).filter(|&s| s <= have) else {
         return Err(BundleError::EntryOutOfRange {
             bundle,
@@ -454,14 +599,14 @@ fn is_target_name(t: &str) -> bool {
 }
 
 /// A CCOB header, read.
-struct CcobHeader {
-    version: u16,
-    method: Method,
+pub(crate) struct CcobHeader {
+    pub(crate) version: u16,
+    pub(crate) method: Method,
     /// Header and payload (v1: the rest of the data).
-    total: u64,
-    uncompressed: u64,
-    hash: u64,
-    header_len: u64,
+    pub(crate) total: u64,
+    pub(crate) uncompressed: u64,
+    pub(crate) hash: u64,
+    pub(crate) header_len: u64,
 }
 
 /// Parse a compressed bundle at the start of `data`: its inner bundles and
@@ -475,7 +620,7 @@ fn parse_ccob(
     let payload = &data[h.header_len as usize..h.total as usize];
     let decompressed = decompress(payload, h.method, h.uncompressed, offset)?;
     let digest = Md5::digest(&decompressed);
-    let hash_matches = u64::from_le_bytes(digest[..8].try_into().expect("8 bytes")) == h.hash;
+    let hash_matches = Some(md5_word(&digest) == h.hash);
     let mut inner = inner_bundles(Arc::from(decompressed), first_index, offset)?;
     let info = Arc::new(Ccob {
         version: h.version,
@@ -493,7 +638,7 @@ fn parse_ccob(
 }
 
 /// The header of every CCOB version, checked against the data.
-fn read_ccob_header(
+pub(crate) fn read_ccob_header(
     data: &[u8],
     first_index: usize,
     offset: usize,
@@ -588,26 +733,39 @@ fn inner_bundles(
     first_index: usize,
     offset: usize,
 ) -> Result<Vec<Bundle<'static>>, BundleError> {
+    let len = buf.len();
+    inner_bundles_of(buf, len, first_index, offset)
+}
+
+/// [`inner_bundles`] of the first `len` bytes of `buf` (a reused buffer may
+/// be longer than the data in it).
+pub(crate) fn inner_bundles_of(
+    buf: Arc<[u8]>,
+    len: usize,
+    first_index: usize,
+    offset: usize,
+) -> Result<Vec<Bundle<'static>>, BundleError> {
     let bad = |problem: String| BundleError::BadPayload { offset, problem };
+    let data = &buf[..len];
     let mut inner = Vec::new();
     let mut pos = 0usize;
     loop {
-        while pos < buf.len() && buf[pos] == 0 {
+        while pos < data.len() && data[pos] == 0 {
             pos += 1;
         }
-        if pos >= buf.len() {
+        if pos >= data.len() {
             break;
         }
-        let rest = &buf[pos..];
+        let rest = &data[pos..];
         if !rest.starts_with(BUNDLE_MAGIC) {
             return Err(bad(format!(
                 "not an uncompressed bundle at decompressed offset {pos:#x} ({})",
                 describe(rest)
             )));
         }
-        let (base, shared) = (pos, buf.clone());
+        let base = pos;
         let (bundle, len) = parse_plain(rest, first_index + inner.len(), offset, |r| {
-            Blob::Shared(shared.clone(), r.start + base..r.end + base)
+            Blob::Shared(buf.clone(), r.start + base..r.end + base)
         })
         .map_err(|e| bad(e.to_string()))?;
         inner.push(bundle);
@@ -619,47 +777,54 @@ fn inner_bundles(
     Ok(inner)
 }
 
-/// Decompress exactly `expected` bytes. The buffer grows with the data
-/// actually produced, so a lying header cannot make us allocate.
+/// Decompress exactly `expected` bytes.
 fn decompress(
     payload: &[u8],
     method: Method,
     expected: u64,
     offset: usize,
 ) -> Result<Vec<u8>, BundleError> {
-    let fail = |e: std::io::Error| BundleError::Decompress {
-        offset,
-        method,
-        message: e.to_string(),
-    };
-    let mut out = Vec::with_capacity(expected.min(64 << 20) as usize);
-    let limit = expected + 1;
-    match method {
-        Method::Zstd => {
-            let dec = zstd::stream::read::Decoder::with_buffer(payload).map_err(fail)?;
-            dec.take(limit).read_to_end(&mut out).map_err(fail)?;
-        }
-        Method::Zlib => {
-            flate2::read::ZlibDecoder::new(payload)
-                .take(limit)
-                .read_to_end(&mut out)
-                .map_err(fail)?;
-        }
-    }
-    if out.len() as u64 != expected {
-        return Err(BundleError::SizeMismatch {
-            offset,
-            expected,
-            actual: out.len() as u64,
-        });
-    }
-    Ok(out)
+    stream::decompress_all(payload, method, expected, offset)
+}
+
+/// The hash CCOB headers store: the first 8 bytes of an MD5 digest, read
+/// as a little-endian `u64`.
+pub(crate) fn md5_word(digest: &[u8]) -> u64 {
+    u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"))
 }
 
 /// Build an uncompressed bundle from (triple, data) entries, laid out as
 /// clang does: the entry table, then each entry's data (aligned to
 /// `align`, which clang sets to 4096 for code objects).
 pub fn write_bundle(entries: &[(&str, &[u8])], align: usize) -> Vec<u8> {
+    let sizes: Vec<(&str, usize)> = entries.iter().map(|(t, d)| (*t, d.len())).collect();
+    let (offsets, len) = bundle_layout(&sizes, align);
+    let mut out = Vec::with_capacity(len as usize);
+    write_table(&mut out, &sizes, &offsets);
+    for ((_, d), off) in entries.iter().zip(&offsets) {
+        out.resize(*off as usize, 0);
+        out.extend_from_slice(d);
+    }
+    out
+}
+
+/// [`write_bundle`] of entries it takes: each entry's bytes are dropped
+/// once copied, so that the entries and the bundle are not both held whole.
+pub fn write_bundle_owned(entries: Vec<(String, Vec<u8>)>, align: usize) -> Vec<u8> {
+    let sizes: Vec<(&str, usize)> = entries.iter().map(|(t, d)| (t.as_str(), d.len())).collect();
+    let (offsets, len) = bundle_layout(&sizes, align);
+    let mut out = Vec::with_capacity(len as usize);
+    write_table(&mut out, &sizes, &offsets);
+    for ((_, d), off) in entries.into_iter().zip(&offsets) {
+        out.resize(*off as usize, 0);
+        out.extend_from_slice(&d);
+    }
+    out
+}
+
+/// Where [`write_bundle`] puts entries of these (triple, size): their
+/// offsets, and the bundle's length.
+pub fn bundle_layout(entries: &[(&str, usize)], align: usize) -> (Vec<u64>, u64) {
     let align = align.max(1) as u64;
     let table_len: u64 = 32
         + entries
@@ -668,27 +833,25 @@ pub fn write_bundle(entries: &[(&str, &[u8])], align: usize) -> Vec<u8> {
             .sum::<u64>();
     let mut offsets = Vec::with_capacity(entries.len());
     let mut pos = table_len;
-    for (_, d) in entries {
-        if !d.is_empty() {
+    for (_, n) in entries {
+        if *n > 0 {
             pos = pos.div_ceil(align) * align;
         }
         offsets.push(pos);
-        pos += d.len() as u64;
+        pos += *n as u64;
     }
-    let mut out = Vec::with_capacity(pos as usize);
+    (offsets, pos)
+}
+
+fn write_table(out: &mut Vec<u8>, entries: &[(&str, usize)], offsets: &[u64]) {
     out.extend_from_slice(BUNDLE_MAGIC);
     out.extend_from_slice(&(entries.len() as u64).to_le_bytes());
-    for ((t, d), off) in entries.iter().zip(&offsets) {
+    for ((t, n), off) in entries.iter().zip(offsets) {
         out.extend_from_slice(&off.to_le_bytes());
-        out.extend_from_slice(&(d.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(*n as u64).to_le_bytes());
         out.extend_from_slice(&(t.len() as u64).to_le_bytes());
         out.extend_from_slice(t.as_bytes());
     }
-    for ((_, d), off) in entries.iter().zip(&offsets) {
-        out.resize(*off as usize, 0);
-        out.extend_from_slice(d);
-    }
-    out
 }
 
 /// Wrap uncompressed bundle bytes (one or more bundles) in a CCOB header of
@@ -708,17 +871,47 @@ pub fn compress_bundle_at(
     method: Method,
     level: i32,
 ) -> std::io::Result<Vec<u8>> {
-    use std::io::Write;
     let payload = match method {
         Method::Zstd => zstd::bulk::compress(uncompressed, level)?,
-        Method::Zlib => {
-            let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
-            e.write_all(uncompressed)?;
-            e.finish()?
-        }
+        Method::Zlib => zlib(uncompressed)?,
     };
-    let digest = Md5::digest(uncompressed);
-    let hash = u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"));
+    wrap_ccob(uncompressed, &payload, version, method)
+}
+
+/// A CCOB (zstd) compressed as clang's `--offload-compress` does: level
+/// `level` with long-distance matching (a window of up to 128 MiB, so that
+/// the code objects of a bundle's many targets, much alike, are matched
+/// against each other), no checksum. Much smaller than plain zstd on
+/// bundles of many targets.
+pub fn compress_bundle_long(
+    uncompressed: &[u8],
+    version: u16,
+    level: i32,
+) -> std::io::Result<Vec<u8>> {
+    use zstd::zstd_safe::CParameter;
+    let mut c = zstd::bulk::Compressor::new(level)?;
+    c.set_parameter(CParameter::EnableLongDistanceMatching(true))?;
+    c.set_parameter(CParameter::WindowLog(27))?;
+    c.set_parameter(CParameter::ChecksumFlag(false))?;
+    let payload = c.compress(uncompressed)?;
+    wrap_ccob(uncompressed, &payload, version, Method::Zstd)
+}
+
+fn zlib(data: &[u8]) -> std::io::Result<Vec<u8>> {
+    use std::io::Write;
+    let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+    e.write_all(data)?;
+    e.finish()
+}
+
+/// `payload` (the compressed `uncompressed`) behind a CCOB header.
+fn wrap_ccob(
+    uncompressed: &[u8],
+    payload: &[u8],
+    version: u16,
+    method: Method,
+) -> std::io::Result<Vec<u8>> {
+    let hash = md5_word(&Md5::digest(uncompressed));
     let mut out = Vec::new();
     out.extend_from_slice(CCOB_MAGIC);
     out.extend_from_slice(&version.to_le_bytes());
@@ -748,7 +941,7 @@ pub fn compress_bundle_at(
         _ => return Err(std::io::Error::other("unknown CCOB version")),
     }
     out.extend_from_slice(&hash.to_le_bytes());
-    out.extend_from_slice(&payload);
+    out.extend_from_slice(payload);
     Ok(out)
 }
 
@@ -815,7 +1008,7 @@ mod tests {
         assert_eq!(&*bundles[1].entry_for("gfx1100").unwrap().data, b"second");
         for bd in &bundles[2..6] {
             let (c, pos) = bd.compressed.as_ref().unwrap();
-            assert!(c.hash_matches);
+            assert_eq!(c.hash_matches, Some(true));
             assert_eq!(*pos, 0);
             assert_eq!(
                 &*bd.entry_for("gfx942:sramecc+:xnack-").unwrap().data,
@@ -934,7 +1127,10 @@ mod tests {
         let mut h = good;
         h[16] ^= 1;
         let b = parse_fatbin(&h).unwrap();
-        assert!(!b[0].compressed.as_ref().unwrap().0.hash_matches);
+        assert_eq!(
+            b[0].compressed.as_ref().unwrap().0.hash_matches,
+            Some(false)
+        );
     }
 
     #[test]

@@ -891,10 +891,10 @@ fn print_fat_binary(f: &inspect::FatBinaryListing) {
                 } else {
                     String::new()
                 },
-                if c.hash_matches {
-                    ""
-                } else {
+                if c.hash_matches == Some(false) {
                     ", hash MISMATCH"
+                } else {
+                    ""
                 }
             ),
             None => String::new(),

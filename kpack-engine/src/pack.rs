@@ -4,21 +4,26 @@
 //! Phase 1 handles every file on its own (in parallel): a fat binary is
 //! rewritten into its host-only form at its destination and its code objects
 //! are recorded, not copied: a code object stored plainly in the input is
-//! recorded as a range of the input file, and one that had to be
-//! decompressed is spilled to a scratch file (in `--tmp-dir`) and recorded
-//! as a range of that. Phase 2 writes one archive per target, its code
-//! objects in the order of (kernel name, bundle index): the output does not
-//! depend on which thread did what. It reads each code object with `pread`
-//! when it compresses it (no maps: the pages stay in the page cache, not in
-//! the process), so memory use does not grow with the input. The inputs
-//! must stay as they are until the run ends (they are read twice).
+//! recorded as a range of the input file. The code objects of compressed
+//! bundles are read afterwards, one binary at a time
+//! (`kpack_host::offload::collect`: each compressed bundle decompressed
+//! once, as a stream, its code objects compressed into the archives' zstd
+//! frames in parallel batches while the next batch is decompressed), and
+//! their frames spilled to a scratch file (in `--tmp-dir`); one binary at a
+//! time, so that memory holds one decompressor's window, however many jobs
+//! run. Phase 2 writes one archive per target, its code objects in the
+//! order of (kernel name, bundle index): the output does not depend on
+//! which thread did what. It reads each code object (or frame, which it
+//! copies) with `pread` when it writes it (no maps: the pages stay in the
+//! page cache, not in the process), so memory use does not grow with the
+//! input. The inputs must stay as they are until the run ends (they are
+//! read twice).
 
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{BufWriter, Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use rayon::prelude::*;
 
@@ -28,10 +33,12 @@ use crate::input::{map_file, Mapped};
 use crate::msgpack::Value;
 use crate::tree::{copy_file, copy_symlink, make_dirs, write_file, Node, NodeKind};
 use crate::{ArtifactError, Observer, Result};
+use kpack_bundle::list_fatbin;
 use kpack_host::binary::{classify_parsed, could_be_binary, Class, Classified};
+use kpack_host::offload::collect::{collect, CollectOptions, Located};
 use kpack_host::offload::{archive_file_name, GFXARCH};
-use kpack_host::offload::{archive_key, code_objects_of, rewrite_binary, CodeObject};
-use kpack_host::{ArchiveWriter, FileRange};
+use kpack_host::offload::{archive_key, rewrite_binary};
+use kpack_host::{ArchiveWriter, FrameParams, KernelData, WithPath};
 
 /// One `.kpack` archive written by split or pack-tree.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -73,12 +80,13 @@ pub(crate) struct FileJob {
     pub database: Option<(String, PathBuf)>,
 }
 
-/// A code object recorded by phase 1: where its bytes are.
+/// A code object recorded by phase 1: where its bytes are (a range of the
+/// input, or a frame or range of a spill file).
 pub struct CodeRef {
     pub target: String,
     pub triple: String,
     pub bundle: usize,
-    pub bytes: FileRange,
+    pub bytes: KernelData<'static>,
 }
 
 /// An offloaded binary.
@@ -88,6 +96,9 @@ pub struct Offloaded {
     pub code_objects: Vec<CodeRef>,
     pub dropped: usize,
     pub wrappers: usize,
+    /// It has compressed bundles, whose code objects are read after the
+    /// parallel pass (one binary at a time).
+    deferred: bool,
 }
 
 /// What happened to one file.
@@ -264,7 +275,8 @@ pub(crate) struct Packer<'a> {
 impl Packer<'_> {
     /// Phase 1: every job, in parallel; results in job order. The first
     /// error in job order is returned, so that the error reported does not
-    /// depend on scheduling either.
+    /// depend on scheduling either. Then the code objects of compressed
+    /// bundles, one binary at a time (each in parallel batches).
     pub fn run(&self, jobs: &[FileJob]) -> Result<Vec<Done>> {
         let results: Vec<Result<Done>> = jobs
             .par_iter()
@@ -275,7 +287,29 @@ impl Packer<'_> {
                 r
             })
             .collect();
-        results.into_iter().collect()
+        let mut done: Vec<Done> = results.into_iter().collect::<Result<_>>()?;
+        for (i, (d, job)) in done.iter_mut().zip(jobs).enumerate() {
+            if let Outcome::Offloaded(b) = &mut d.outcome {
+                if b.deferred {
+                    let mapped = map_file(&job.src)?;
+                    let classified = classify_parsed(&mapped);
+                    self.collect(i, job, &mapped, &classified, b)?;
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// The archive writer of a target.
+    fn writer(&self, group: &str, family: String, target: &str) -> ArchiveWriter<'static> {
+        ArchiveWriter::new(group, family, vec![target.to_string()])
+            .scheme(self.scheme)
+            .zstd_level(self.level)
+    }
+
+    /// The frames the archive writers make, if they compress.
+    fn frame_params(&self) -> Option<FrameParams> {
+        self.writer("", String::new(), "").frames()
     }
 
     fn process(&self, index: usize, job: &FileJob) -> Result<Done> {
@@ -347,80 +381,58 @@ impl Packer<'_> {
             .ok_or_else(|| ArtifactError::input(&job.src, "file name is not valid UTF-8"))?;
         let bin = (classified.binary.as_ref())
             .map_err(|e| kpack_host::Error::binary(&job.src, e.clone()))?;
-        let cos = code_objects_of(&job.src, bin)?;
         let metadata = HipkMetadata {
             kernel_name: kernel_name.clone(),
             search_paths: vec![job.search_path.clone()],
         };
+        // Bundles are listed from their entry tables (errors in them are
+        // reported as the bundles' own, before the rewrite's).
+        let section = fatbin_section(&job.src, classified)?;
+        let deferred = list_fatbin(section)
+            .with_path(&job.src)?
+            .iter()
+            .any(|b| b.compressed.is_some());
         let t = rewrite_binary(&job.src, bin, &metadata)?;
         write_file(&job.dst, &t.bytes, job.mode)?;
-        // Phase 2 reads the code objects through the files, not the map.
-        let (kept, dropped, spill) = self.locate(index, &cos, mapped)?;
-        drop(cos);
-        let code_objects = refs(kept, &job.src, spill);
+        let mut b = Offloaded {
+            kernel_name,
+            source_prefix: job.source_prefix.clone(),
+            code_objects: Vec::new(),
+            dropped: 0,
+            wrappers: t.wrappers.len(),
+            deferred,
+        };
+        if !deferred {
+            self.collect(index, job, mapped, classified, &mut b)?;
+        }
         Ok(Done {
-            outcome: Outcome::Offloaded(Box::new(Offloaded {
-                kernel_name,
-                source_prefix: job.source_prefix.clone(),
-                code_objects,
-                dropped,
-                wrappers: t.wrappers.len(),
-            })),
+            outcome: Outcome::Offloaded(Box::new(b)),
             bytes_out: t.bytes.len() as u64,
         })
     }
 
-    /// Where the bytes of each code object to keep are: in the input (a
-    /// slice of its map), or, when they had to be decompressed, appended to
-    /// this job's spill file in the scratch directory. Returns the kept code
-    /// objects, how many were left out, and the spill file if any.
-    fn locate(
+    /// The code objects to keep of an offloaded binary, recorded where
+    /// their bytes are: ranges of the input (plain bundles), or frames (or,
+    /// for archives stored uncompressed, bytes) in this job's spill file in
+    /// the scratch directory (compressed bundles). Phase 2 reads them
+    /// through the files, not the map.
+    fn collect(
         &self,
         index: usize,
-        cos: &[CodeObject<'_>],
-        input: &Mapped,
-    ) -> Result<(Vec<Kept>, usize, Option<PathBuf>)> {
-        let mut spill: Option<(BufWriter<File>, PathBuf, usize)> = None;
-        let mut kept = Vec::new();
-        let mut dropped = 0;
-        for co in cos {
-            if self.keep_target.is_some_and(|keep| !keep(&co.target)) {
-                dropped += 1;
-                continue;
-            }
-            let data: &[u8] = &co.data;
-            let at = match input.offset_of(data) {
-                Some(off) => At::Input(off),
-                None => {
-                    if spill.is_none() {
-                        let path = self.scratch.join(format!("code-objects-{index}.bin"));
-                        let f = File::create(&path).map_err(|e| ArtifactError::io(&path, e))?;
-                        spill = Some((BufWriter::with_capacity(1 << 20, f), path, 0));
-                    }
-                    let (w, path, pos) = spill.as_mut().expect("spill file");
-                    w.write_all(data)
-                        .map_err(|e| ArtifactError::io(&*path, e))?;
-                    let at = At::Scratch(*pos);
-                    *pos += data.len();
-                    at
-                }
-            };
-            kept.push(Kept {
-                target: co.target.clone(),
-                triple: co.triple.clone(),
-                bundle: co.bundle,
-                len: data.len(),
-                at,
-            });
-        }
-        let spilled = match spill {
-            Some((mut w, path, _)) => {
-                w.flush().map_err(|e| ArtifactError::io(&path, e))?;
-                Some(path)
-            }
-            None => None,
-        };
-        Ok((kept, dropped, spilled))
+        job: &FileJob,
+        mapped: &Mapped,
+        classified: &Classified,
+        b: &mut Offloaded,
+    ) -> Result<()> {
+        let section = fatbin_section(&job.src, classified)?;
+        let spill = self.scratch.join(format!("code-objects-{index}.bin"));
+        let mut opts = CollectOptions::new(spill, self.frame_params());
+        opts.keep = self.keep_target;
+        let c = collect(&job.src, mapped, section, &opts)?;
+        b.dropped = c.dropped;
+        b.code_objects = c.code_objects.into_iter().map(code_ref).collect();
+        b.deferred = false;
+        Ok(())
     }
 
     /// Phase 2: one archive per target. `place(target, prefixes)` says
@@ -438,7 +450,7 @@ impl Packer<'_> {
         let work: u64 = targets
             .iter()
             .flat_map(|(_, list)| list)
-            .map(|(_, co)| co.bytes.len as u64)
+            .map(|(_, co)| co.bytes.len() as u64)
             .sum();
         self.observer.add_work(work);
         let results: Vec<Result<ArchiveInfo>> = targets
@@ -464,9 +476,7 @@ impl Packer<'_> {
         prefixes.sort();
         prefixes.dedup();
         let (path, shown) = place(target, &prefixes);
-        let mut w = ArchiveWriter::new(group, family(target), vec![target.to_string()])
-            .scheme(self.scheme)
-            .zstd_level(self.level);
+        let mut w = self.writer(group, family(target), target);
         for (b, co) in list {
             let mut meta = vec![("target".to_string(), Value::from(co.triple.as_str()))];
             if let Some(p) = &b.source_prefix {
@@ -530,46 +540,23 @@ fn by_target<'b>(binaries: &[&'b Offloaded]) -> Vec<(&'b str, Entries<'b>)> {
     by_target.into_iter().collect()
 }
 
-/// Where a kept code object's bytes are.
-enum At {
-    /// At this offset in the input.
-    Input(u64),
-    /// At this offset in the job's spill file.
-    Scratch(usize),
+fn code_ref(c: Located) -> CodeRef {
+    CodeRef {
+        target: c.target,
+        triple: c.triple,
+        bundle: c.bundle,
+        bytes: c.data,
+    }
 }
 
-/// A code object to keep, before its bytes are mapped.
-struct Kept {
-    target: String,
-    triple: String,
-    bundle: usize,
-    len: usize,
-    at: At,
-}
-
-/// The kept code objects as ranges of the input file `src` or of the spill
-/// file.
-fn refs(kept: Vec<Kept>, src: &Path, spill: Option<PathBuf>) -> Vec<CodeRef> {
-    let input: Arc<Path> = Arc::from(src);
-    let spill: Option<Arc<Path>> = spill.map(Arc::from);
-    kept.into_iter()
-        .map(|k| {
-            let (path, offset) = match k.at {
-                At::Input(off) => (input.clone(), off),
-                At::Scratch(off) => (spill.clone().expect("spill file"), off as u64),
-            };
-            CodeRef {
-                target: k.target,
-                triple: k.triple,
-                bundle: k.bundle,
-                bytes: FileRange {
-                    path,
-                    offset,
-                    len: k.len,
-                },
-            }
-        })
-        .collect()
+/// The bytes of a fat binary's bundle section.
+fn fatbin_section<'a>(src: &Path, classified: &Classified<'a>) -> Result<&'a [u8]> {
+    let bin =
+        (classified.binary.as_ref()).map_err(|e| kpack_host::Error::binary(src, e.clone()))?;
+    match bin.fatbin().with_path(src)? {
+        Some(s) => Ok(s.data),
+        None => Err(ArtifactError::input(src, "no device code section")),
+    }
 }
 
 /// The first 8 bytes of a file (fewer if it is shorter).

@@ -27,7 +27,7 @@ use serde::Serialize;
 use crate::archive::Archive;
 use crate::hipk::HipkMetadata;
 use crate::input::map_file;
-use kpack_bundle::{parse_fatbin, Bundle};
+use kpack_bundle::{list_fatbin, BundleInfo};
 use kpack_host::binary::{classify_parsed, Class, HostBinary};
 use kpack_host::{Error, Result, WithPath};
 
@@ -330,7 +330,7 @@ impl Collector {
             .and_then(|b| b.fatbin().ok().flatten())
             .map(|s| s.data)
             .unwrap_or_default();
-        let bundles = parse_fatbin(section)?;
+        let bundles = list_fatbin(section)?;
         let mut b = host_binary(name, "fat", bytes.len() as u64, None);
         b.device_bytes_in_file = section.len() as u64;
         b.host_bytes = (bytes.len() - section.len()) as u64;
@@ -506,7 +506,7 @@ fn host_binary(
 /// The code objects of one stored bundle (the inner bundles of a
 /// compressed one together): uncompressed sizes, and the stored bytes (a
 /// compressed bundle's shared out by uncompressed size).
-fn bundle_code_objects(binary: &str, group: &[Bundle]) -> Vec<CodeObjectBytes> {
+fn bundle_code_objects(binary: &str, group: &[BundleInfo]) -> Vec<CodeObjectBytes> {
     let mut out: Vec<CodeObjectBytes> = group
         .iter()
         .flat_map(|b| {
@@ -514,8 +514,8 @@ fn bundle_code_objects(binary: &str, group: &[Bundle]) -> Vec<CodeObjectBytes> {
                 binary: binary.to_string(),
                 index: b.index.to_string(),
                 target: e.target().to_string(),
-                stored: e.data.len() as u64,
-                uncompressed: e.data.len() as u64,
+                stored: e.size,
+                uncompressed: e.size,
             })
         })
         .collect();

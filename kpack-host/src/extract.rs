@@ -8,11 +8,13 @@
 //!   written `%25`, `%2F` and `%40`, so that the name is one path component
 //!   and maps back to exactly one (key, target) ([`parse_archive_file_name`]).
 //!
-//! Everything is decoded and checked before the first file is written, and
-//! files are assembled in a staging directory and moved into place at the
-//! end: bad input leaves no output behind.
+//! What to write is decided from the entry tables (or archive TOCs) before
+//! the first file is written; files are then written one code object at a
+//! time (compressed bundles read as a stream) into a staging directory,
+//! moved into place at the end: bad input, even found half-way, leaves no
+//! output behind.
 
-use std::borrow::Cow;
+use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -20,7 +22,8 @@ use crate::archive::Archive;
 use crate::binary::{classify_parsed, Class};
 use crate::error::{Error, Result, WithPath};
 use crate::fatbin::{device_code, DeviceCode, FatBinary, Offloaded};
-use crate::input::map_file;
+use crate::input::{map_file, Mapped};
+use crate::offload::collect::Pages;
 use crate::output::StagedDir;
 use crate::target::TargetId;
 
@@ -89,32 +92,51 @@ fn target_matches(have: &str, want: &str) -> bool {
         || matches!((TargetId::parse(have), TargetId::parse(want)), (Ok(a), Ok(b)) if a == b)
 }
 
-/// What extraction found: the files to write, and every target seen (for
-/// the error when none matches).
-#[derive(Default)]
-struct Found<'a> {
-    files: Vec<(Extracted, Cow<'a, [u8]>)>,
+/// What extraction will write: each file with where its bytes come from,
+/// and every target seen (for the error when none matches).
+struct Plan<S> {
+    files: Vec<(Extracted, S)>,
     available: Vec<String>,
+}
+
+impl<S> Default for Plan<S> {
+    fn default() -> Self {
+        Plan {
+            files: Vec::new(),
+            available: Vec::new(),
+        }
+    }
 }
 
 /// Extract every code object of `input` (a fat binary, raw bundle file or
 /// `.kpack` archive), or only those for `target`, into `out_dir`. On an
 /// offloaded binary, its wrappers are resolved through its metadata and
 /// archives.
+///
+/// What is extracted is decided (and file names checked) before anything
+/// is written; the files are then written one code object at a time into
+/// a staging directory, moved into place once all are there: at most one
+/// code object is held, and bad input (found on the way, e.g. a damaged
+/// compressed bundle) leaves no output behind.
 pub fn extract(input: &Path, out_dir: &Path, target: Option<&str>) -> Result<Vec<Extracted>> {
     let mapped = map_file(input)?;
-    let write = |found: Found| write_all(input, out_dir, target, found.files, found.available);
     let file = classify_parsed(&mapped);
     if file.class == Class::Archive {
-        return write(from_archive(
-            &kpack_loader::open_archive(input)?,
-            input,
-            target,
-        )?);
+        let archive = kpack_loader::open_archive(input)?;
+        let plan = from_archive(&archive, target);
+        return write_planned(input, out_dir, target, plan, |(key, tgt)| {
+            archive.kernel(key, tgt).with_path(input)
+        });
     }
     match device_code(input, &file)? {
-        DeviceCode::Fat(fat) => write(from_fat(&fat, target)),
-        DeviceCode::Offloaded(o) => write(from_offloaded(&o, input, target)?),
+        DeviceCode::Fat(fat) => from_fat(input, &mapped, out_dir, &fat, target),
+        DeviceCode::Offloaded(o) => {
+            let (archives, plan) = from_offloaded(&o, input, target)?;
+            write_planned(input, out_dir, target, plan, |(at, (key, tgt))| {
+                let (path, archive) = &archives[*at];
+                archive.kernel(key, tgt).with_path(path)
+            })
+        }
     }
 }
 
@@ -122,32 +144,44 @@ fn wanted(target: Option<&str>, have: &str) -> bool {
     target.is_none_or(|t| target_matches(have, t))
 }
 
-fn from_archive<'a>(archive: &Archive, path: &Path, target: Option<&str>) -> Result<Found<'a>> {
-    let mut found = Found::default();
+/// An archive's code objects: (key, target) of each.
+fn from_archive<'a>(archive: &'a Archive, target: Option<&str>) -> Plan<(&'a str, &'a str)> {
+    let mut plan = Plan::default();
     for (key, tgt) in archive.keys_and_targets() {
-        found.available.push(tgt.to_string());
+        plan.available.push(tgt.to_string());
         if !wanted(target, tgt) {
             continue;
         }
-        let bytes = archive.kernel(key, tgt).with_path(path)?;
+        let size = archive.entry(key, tgt).map_or(0, |e| e.original_size);
         let info = Extracted {
             file: archive_file_name(key, tgt),
             target: tgt.to_string(),
             key: Some(key.to_string()),
             bundle: None,
-            size: bytes.len() as u64,
+            size,
         };
-        found.files.push((info, Cow::Owned(bytes)));
+        plan.files.push((info, (key, tgt)));
     }
-    Ok(found)
+    plan
 }
 
-fn from_fat<'a>(fat: &'a FatBinary, target: Option<&str>) -> Found<'a> {
-    let mut found = Found::default();
+/// A fat binary's code objects, planned from its bundles' entry tables and
+/// written as the bundles are read (compressed ones as a stream).
+fn from_fat(
+    input: &Path,
+    mapped: &Mapped,
+    out_dir: &Path,
+    fat: &FatBinary,
+    target: Option<&str>,
+) -> Result<Vec<Extracted>> {
+    let mut plan: Plan<(usize, usize)> = Plan::default();
     let several = fat.bundles.len() > 1;
     for b in &fat.bundles {
-        for e in b.device_entries() {
-            found.available.push(e.target().to_string());
+        for (i, e) in b.entries.iter().enumerate() {
+            if e.is_host() {
+                continue;
+            }
+            plan.available.push(e.target().to_string());
             if !wanted(target, e.target()) {
                 continue;
             }
@@ -156,18 +190,49 @@ fn from_fat<'a>(fat: &'a FatBinary, target: Option<&str>) -> Found<'a> {
                 target: e.target().to_string(),
                 key: None,
                 bundle: Some(b.index),
-                size: e.data.len() as u64,
+                size: e.size,
             };
-            found.files.push((info, Cow::Borrowed(&e.data[..])));
+            plan.files.push((info, (b.index, i)));
         }
     }
-    found
+    check_plan(input, out_dir, target, &mut plan)?;
+    let names: HashMap<(usize, usize), &str> = plan
+        .files
+        .iter()
+        .map(|(info, at)| (*at, info.file.as_str()))
+        .collect();
+    write_staged(out_dir, |dir| {
+        let mut stream = fat.stream().keep(|t: &str| wanted(target, t));
+        let mut pages = Pages::new(mapped, fat.data);
+        let mut written = 0;
+        while let Some(co) = stream.next().with_path(input)? {
+            let Some(name) = names.get(&(co.bundle, co.entry)) else {
+                continue;
+            };
+            let p = dir.join(name);
+            fs::write(&p, &*co.data).with_path(&p)?;
+            written += 1;
+            pages.release(&stream);
+        }
+        if written != names.len() {
+            return Err(Error::request(
+                input,
+                format!("{} code objects listed, {written} read", names.len()),
+            ));
+        }
+        Ok(())
+    })?;
+    Ok(plan.files.into_iter().map(|(i, _)| i).collect())
 }
 
 /// Resolve each wrapper through the metadata and the archives its search
-/// paths name: what a GPU would load.
-fn from_offloaded<'a>(o: &Offloaded, input: &Path, target: Option<&str>) -> Result<Found<'a>> {
-    let mut found = Found::default();
+/// paths name (what a GPU would load): the archives opened, and the code
+/// objects as (archive, (key, target)).
+type OffloadedPlan = (Vec<(PathBuf, Archive)>, Plan<(usize, (String, String))>);
+
+fn from_offloaded(o: &Offloaded, input: &Path, target: Option<&str>) -> Result<OffloadedPlan> {
+    let mut plan = Plan::default();
+    let mut archives = Vec::new();
     let mut cos: Vec<u64> = o.wrappers.iter().map(|w| w.reserved1).collect();
     cos.sort_unstable();
     cos.dedup();
@@ -177,54 +242,58 @@ fn from_offloaded<'a>(o: &Offloaded, input: &Path, target: Option<&str>) -> Resu
     for pattern in &o.metadata.search_paths {
         for path in crate::loader::archives_on_search_path(base, pattern) {
             let archive = kpack_loader::open_archive(&path)?;
+            let at = archives.len();
             for tgt in archive.gfx_arches() {
-                found.available.push(tgt.clone());
+                plan.available.push(tgt.clone());
                 if !wanted(target, tgt) {
                     continue;
                 }
                 for &co in &cos {
                     let key = crate::offload::archive_key(&o.metadata.kernel_name, co as usize);
-                    if archive.entry(&key, tgt).is_none() || !seen.insert((tgt.clone(), co)) {
+                    let Some(entry) = archive.entry(&key, tgt) else {
+                        continue;
+                    };
+                    if !seen.insert((tgt.clone(), co)) {
                         continue;
                     }
-                    let bytes = archive.kernel(&key, tgt).with_path(&path)?;
                     let info = Extracted {
                         file: fatbin_file_name(tgt, several.then_some(co as usize)),
                         target: tgt.clone(),
-                        key: Some(key),
+                        key: Some(key.clone()),
                         bundle: Some(co as usize),
-                        size: bytes.len() as u64,
+                        size: entry.original_size,
                     };
-                    found.files.push((info, Cow::Owned(bytes)));
+                    plan.files.push((info, (at, (key, tgt.clone()))));
                 }
             }
+            archives.push((path, archive));
         }
     }
-    Ok(found)
+    Ok((archives, plan))
 }
 
-fn write_all(
+/// The checks before anything is written: something to extract, and
+/// every name one plain file name (names come from the input: bundle
+/// triples, archive targets), so that nothing lands outside `out_dir`.
+fn check_plan<S>(
     input: &Path,
     out_dir: &Path,
     target: Option<&str>,
-    files: Vec<(Extracted, Cow<[u8]>)>,
-    mut available: Vec<String>,
-) -> Result<Vec<Extracted>> {
-    if files.is_empty() {
-        available.sort();
-        available.dedup();
+    plan: &mut Plan<S>,
+) -> Result<()> {
+    if plan.files.is_empty() {
+        plan.available.sort();
+        plan.available.dedup();
         let what = match target {
             Some(t) => format!(
                 "no code object for target {t} (available: {})",
-                available.join(", ")
+                plan.available.join(", ")
             ),
             None => "no code objects to extract".into(),
         };
         return Err(Error::request(input, what));
     }
-    // Names come from the input (bundle triples, archive targets): each must
-    // be one plain file name, so that nothing lands outside `out_dir`.
-    for (info, _) in &files {
+    for (info, _) in &plan.files {
         let plain = !info.file.is_empty()
             && !info.file.contains(['/', '\\', '\0'])
             && info.file != "."
@@ -241,13 +310,37 @@ fn write_all(
             ));
         }
     }
+    Ok(())
+}
+
+/// Write planned files one at a time, each read by `load` (its bytes
+/// dropped once written).
+fn write_planned<S>(
+    input: &Path,
+    out_dir: &Path,
+    target: Option<&str>,
+    mut plan: Plan<S>,
+    load: impl Fn(&S) -> Result<Vec<u8>>,
+) -> Result<Vec<Extracted>> {
+    check_plan(input, out_dir, target, &mut plan)?;
+    write_staged(out_dir, |dir| {
+        for (info, at) in &plan.files {
+            let bytes = load(at)?;
+            let p = dir.join(&info.file);
+            fs::write(&p, &bytes).with_path(&p)?;
+        }
+        Ok(())
+    })?;
+    Ok(plan.files.into_iter().map(|(i, _)| i).collect())
+}
+
+/// Fill a staging directory for `out_dir` and move it into place; on
+/// error it is removed with what it holds.
+fn write_staged(out_dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let staged = StagedDir::new(out_dir)?;
-    for (info, bytes) in &files {
-        let p: PathBuf = staged.path().join(&info.file);
-        fs::write(&p, bytes).with_path(&p)?;
-    }
+    fill(staged.path())?;
     staged.commit()?;
-    Ok(files.into_iter().map(|(i, _)| i).collect())
+    Ok(())
 }
 
 #[cfg(test)]

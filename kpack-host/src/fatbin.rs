@@ -1,14 +1,17 @@
 //! The device code of a file as a whole: the bundles of a fat binary (or of
 //! a raw bundle file) with its wrappers, or, for an offloaded binary, its
 //! HIPK metadata. What `ls` and `extract` show; built on
-//! [`crate::binary`]'s classification and wrapper reader.
+//! [`crate::binary`]'s classification and wrapper reader. Bundles are
+//! listed from their headers and entry tables (`kpack_bundle::list_fatbin`):
+//! a compressed bundle is not decompressed whole here; [`FatBinary::stream`]
+//! reads the code objects.
 
 use std::path::Path;
 
 use crate::binary::{
     classify_parsed, could_be_binary, BinaryKind, Class, Classified, HostBinary, Role,
 };
-use crate::bundle::{parse_fatbin, Bundle};
+use crate::bundle::{list_fatbin, BundleInfo, FatbinStream};
 use crate::error::{Error, Result, WithPath};
 use crate::hipk::{HipkMetadata, Wrapper};
 
@@ -31,10 +34,18 @@ pub struct FatBinary<'a> {
     pub container: Container,
     /// The bytes the bundles were parsed from (the section, or the file).
     pub data: &'a [u8],
-    pub bundles: Vec<Bundle<'a>>,
+    /// The bundles, from their headers and entry tables.
+    pub bundles: Vec<BundleInfo>,
     /// The wrappers, each `binary` pointer at its load-time value (relative
     /// to the load base).
     pub wrappers: Vec<Wrapper>,
+}
+
+impl<'a> FatBinary<'a> {
+    /// The code objects, read in order with bounded memory.
+    pub fn stream(&self) -> FatbinStream<'a> {
+        FatbinStream::new(self.data)
+    }
 }
 
 /// A host binary whose device code was offloaded: the bundle section is
@@ -72,7 +83,7 @@ pub fn device_code<'a>(path: &Path, file: &Classified<'a>) -> Result<DeviceCode<
     let bytes = file.bytes;
     match &file.class {
         Class::Bundle => {
-            let bundles = parse_fatbin(bytes).with_path(path)?;
+            let bundles = list_fatbin(bytes).with_path(path)?;
             Ok(DeviceCode::Fat(FatBinary {
                 container: Container::Raw,
                 data: bytes,
@@ -138,7 +149,7 @@ fn host_device_code<'a>(
             section_addr: sec.addr,
         },
         data: sec.data,
-        bundles: parse_fatbin(sec.data).with_path(path)?,
+        bundles: list_fatbin(sec.data).with_path(path)?,
         wrappers,
     }))
 }

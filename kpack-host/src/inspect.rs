@@ -58,7 +58,11 @@ pub struct CompressedListing {
     pub version: u16,
     pub method: Method,
     pub uncompressed_size: u64,
-    pub hash_matches: bool,
+    /// Whether the header's hash matches the decompressed data; `null` when
+    /// not checked: a compressed bundle larger than
+    /// `kpack_bundle::LIST_CHECK_LIMIT` is listed from its entry tables,
+    /// without decompressing it whole.
+    pub hash_matches: Option<bool>,
     /// Position of this bundle inside the compressed bundle.
     pub inner_index: usize,
 }
@@ -223,7 +227,7 @@ fn fat_listing(fat: &FatBinary, file: String, file_size: u64) -> FatBinaryListin
     }
 }
 
-fn bundle_listing(b: &crate::bundle::Bundle) -> BundleListing {
+fn bundle_listing(b: &crate::bundle::BundleInfo) -> BundleListing {
     BundleListing {
         index: b.index,
         offset: b.range.start,
@@ -241,7 +245,7 @@ fn bundle_listing(b: &crate::bundle::Bundle) -> BundleListing {
             .map(|e| EntryListing {
                 triple: e.triple.clone(),
                 target: (!e.is_host()).then(|| e.target().to_string()),
-                size: e.data.len() as u64,
+                size: e.size,
             })
             .collect(),
     }

@@ -44,7 +44,8 @@ use kpack_format::{archive, bytes, hipk, msgpack, target};
 use kpack_loader::{self as loader, input};
 
 pub use archive_writer::{
-    zstd_frame, ArchiveWriter, FileRange, KernelData, WriteSummary, DEFAULT_BATCH_BYTES,
+    zstd_frame, ArchiveWriter, FileRange, Frame, FrameCompressor, FrameParams, KernelData,
+    WriteSummary, DEFAULT_BATCH_BYTES,
 };
 pub use error::{Error, Result, WithPath};
 pub use kpack_loader::report;

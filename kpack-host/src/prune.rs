@@ -427,7 +427,7 @@ mod tests {
         assert_eq!(out[0].entry_for("gfx90a:xnack-").unwrap().offset % 4096, 0);
         let (c1, _) = out[1].compressed.as_ref().expect("still compressed");
         assert_eq!((c1.version, c1.method), (2, Method::Zstd));
-        assert!(c1.hash_matches);
+        assert_eq!(c1.hash_matches, Some(true));
         assert_eq!(targets(&out[1]), ["gfx90a:xnack-"]);
         // Left without device code: the host entry, a valid empty bundle.
         assert!(out[2].device_entries().next().is_none());

@@ -10,7 +10,10 @@
 //!
 //! Bundles are written as clang does (host entry first, device entries
 //! sorted, each at a 4 KiB offset), uncompressed when they fit the range and
-//! otherwise compressed (CCOB v2, zstd; v3 where a size needs it); when even
+//! otherwise compressed as clang's `--offload-compress` compresses them
+//! (CCOB v2, zstd with long-distance matching; v3 where a size needs it:
+//! the code objects of a bundle's targets are matched against each other,
+//! which is what lets clang's compressed bundles be small); when even
 //! that does not fit, a clear error and nothing written.
 
 use std::fs;
@@ -21,7 +24,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::binary::{classify_parsed, Class, Classified, HostBinary};
-use crate::bundle::{compress_bundle_at, write_bundle, Method};
+use crate::bundle::{bundle_layout, compress_bundle_long, write_bundle_owned};
 use crate::elf::{ElfError, ElfView};
 use crate::error::{Error, Result, WithPath};
 use crate::fatbin::{device_code, DeviceCode};
@@ -261,12 +264,14 @@ struct OneBundle {
 }
 
 impl Source<'_> {
-    /// Code object index `co` as a bundle written as clang writes one (the
-    /// host entry, then the device entries sorted by target, each at a
-    /// 4 KiB offset): each target's code object through the loader's
-    /// search for exactly that target.
-    fn bundle(&self, co: u32) -> Result<OneBundle> {
-        let mut found: Vec<(String, Vec<u8>)> = Vec::new();
+    /// Each target's code object `co` through the loader's search for
+    /// exactly that target, handed to `f` as found: (triple, bytes); the
+    /// targets and archives it came from.
+    fn each_code_object(
+        &self,
+        co: u32,
+        mut f: impl FnMut(String, Vec<u8>),
+    ) -> Result<(Vec<String>, Vec<PathBuf>)> {
         let (mut targets, mut archives) = (Vec::new(), Vec::new());
         for (name, id) in &self.ids {
             let hit = self
@@ -281,14 +286,22 @@ impl Source<'_> {
                 let triple = hit
                     .triple
                     .unwrap_or_else(|| format!("hipv4-amdgcn-amd-amdhsa--{name}"));
-                found.push((triple, data));
+                f(triple, data);
                 targets.push(name.to_string());
                 archives.push(hit.archive);
             }
         }
-        let mut entries: Vec<(&str, &[u8])> = vec![(self.host, &[])];
-        entries.extend(found.iter().map(|(t, d)| (t.as_str(), d.as_slice())));
-        let bytes = write_bundle(&entries, 4096);
+        Ok((targets, archives))
+    }
+
+    /// Code object index `co` as a bundle written as clang writes one (the
+    /// host entry, then the device entries sorted by target, each at a
+    /// 4 KiB offset): each target's code object through the loader's
+    /// search for exactly that target.
+    fn bundle(&self, co: u32) -> Result<OneBundle> {
+        let mut found: Vec<(String, Vec<u8>)> = vec![(self.host.to_string(), Vec::new())];
+        let (targets, archives) = self.each_code_object(co, |t, d| found.push((t, d)))?;
+        let bytes = write_bundle_owned(found, 4096);
         let summary = BundleRestored {
             co_index: co,
             targets,
@@ -301,7 +314,16 @@ impl Source<'_> {
         })
     }
 
-    /// The same bundle compressed (CCOB v2, zstd at `level`; v3 where a
+    /// The size of [`Source::bundle`], holding one code object at a time.
+    fn bundle_size(&self, co: u32) -> Result<u64> {
+        let mut sizes: Vec<(String, usize)> = vec![(self.host.to_string(), 0)];
+        self.each_code_object(co, |t, d| sizes.push((t, d.len())))?;
+        let sizes: Vec<(&str, usize)> = sizes.iter().map(|(t, n)| (t.as_str(), *n)).collect();
+        Ok(bundle_layout(&sizes, 4096).1)
+    }
+
+    /// The same bundle compressed (CCOB v2, zstd at `level` with
+    /// long-distance matching; v3 where a
     /// size needs it); the plain one is dropped at once.
     fn compressed_bundle(&self, co: u32, level: i32) -> Result<OneBundle> {
         let mut b = self.bundle(co)?;
@@ -310,8 +332,8 @@ impl Source<'_> {
         } else {
             3
         };
-        b.bytes = compress_bundle_at(&b.bytes, v, Method::Zstd, level)
-            .or_else(|_| compress_bundle_at(&b.bytes, 3, Method::Zstd, level))
+        b.bytes = compress_bundle_long(&b.bytes, v, level)
+            .or_else(|_| compress_bundle_long(&b.bytes, 3, level))
             .map_err(|source| Error::Compress {
                 path: self.input.into(),
                 what: "a bundle",
@@ -321,12 +343,13 @@ impl Source<'_> {
     }
 
     /// The size the uncompressed bundles take back to back at 4 KiB
-    /// offsets, without keeping them (each is built, measured, dropped).
+    /// offsets, without building them (each code object is loaded,
+    /// measured, dropped).
     fn plain_size(&self, co_indices: &[u32]) -> Result<u64> {
         use rayon::prelude::*;
         let sizes: Vec<Result<u64>> = co_indices
             .par_iter()
-            .map(|&co| self.bundle(co).map(|b| b.bytes.len() as u64))
+            .map(|&co| self.bundle_size(co))
             .collect();
         let mut end = 0;
         for size in sizes {
@@ -396,15 +419,18 @@ impl Built {
     }
 
     /// Compressed bundles at 16 bytes (they are decompressed before use),
-    /// built and compressed in parallel, only the compressed ones kept;
-    /// each its own frame, so the bytes do not depend on the threads.
+    /// built and compressed one at a time, only the compressed ones kept:
+    /// a bundle of a compressed binary's is tens of megabytes, and two
+    /// side by side (with their compressors' windows) would double what is
+    /// held.
     fn compressed(src: &Source, co_indices: &[u32], level: i32) -> Result<Built> {
-        use rayon::prelude::*;
-        let each: Vec<Result<OneBundle>> = co_indices
-            .par_iter()
-            .map(|&co| src.compressed_bundle(co, level))
-            .collect();
-        Built::new(src, each, 16)
+        Built::new(
+            src,
+            co_indices
+                .iter()
+                .map(|&co| src.compressed_bundle(co, level)),
+            16,
+        )
     }
 
     fn rewrite(&self, elf: ElfView) -> std::result::Result<Transformed, TransformError> {

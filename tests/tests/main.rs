@@ -25,6 +25,7 @@ mod offload_mutations;
 mod prune_restore;
 mod reference_quirks;
 mod size_shared;
+mod stream_compressed;
 mod unaligned_headers;
 mod why;
 

@@ -35,7 +35,9 @@ pub struct BenchArgs {
     reps: usize,
     /// Measure only these sections (comma-separated): rocrand, rocsparse,
     /// pipeline, runtime, large, rewrite (prune and restore of
-    /// librocsparse, verify --tree over it), wheels, python. Default: all.
+    /// librocsparse, verify --tree over it), wheels, python, compressed
+    /// (librocsparse re-bundled into compressed bundles: needs clang-19 and
+    /// lld-19). Default: all.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Keep target/bench/work (the large intermediate files) afterwards.
@@ -71,7 +73,7 @@ pub fn run(sh: &Shell, root: &Path, args: &BenchArgs) -> Result<()> {
     let cargo = cargo();
     let flags = args.flags();
     let mut bench = cmd!(sh, "{cargo} run --release -p kpack-bench -- {flags...}");
-    if args.wants("wheels") || args.wants("python") {
+    if args.wants("wheels") || args.wants("python") || args.wants("compressed") {
         bench = bench.env("KPACK_PY_VENV", wheel::py_env(sh, root)?);
     }
     if args.wants("python") {

@@ -22,6 +22,10 @@ use xshell::{cmd, Shell};
 /// Every target of `fuzz/Cargo.toml`, with what it exercises.
 pub const TARGETS: &[(&str, &str)] = &[
     ("bundle", "offload bundles and CCOB (parse_fatbin)"),
+    (
+        "bundle_stream",
+        "bundles listed and streamed (list_fatbin, check_fatbin, FatbinStream) against parse_fatbin",
+    ),
     ("archive", ".kpack reader: header, TOC, kernel reads"),
     ("hipk", "HIPK metadata, slice and pointer window"),
     (
@@ -350,8 +354,51 @@ fn make_seeds(sh: &Shell, root: &Path) -> Result<PathBuf> {
     fs::remove_dir_all(&scratch)?;
     target_id_seeds(&seeds)?;
     wrapper_table_seeds(&seeds)?;
+    large_ccob_seed(sh, &seeds, &root.join("target/fuzz"))?;
     seeds.print_counts();
     Ok(seeds.root)
+}
+
+/// A compressed bundle that decompresses to more than
+/// `kpack_bundle::LIST_CHECK_LIMIT` (1 MiB) but compresses to a few KiB:
+/// listing reads only its entry table, streaming reads it in pieces. Its
+/// payload is made by the `zstd` command (level 19); its hash is left 0
+/// (kpack only reports a wrong hash).
+fn large_ccob_seed(sh: &Shell, seeds: &Seeds, scratch: &Path) -> Result<()> {
+    let triples = [
+        "host-x86_64-unknown-linux--",
+        "hipv4-amdgcn-amd-amdhsa--gfx1100",
+        "hipv4-amdgcn-amd-amdhsa--gfx90a",
+    ];
+    let sizes = [0usize, 700 << 10, 600 << 10];
+    let table: usize = 32 + triples.iter().map(|t| 24 + t.len()).sum::<usize>();
+    let mut inner = b"__CLANG_OFFLOAD_BUNDLE__".to_vec();
+    inner.extend((triples.len() as u64).to_le_bytes());
+    let mut offset = table as u64;
+    for (t, n) in triples.iter().zip(sizes) {
+        inner.extend(offset.to_le_bytes());
+        inner.extend((n as u64).to_le_bytes());
+        inner.extend((t.len() as u64).to_le_bytes());
+        inner.extend(t.as_bytes());
+        offset += n as u64;
+    }
+    for (i, n) in sizes.iter().enumerate() {
+        inner.extend((0..*n).map(|k| (k / 4096 + i) as u8));
+    }
+    fs::create_dir_all(scratch)?;
+    let plain = scratch.join("large-ccob.bin");
+    fs::write(&plain, &inner)?;
+    let payload = cmd!(sh, "zstd -q -19 -c {plain}").quiet().output()?.stdout;
+    fs::remove_file(&plain)?;
+    let mut ccob = b"CCOB".to_vec();
+    ccob.extend(3u16.to_le_bytes());
+    ccob.extend(1u16.to_le_bytes());
+    ccob.extend((32 + payload.len() as u64).to_le_bytes());
+    ccob.extend((inner.len() as u64).to_le_bytes());
+    ccob.extend(0u64.to_le_bytes());
+    ccob.extend(payload);
+    seeds.put("bundle_stream", "large-ccob-v3.bin", &ccob)?;
+    seeds.put("bundle", "large-ccob-v3.bin", &ccob)
 }
 
 /// ELF fixtures: whole binaries for the transform, .hip_fatbin sections
@@ -371,6 +418,7 @@ fn elf_seeds(seeds: &Seeds, fixtures_dir: &Path) -> Result<Vec<PathBuf>> {
         }
         if let Some(section) = section(&bytes, ".hip_fatbin") {
             seeds.put("bundle", &format!("{name}.hip_fatbin"), &section)?;
+            seeds.put("bundle_stream", &format!("{name}.hip_fatbin"), &section)?;
             elf_fixtures.push(p.clone());
         }
     }

@@ -14,8 +14,12 @@
 //!   over its offloaded form installed as a tree;
 //! - `wheels`: `kpack split-wheels` over a torch-like wheel;
 //! - `python`: kpack's Python API packing and reading librocsparse's
-//!   gfx1030 code objects, against the command and pure Python.
+//!   gfx1030 code objects, against the command and pure Python;
+//! - `compressed`: offload, split, extract, pack-tree, restore, ls and
+//!   split-wheels of librocsparse re-bundled into compressed bundles, and
+//!   the floor `zstd -d | zstd -3 -T1` of the same bytes.
 
+mod compressed;
 pub mod large;
 mod libs;
 mod pipeline;
@@ -39,6 +43,7 @@ pub const SECTIONS: &[&str] = &[
     "rewrite",
     "wheels",
     "python",
+    "compressed",
 ];
 
 /// A section measured by one function (the libraries' sections aside).
@@ -54,13 +59,14 @@ pub fn run(ctx: &Ctx, only: &[String]) -> Result<Vec<Row>> {
             rows.extend(libs::run(ctx, lib)?);
         }
     }
-    let sections: [Section; 6] = [
+    let sections: [Section; 7] = [
         ("pipeline", pipeline::run),
         ("runtime", runtime::run),
         ("large", large::run),
         ("rewrite", rewrite::run),
         ("wheels", wheels::run),
         ("python", python::run),
+        ("compressed", compressed::run),
     ];
     for (section, run) in sections {
         if wanted(section) {

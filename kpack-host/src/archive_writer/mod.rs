@@ -29,7 +29,7 @@ use rayon::prelude::*;
 mod source;
 
 use source::same_bytes;
-pub use source::{FileRange, KernelData};
+pub use source::{FileRange, Frame, FrameCompressor, FrameParams, KernelData};
 
 use crate::archive::{
     ArchiveError, Metadata, Scheme, DEFAULT_ZSTD_LEVEL, FORMAT_VERSION, HEADER_SIZE, MAGIC,
@@ -96,7 +96,10 @@ impl Stored<'_> {
 /// and when the caller likes.
 pub fn zstd_frame(data: &[u8], level: i32) -> Result<Vec<u8>, ArchiveError> {
     check_level(level)?;
-    let mut c = frame_compressor(level, true)?;
+    let mut c = FrameCompressor::new(FrameParams {
+        level,
+        checksum: true,
+    })?;
     Ok(c.compress(data)?)
 }
 
@@ -470,12 +473,17 @@ impl<'a> ArchiveWriter<'a> {
         batch
             .par_iter()
             .map_init(
-                || frame_compressor(self.level, self.checksum),
+                || self.compressor(),
                 |c, k| {
                     let data = match &k.data {
                         Stored::Raw(d) => d,
                         Stored::Frame { frame, .. } => return Ok(Cow::Borrowed(&frame[..])),
                     };
+                    // A kernel compressed already with these parameters is
+                    // the same frame: copied.
+                    if let Some(frame) = data.frame_for(self.frame_params())? {
+                        return Ok(Cow::Owned(frame));
+                    }
                     let c = c.as_mut().map_err(|e| compress_err(k, &e.to_string()))?;
                     let data = data.load()?;
                     c.compress(&data)
@@ -512,6 +520,26 @@ impl<'a> ArchiveWriter<'a> {
         })
     }
 
+    fn compressor(&self) -> std::io::Result<FrameCompressor> {
+        FrameCompressor::new(self.frame_params())
+    }
+
+    /// What decides the bytes of this writer's frames.
+    pub fn frame_params(&self) -> FrameParams {
+        FrameParams {
+            level: self.level,
+            checksum: self.checksum,
+        }
+    }
+
+    /// The frames this writer makes, for kernels compressed ahead of
+    /// writing ([`KernelData::Frame`]): `None` when it stores kernels
+    /// uncompressed, or when its level is invalid (which `write` reports).
+    pub fn frames(&self) -> Option<FrameParams> {
+        let valid = zstd::compression_level_range().contains(&self.level);
+        (self.scheme == Scheme::ZstdPerKernel && valid).then(|| self.frame_params())
+    }
+
     /// The TOC of these kernels stored as `layout` says.
     fn toc(&self, layout: Layout) -> TocOut<'_> {
         let keys = self
@@ -546,17 +574,6 @@ impl<'a> ArchiveWriter<'a> {
 
 /// The compressor of every frame: `level`, the content size recorded, a
 /// checksum or not, no dictionary ID.
-fn frame_compressor(
-    level: i32,
-    checksum: bool,
-) -> std::io::Result<zstd::bulk::Compressor<'static>> {
-    let mut c = zstd::bulk::Compressor::new(level)?;
-    c.include_checksum(checksum)?;
-    c.include_contentsize(true)?;
-    c.include_dictid(false)?;
-    Ok(c)
-}
-
 fn check_level(level: i32) -> Result<(), ArchiveError> {
     let range = zstd::compression_level_range();
     if !range.contains(&level) {

@@ -1,5 +1,6 @@
-//! Where the bytes of a kernel being written come from: memory, or a range
-//! of a file read when needed.
+//! Where the bytes of a kernel being written come from: memory, a range of
+//! a file read when needed, or a zstd frame made already (with the
+//! writer's parameters: the writer then copies it instead of compressing).
 //!
 //! A range of a file is read with `pread` into bounded buffers, never
 //! mapped: its pages then stay in the page cache, out of the writing
@@ -25,6 +26,51 @@ pub enum KernelData<'a> {
     Bytes(Cow<'a, [u8]>),
     /// A range of a file, read when the kernel is compared or written.
     File(FileRange),
+    /// A range of a file holding the kernel's zstd frame, made by a
+    /// [`FrameCompressor`]: copied as it is by a writer with the same
+    /// [`FrameParams`], decompressed otherwise.
+    Frame(Frame),
+}
+
+/// A kernel compressed already.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    /// Where the frame is.
+    pub bytes: FileRange,
+    /// The kernel's size, uncompressed.
+    pub len: usize,
+    /// What it was compressed with.
+    pub params: FrameParams,
+}
+
+/// The parameters that decide a frame's bytes: an archive writer's zstd
+/// level and whether frames carry a checksum (formats.md §3.2). zstd is
+/// deterministic: the same bytes compressed with the same parameters give
+/// the same frame, and different bytes different frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameParams {
+    pub level: i32,
+    pub checksum: bool,
+}
+
+/// Compresses kernels into frames exactly as an [`super::ArchiveWriter`]
+/// with the same [`FrameParams`] does.
+pub struct FrameCompressor {
+    zstd: zstd::bulk::Compressor<'static>,
+}
+
+impl FrameCompressor {
+    pub fn new(params: FrameParams) -> std::io::Result<Self> {
+        let mut zstd = zstd::bulk::Compressor::new(params.level)?;
+        zstd.include_checksum(params.checksum)?;
+        zstd.include_contentsize(true)?;
+        zstd.include_dictid(false)?;
+        Ok(FrameCompressor { zstd })
+    }
+
+    pub fn compress(&mut self, data: &[u8]) -> std::io::Result<Vec<u8>> {
+        self.zstd.compress(data)
+    }
 }
 
 /// `len` bytes at `offset` of the file at `path`.
@@ -59,11 +105,19 @@ impl From<FileRange> for KernelData<'_> {
     }
 }
 
+impl From<Frame> for KernelData<'_> {
+    fn from(f: Frame) -> Self {
+        KernelData::Frame(f)
+    }
+}
+
 impl KernelData<'_> {
+    /// The kernel's size (uncompressed).
     pub fn len(&self) -> usize {
         match self {
             KernelData::Bytes(b) => b.len(),
             KernelData::File(r) => r.len,
+            KernelData::Frame(f) => f.len,
         }
     }
 
@@ -71,15 +125,22 @@ impl KernelData<'_> {
         self.len() == 0
     }
 
-    /// The bytes: borrowed when in memory, read otherwise.
+    /// The bytes: borrowed when in memory, read (and decompressed)
+    /// otherwise.
     pub(super) fn load(&self) -> Result<Cow<'_, [u8]>, ArchiveError> {
         match self {
             KernelData::Bytes(b) => Ok(Cow::Borrowed(b)),
-            KernelData::File(r) => {
-                let mut buf = vec![0; r.len];
-                r.read(&r.open()?, 0, &mut buf)?;
-                Ok(Cow::Owned(buf))
-            }
+            KernelData::File(r) => Ok(Cow::Owned(r.read_all()?)),
+            KernelData::Frame(f) => Ok(Cow::Owned(f.decompress()?)),
+        }
+    }
+
+    /// The frame to write for a writer compressing with `params`, when
+    /// this kernel is one made with them already.
+    pub(super) fn frame_for(&self, params: FrameParams) -> Result<Option<Vec<u8>>, ArchiveError> {
+        match self {
+            KernelData::Frame(f) if f.params == params => Ok(Some(f.bytes.read_all()?)),
+            _ => Ok(None),
         }
     }
 
@@ -88,6 +149,10 @@ impl KernelData<'_> {
         &self,
         mut f: impl FnMut(&[u8]) -> Result<(), ArchiveError>,
     ) -> Result<(), ArchiveError> {
+        if let KernelData::Frame(frame) = self {
+            let bytes = frame.decompress()?;
+            return bytes.chunks(CHUNK).try_for_each(f);
+        }
         let mut chunks = Chunks::new(self)?;
         while let Some(c) = chunks.next()? {
             f(c)?;
@@ -102,8 +167,20 @@ pub(super) fn same_bytes(a: &KernelData<'_>, b: &KernelData<'_>) -> Result<bool,
     if a.len() != b.len() {
         return Ok(false);
     }
-    if let (KernelData::Bytes(x), KernelData::Bytes(y)) = (a, b) {
-        return Ok(x == y);
+    match (a, b) {
+        (KernelData::Bytes(x), KernelData::Bytes(y)) => return Ok(x == y),
+        // Same parameters: the same bytes make the same frame.
+        (KernelData::Frame(x), KernelData::Frame(y)) if x.params == y.params => {
+            return same_bytes(
+                &KernelData::File(x.bytes.clone()),
+                &KernelData::File(y.bytes.clone()),
+            );
+        }
+        (KernelData::Frame(x), other) | (other, KernelData::Frame(x)) => {
+            let bytes = KernelData::from(x.decompress()?);
+            return same_bytes(&bytes, other);
+        }
+        _ => {}
     }
     let (mut ca, mut cb) = (Chunks::new(a)?, Chunks::new(b)?);
     loop {
@@ -126,6 +203,15 @@ impl FileRange {
         })
     }
 
+    /// All of the range's bytes.
+    pub(super) fn read_all(&self) -> Result<Vec<u8>, ArchiveError> {
+        let mut buf = vec![0; self.len];
+        if self.len > 0 {
+            self.read(&self.open()?, 0, &mut buf)?;
+        }
+        Ok(buf)
+    }
+
     fn open(&self) -> Result<File, ArchiveError> {
         File::open(&self.path).map_err(|e| self.error(0, e))
     }
@@ -142,6 +228,23 @@ impl FileRange {
             len: self.len - at,
             source: Arc::new(e),
         }
+    }
+}
+
+impl Frame {
+    /// The kernel's bytes.
+    fn decompress(&self) -> Result<Vec<u8>, ArchiveError> {
+        let frame = self.bytes.read_all()?;
+        let fail = |e: std::io::Error| self.bytes.error(0, e);
+        let bytes = zstd::bulk::decompress(&frame, self.len).map_err(fail)?;
+        if bytes.len() != self.len {
+            return Err(fail(std::io::Error::other(format!(
+                "the frame holds {} bytes, not {}",
+                bytes.len(),
+                self.len
+            ))));
+        }
+        Ok(bytes)
     }
 }
 
@@ -182,7 +285,7 @@ impl<'d> Chunks<'d> {
                 Ok(Some(&self.buf))
             }
             (KernelData::Bytes(b), _) => Ok(Some(&b[at..at + n])),
-            (KernelData::File(_), None) => Ok(None),
+            (KernelData::File(_), None) | (KernelData::Frame(_), _) => Ok(None),
         }
     }
 }

@@ -10,6 +10,7 @@
 //! [`transform`] and [`verify::verify_elf`], PE images through [`pe`]; the
 //! rest (archives, metadata, atomic output, re-runs) is the same for both.
 
+pub mod collect;
 pub mod pe;
 pub mod transform;
 
@@ -27,12 +28,14 @@ use serde::Serialize;
 
 use crate::archive::{Scheme, DEFAULT_ZSTD_LEVEL};
 use crate::binary::{classify_parsed, Class, Classified, HostBinary};
-use crate::bundle::parse_fatbin;
+use crate::bundle::{list_fatbin, parse_fatbin};
 use crate::error::{Error, Result, WithPath};
 use crate::hipk::HipkMetadata;
 use crate::input::{map_file, Mapped};
-use crate::output::{parent_dir, write_atomically_with_mode};
-use crate::{ArchiveWriter, FileRange, KernelData};
+use crate::output::{parent_dir, write_atomically_with_mode, ScratchDir};
+use crate::{ArchiveWriter, FileRange, FrameParams, KernelData};
+
+use collect::{collect, CollectOptions, Located};
 
 pub use pe::PeTransformError;
 pub use transform::{TransformError, WrapperChange};
@@ -246,23 +249,49 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
     }
     // A fat binary: parsed as it was classified.
     let bin = file.binary.with_path(input)?;
-    let code = code_objects_by_target(input, &bin)?;
+    let section = bin
+        .fatbin()
+        .with_path(input)?
+        .ok_or_else(|| not_fat(input, Some(&bin)))?;
+    // The bundles, from their entry tables.
+    let compressed = list_fatbin(section.data)
+        .with_path(input)?
+        .iter()
+        .any(|b| b.compressed.is_some());
     let metadata = metadata_for(output, opts)?;
     // The host binary, checked before anything is written.
     let clock = std::time::Instant::now();
     let t = rewrite_binary(input, &bin, &metadata)?;
     summary.transform_seconds = clock.elapsed().as_secs_f64();
-    // Directories only once the input is known to be good: bad input leaves
-    // nothing behind.
-    fs::create_dir_all(&opts.archive_dir).with_path(&opts.archive_dir)?;
+    let clock = std::time::Instant::now();
+    // The archive directory holds the scratch file of decompressed code
+    // objects; bad input found while they are read (a damaged compressed
+    // bundle) removes what was created.
+    let dirs = NewDirs::create(&opts.archive_dir)?;
+    let scratch = match compressed {
+        true => Some(ScratchDir::new(&opts.archive_dir)?),
+        false => None,
+    };
+    let spill = scratch
+        .as_ref()
+        .map(|s| s.path().join("code-objects.bin"))
+        .unwrap_or_default();
+    let collected = collect(
+        input,
+        &mapped,
+        section.data,
+        &CollectOptions::new(spill, frame_params(opts)),
+    )?;
+    let code = by_target(collected.code_objects);
     fs::create_dir_all(parent_dir(output)).with_path(parent_dir(output))?;
     // Archives first, then the binary that names them.
-    let clock = std::time::Instant::now();
     let group = opts.group.clone().unwrap_or_else(|| default_group(output));
-    summary.archives = write_archives(&mapped, code, &group, &metadata.kernel_name, opts)?;
+    summary.archives = write_archives(code, &group, &metadata.kernel_name, opts)?;
     summary.archive_seconds = clock.elapsed().as_secs_f64();
+    drop(scratch);
     mapped.release(0..bytes.len());
     write_atomically_with_mode(output, Some(mode), |f| f.write_all(&t.bytes))?;
+    dirs.keep();
     summary.kernel_name = Some(metadata.kernel_name);
     summary.search_paths = metadata.search_paths;
     summary.bundles = t.bundles;
@@ -347,56 +376,117 @@ fn metadata_for(output: &Path, opts: &OffloadOptions) -> Result<HipkMetadata> {
     })
 }
 
-type ByTarget<'a> = BTreeMap<String, Vec<CodeObject<'a>>>;
+/// The frames the archive writers for `opts` make, if they compress.
+fn frame_params(opts: &OffloadOptions) -> Option<FrameParams> {
+    archive_writer("", "", opts).frames()
+}
 
-fn code_objects_by_target<'a>(input: &Path, bin: &HostBinary<'a>) -> Result<ByTarget<'a>> {
+fn archive_writer(group: &str, target: &str, opts: &OffloadOptions) -> ArchiveWriter<'static> {
+    ArchiveWriter::new(
+        group.to_string(),
+        target.to_string(),
+        vec![target.to_string()],
+    )
+    .scheme(opts.scheme)
+    .zstd_level(opts.level)
+}
+
+type ByTarget = BTreeMap<String, Vec<Located>>;
+
+/// Code objects by target, each target's in bundle order.
+fn by_target(code_objects: Vec<Located>) -> ByTarget {
     let mut by_target = ByTarget::new();
-    for co in code_objects_of(input, bin)? {
+    for co in code_objects {
         by_target.entry(co.target.clone()).or_default().push(co);
     }
-    Ok(by_target)
+    by_target
+}
+
+/// Directories made for output, removed again (those still empty, deepest
+/// first) unless [`NewDirs::keep`] is called: bad input found part-way
+/// leaves nothing behind.
+struct NewDirs {
+    made: Vec<PathBuf>,
+}
+
+impl NewDirs {
+    fn create(dir: &Path) -> Result<NewDirs> {
+        let mut made = Vec::new();
+        let mut d = Some(dir);
+        while let Some(p) = d.filter(|p| !p.as_os_str().is_empty() && !p.exists()) {
+            made.push(p.to_path_buf());
+            d = p.parent();
+        }
+        fs::create_dir_all(dir).with_path(dir)?;
+        Ok(NewDirs { made })
+    }
+
+    fn keep(mut self) {
+        self.made.clear();
+    }
+}
+
+impl Drop for NewDirs {
+    fn drop(&mut self) {
+        for d in &self.made {
+            let _ = fs::remove_dir(d);
+        }
+    }
 }
 
 /// One archive per target, `<group>_<target>.kpack`, with the code objects
-/// of `mapped` (read through its file as they are written).
+/// found (read from their files as they are written).
 fn write_archives(
-    mapped: &Mapped,
     by_target: ByTarget,
     group: &str,
     kernel_name: &str,
     opts: &OffloadOptions,
 ) -> Result<Vec<ArchiveWritten>> {
-    let mut written = Vec::with_capacity(by_target.len());
-    for (target, cos) in &by_target {
-        let path = opts.archive_dir.join(archive_file_name(group, target));
-        let mut w = ArchiveWriter::new(group.to_string(), target.clone(), vec![target.clone()])
-            .scheme(opts.scheme)
-            .zstd_level(opts.level);
-        for co in cos {
-            let meta = vec![("target".to_string(), co.triple.as_str().into())];
-            w.add(
-                archive_key(kernel_name, co.bundle),
-                target.clone(),
-                co.source(mapped),
-                Some(meta),
-            )
-            .map_err(|e| Error::Archive {
-                path: path.clone(),
-                source: e,
-            })?;
-        }
-        let s = w.write(&path)?;
-        written.push(ArchiveWritten {
-            path,
-            target: target.clone(),
-            kernels: s.kernels,
-            bytes_in: s.bytes_in,
-            bytes_out: s.bytes_out,
-            shared_code_objects: s.shared,
-            bytes_saved: s.bytes_saved,
-        });
+    use rayon::prelude::*;
+    // Archives side by side (each compresses in parallel too); the first
+    // error in target order is reported.
+    let by_target: Vec<(&String, &Vec<Located>)> = by_target.iter().collect();
+    by_target
+        .par_iter()
+        .map(|(target, cos)| write_archive(target, cos, group, kernel_name, opts))
+        .collect::<Vec<_>>()
+        .into_iter()
+        .collect()
+}
+
+/// The archive of one target.
+fn write_archive(
+    target: &str,
+    cos: &[Located],
+    group: &str,
+    kernel_name: &str,
+    opts: &OffloadOptions,
+) -> Result<ArchiveWritten> {
+    let path = opts.archive_dir.join(archive_file_name(group, target));
+    let mut w = archive_writer(group, target, opts);
+    for co in cos {
+        let meta = vec![("target".to_string(), co.triple.as_str().into())];
+        w.add(
+            archive_key(kernel_name, co.bundle),
+            target.to_string(),
+            co.data.clone(),
+            Some(meta),
+        )
+        .map_err(|e| Error::Archive {
+            path: path.clone(),
+            source: e,
+        })?;
     }
-    Ok(written)
+    let s = w.write(&path)?;
+    Ok(ArchiveWritten {
+        path,
+        target: target.to_string(),
+        kernels: s.kernels,
+        bytes_in: s.bytes_in,
+        bytes_out: s.bytes_out,
+        shared_code_objects: s.shared,
+        bytes_saved: s.bytes_saved,
+    })
 }
 
 /// Every device code object of a fat binary's `.hip_fatbin`, in bundle

@@ -3,7 +3,7 @@
 
 use super::PeTransformError as E;
 use crate::binary::{Address, HostBinary, WrapperError, WrapperTable};
-use crate::bundle::parse_fatbin;
+use crate::bundle::list_fatbin;
 use crate::elf::PointerKind;
 use crate::offload::WrapperChange;
 use crate::pe::{
@@ -47,7 +47,7 @@ pub fn analyze(pe: PeView<'_>) -> Result<Input<'_>, E> {
     }
     let tail_start = check_layout(&pe, &sections, f)?;
     check_header_room(&pe)?;
-    let starts: Vec<(usize, usize)> = parse_fatbin(f.data)?
+    let starts: Vec<(usize, usize)> = list_fatbin(f.data)?
         .iter()
         .map(|bundle| (bundle.range.start, bundle.index))
         .collect();

@@ -6,7 +6,7 @@ use object::read::elf::{ProgramHeader as _, SectionHeader as _};
 
 use super::{TransformError, WrapperChange};
 use crate::binary::{Address, HostBinary, WrapperError, WrapperSlot, WrapperTable};
-use crate::bundle::parse_fatbin;
+use crate::bundle::list_fatbin;
 use crate::elf::{
     file_size, ElfError, ElfView, PhdrExt, Pointer, ProgramHeader, RelocKinds, Relocations,
     SectionHeader, FATBIN_SECTION, LE, METADATA_SECTION,
@@ -197,7 +197,7 @@ fn find_fatbin(elf: &ElfView) -> Result<(Fatbin, Vec<(usize, usize)>), Transform
         .bytes()
         .get(fatbin.offset as usize..end as usize)
         .ok_or(TransformError::FatbinNotLoaded)?;
-    let starts = parse_fatbin(data)?
+    let starts = list_fatbin(data)?
         .iter()
         .map(|bundle| (bundle.range.start, bundle.index))
         .collect();

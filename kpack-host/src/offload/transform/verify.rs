@@ -13,7 +13,7 @@ use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _}
 use serde::Serialize;
 
 use crate::binary::{HostBinary, WrapperSlot};
-use crate::bundle::for_each_bundle;
+use crate::bundle::check_fatbin;
 use crate::elf::{
     ElfError, ElfView, PhdrExt, ProgramHeader, RelocKinds, Relocations, FATBIN_SECTION, LE,
     METADATA_SECTION, PHDR_SIZE, WRAPPER_SECTION,
@@ -569,16 +569,20 @@ fn check_bundles(elf: &ElfView, loads: &Loads, bad: &mut Vec<String>) -> Option<
         }
         Some(_) => {}
     }
-    // One bundle at a time: compressed ones are decompressed to be checked,
-    // and only their starts and targets are kept.
+    // Compressed bundles are decompressed to be checked, as a stream: only
+    // their entry tables are kept.
     let (mut starts, mut targets) = (Vec::new(), Vec::new());
-    let parsed = for_each_bundle(s.data, |b| {
-        starts.push((b.range.start, b.index));
-        targets.extend(b.device_entries().map(|e| e.target().to_string()));
-    });
-    if let Err(e) = parsed {
-        bad.push(format!("{FATBIN_SECTION}: {e}"));
-        return None;
+    match check_fatbin(s.data) {
+        Ok(bundles) => {
+            for b in bundles {
+                starts.push((b.range.start, b.index));
+                targets.extend(b.device_entries().map(|e| e.target().to_string()));
+            }
+        }
+        Err(e) => {
+            bad.push(format!("{FATBIN_SECTION}: {e}"));
+            return None;
+        }
     }
     targets.sort();
     targets.dedup();

@@ -1,0 +1,510 @@
+//! Compressed bundles (issue 22): kpack on librocsparse re-bundled into
+//! CCOB v3 bundles inside a linked library ([`crate::compressed`]), against
+//! the floor of the same bytes measured in the same run: `zstd -d` of the
+//! compressed bundles' payloads piped into `zstd -3 -T1` (two processes on
+//! two cores: the decompression that cannot be avoided and the compression
+//! kpack does).
+//!
+//! Rows: offload, split, extract and pack-tree of the 1× library, restore
+//! of its offloaded form (peak RSS ≤ 256 MiB each; offload and split ≤ 1.2×
+//! the floor); `ls` of the 4× library (≤ 1 s, ≤ 32 MiB); offload of the 1×,
+//! 2× and 4× libraries (peak RSS must not grow with the bundles: 4×'s ≤
+//! 1.25× 1×'s); `split-wheels -j 2` of a torch-like wheel holding two such
+//! libraries (≤ 256 MiB). The archives offload writes are checked to be
+//! byte-identical to those of the same bundles stored plainly (the plain
+//! twin of [`crate::compressed::plain_twin`]).
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use anyhow::{ensure, Context, Result};
+use serde_json::json;
+use xshell::Shell;
+
+use crate::args;
+use crate::compressed::{library, plain_twin, CompressedLib};
+use crate::context::Ctx;
+use crate::inputs::{link_or_copy, remove, ROCSPARSE};
+use crate::measure::{resident, timed, tree_size, warm, Runs};
+use crate::report::{FloorRatio, Row, Stats, Target};
+
+const SECTION: &str = "compressed";
+const RSS_LIMIT_MIB: f64 = 256.0;
+const FLOOR_FACTOR: f64 = 1.2;
+const LS_LIMIT_S: f64 = 1.0;
+const LS_RSS_MIB: f64 = 32.0;
+/// Most peak RSS may grow from 1× to 4× the bundles.
+const GROWTH: f64 = 1.25;
+const WHEEL_VERSION: &str = "2.10.0+ccob";
+const WHEEL_TAG: &str = "cp311-cp311-linux_x86_64";
+
+pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
+    if !Path::new(ROCSPARSE.path).is_file() {
+        return Ok(vec![Row::not_installed(
+            SECTION,
+            "offload",
+            "offload, compressed librocsparse",
+            ROCSPARSE.path,
+        )]);
+    }
+    let libs = [
+        library(ctx, &[0])?,
+        library(ctx, &[0, 1])?,
+        library(ctx, &[0, 1, 2, 3])?,
+    ];
+    let wheel = wheel(ctx)?;
+    let dir = ctx.work.join(SECTION);
+    remove(&dir)?;
+    std::fs::create_dir_all(&dir)?;
+    let load_before = load_average();
+    let identical = same_archives_as_plain(ctx, &libs[0], &dir)?;
+    let m = measure(ctx, &libs, &wheel, &dir)?;
+    let load_after = load_average();
+    remove(&dir)?;
+    let mut rows = rows(&libs, &wheel, &m, identical)?;
+    for r in &mut rows {
+        if r.details.is_null() {
+            r.details = json!({});
+        }
+        r.details["load_average_before_after"] = json!([load_before, load_after]);
+    }
+    Ok(rows)
+}
+
+/// The 1-minute load average.
+fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The runs of every measured process.
+#[derive(Default)]
+struct Measured {
+    floor: Runs,
+    offload: [Runs; 3],
+    split: Runs,
+    extract: Runs,
+    pack_tree: Runs,
+    restore: Runs,
+    ls: Runs,
+    wheel: Runs,
+    /// Sizes of the last outputs.
+    offload_out: u64,
+    split_out: u64,
+    wheel_out: u64,
+}
+
+fn offload_args(lib: &Path, out: &Path) -> Vec<OsString> {
+    args![
+        "offload",
+        lib,
+        "-o",
+        out.join(ROCSPARSE.file_name()),
+        "--archive-dir",
+        out.join(".kpack"),
+        "--json"
+    ]
+    .to_vec()
+}
+
+fn measure(ctx: &Ctx, libs: &[CompressedLib; 3], wheel: &Path, dir: &Path) -> Result<Measured> {
+    let one = &libs[0];
+    let mut m = Measured::default();
+    // Inputs laid out once: an artifact and an install tree holding the 1×
+    // library (hard links).
+    let artifact = dir.join("artifacts/sparse_lib_gfx-all");
+    std::fs::create_dir_all(artifact.join("stage/lib"))?;
+    std::fs::write(artifact.join("artifact_manifest.txt"), "stage\n")?;
+    link_or_copy(
+        &one.path,
+        &artifact.join("stage/lib").join(ROCSPARSE.file_name()),
+    )?;
+    let tree = dir.join("tree");
+    link_or_copy(&one.path, &tree.join("lib").join(ROCSPARSE.file_name()))?;
+    let inputs: Vec<&Path> = libs
+        .iter()
+        .map(|l| l.path.as_path())
+        .chain(one.payloads.iter().map(|p| p.as_path()))
+        .chain([wheel])
+        .collect();
+    warm(&inputs)?;
+    let payloads: Vec<String> = one
+        .payloads
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    let floor_cmd = format!(
+        "zstd -q -d -c {} | zstd -q -3 -T1 -c > /dev/null",
+        payloads.join(" ")
+    );
+    let (off, split_out, x, pt, restored, w_out) = (
+        dir.join("offload"),
+        dir.join("split"),
+        dir.join("extract"),
+        dir.join("pack-tree"),
+        dir.join("restored.so"),
+        dir.join("wheel-out"),
+    );
+    for rep in 0..ctx.reps {
+        eprintln!("  rep {}/{}", rep + 1, ctx.reps);
+        let r = resident(&[&one.path]);
+        m.floor.push(
+            timed(Path::new("sh"), &args!["-c", &floor_cmd], &ctx.work)?,
+            resident(&inputs[3..inputs.len() - 1]),
+        );
+        remove(&off)?;
+        m.offload[0].push(
+            timed(&ctx.kpack, &offload_args(&one.path, &off), &ctx.work)?,
+            r,
+        );
+        m.offload_out = tree_size(&off);
+        remove(&restored)?;
+        m.restore.push(
+            timed(
+                &ctx.kpack,
+                &args!["restore", off.join(ROCSPARSE.file_name()), "-o", &restored],
+                &ctx.work,
+            )?,
+            1.0,
+        );
+        remove(&restored)?;
+        remove(&off)?;
+        remove(&split_out)?;
+        m.split.push(
+            timed(
+                &ctx.kpack,
+                &args![
+                    "split",
+                    "--artifact-dir",
+                    &artifact,
+                    "--artifact-prefix",
+                    "sparse_lib",
+                    "--output-dir",
+                    &split_out,
+                    "--json"
+                ],
+                &ctx.work,
+            )?,
+            resident(&[&one.path]),
+        );
+        m.split_out = tree_size(&split_out);
+        remove(&split_out)?;
+        remove(&x)?;
+        m.extract.push(
+            timed(
+                &ctx.kpack,
+                &args!["extract", &one.path, "-o", &x],
+                &ctx.work,
+            )?,
+            resident(&[&one.path]),
+        );
+        remove(&x)?;
+        remove(&pt)?;
+        m.pack_tree.push(
+            timed(
+                &ctx.kpack,
+                &args![
+                    "pack-tree",
+                    "--input",
+                    &tree,
+                    "--output",
+                    &pt,
+                    "--group-name",
+                    "sparse"
+                ],
+                &ctx.work,
+            )?,
+            resident(&[&one.path]),
+        );
+        remove(&pt)?;
+        m.ls.push(
+            timed(&ctx.kpack, &args!["ls", &libs[2].path], &ctx.work)?,
+            resident(&[&libs[2].path]),
+        );
+        for (i, lib) in libs.iter().enumerate().skip(1) {
+            remove(&off)?;
+            let r = resident(&[&lib.path]);
+            m.offload[i].push(
+                timed(&ctx.kpack, &offload_args(&lib.path, &off), &ctx.work)?,
+                r,
+            );
+            remove(&off)?;
+        }
+        remove(&w_out)?;
+        let r = resident(&[wheel]);
+        m.wheel.push(
+            timed(
+                &ctx.kpack,
+                &wheel_args(wheel, &w_out, &dir.join("wheel-tmp")),
+                &ctx.work,
+            )?,
+            r,
+        );
+        m.wheel_out = tree_size(&w_out);
+        remove(&w_out)?;
+    }
+    Ok(m)
+}
+
+fn wheel_args(wheel: &Path, out: &Path, scratch: &Path) -> Vec<OsString> {
+    args![
+        "split-wheels",
+        "--input",
+        wheel,
+        "--output-dir",
+        out,
+        "--device-package-prefix",
+        "amd-torch-device",
+        "--overlay-root",
+        "torch/",
+        "--wheel-type",
+        "torch-fat",
+        "--compression",
+        "zstd",
+        "-j",
+        "2",
+        "--tmp-dir",
+        scratch,
+        "--json"
+    ]
+    .to_vec()
+}
+
+/// Offload the 1× library and its plain twin (the same host objects and
+/// code objects, bundles stored plainly): whether every archive is
+/// byte-identical.
+fn same_archives_as_plain(ctx: &Ctx, one: &CompressedLib, dir: &Path) -> Result<bool> {
+    let (a, b) = (dir.join("check-ccob"), dir.join("check-plain"));
+    let twin_dir = dir.join("plain-twin");
+    let twin = plain_twin(ctx, &twin_dir)?;
+    timed(&ctx.kpack, &offload_args(&one.path, &a), &ctx.work)?;
+    timed(&ctx.kpack, &offload_args(&twin, &b), &ctx.work)?;
+    remove(&twin_dir)?;
+    let names = |d: &Path| -> Result<Vec<String>> {
+        let mut v: Vec<String> = std::fs::read_dir(d.join(".kpack"))?
+            .map(|e| Ok(e?.file_name().to_string_lossy().into_owned()))
+            .collect::<Result<_>>()?;
+        v.sort();
+        Ok(v)
+    };
+    let (na, nb) = (names(&a)?, names(&b)?);
+    let mut same = na == nb && !na.is_empty();
+    for n in &na {
+        let (x, y) = (a.join(".kpack").join(n), b.join(".kpack").join(n));
+        if same && std::fs::read(&x)? != std::fs::read(&y)? {
+            eprintln!("archive {n} differs from the plain library's");
+            same = false;
+        }
+    }
+    remove(&a)?;
+    remove(&b)?;
+    Ok(same)
+}
+
+fn median(r: &Runs) -> f64 {
+    Stats::of(r.wall.clone()).map_or(f64::NAN, |s| s.median)
+}
+
+fn worst_rss_mib(r: &Runs) -> f64 {
+    Stats::of(r.rss.clone()).map_or(f64::NAN, |s| s.max) / 1024.0
+}
+
+fn describe(l: &CompressedLib) -> String {
+    format!(
+        "{} compressed bundles holding {} bundles, {:.2} GB decompressed (largest {:.0} MB), file {:.0} MB",
+        l.ccobs,
+        l.bundles,
+        l.decompressed as f64 / 1e9,
+        l.largest as f64 / 1e6,
+        std::fs::metadata(&l.path).map_or(0, |m| m.len()) as f64 / 1e6
+    )
+}
+
+fn rows(
+    libs: &[CompressedLib; 3],
+    wheel: &Path,
+    m: &Measured,
+    identical: bool,
+) -> Result<Vec<Row>> {
+    let one = &libs[0];
+    let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+    let floor = median(&m.floor);
+    let rss_target = |r: &Runs| {
+        Target::at_most(
+            format!("peak RSS ≤ {RSS_LIMIT_MIB} MiB (worst run)"),
+            worst_rss_mib(r),
+            RSS_LIMIT_MIB,
+        )
+    };
+    let floor_target = |r: &Runs| {
+        Target::at_most(
+            format!("≤ {FLOOR_FACTOR}× the floor (zstd -d into zstd -3 -T1)"),
+            median(r) / floor,
+            FLOOR_FACTOR,
+        )
+    };
+    let vs_floor = |r: &Runs| {
+        vec![FloorRatio {
+            floor: format!("{SECTION}.floor"),
+            ratio: median(r) / floor,
+        }]
+    };
+    let mut rows = Vec::new();
+
+    let mut row = Row::new(
+        SECTION,
+        "floor",
+        "floor: zstd -d of the compressed bundles' payloads, piped into zstd -3 -T1, 1× library",
+    );
+    m.floor.fill(&mut row);
+    row.bytes_in = Some(one.payloads.iter().map(|p| size(p)).sum());
+    row.details = json!({ "decompressed_bytes": one.decompressed });
+    rows.push(row);
+
+    let mut row = Row::new(SECTION, "offload", "offload, 1× compressed librocsparse");
+    m.offload[0].fill(&mut row);
+    row.bytes_in = Some(size(&one.path));
+    row.bytes_out = Some(m.offload_out);
+    row.compression_ratio = Some(one.code_bytes as f64 / m.offload_out.max(1) as f64);
+    row.floors = vs_floor(&m.offload[0]);
+    row.targets = vec![
+        floor_target(&m.offload[0]),
+        rss_target(&m.offload[0]),
+        Target::at_most(
+            "archives byte-identical to offloading the same bundles stored plainly (0 = yes)",
+            if identical { 0.0 } else { 1.0 },
+            0.0,
+        ),
+    ];
+    row.details = json!({ "input": describe(one) });
+    rows.push(row);
+
+    let mut row = Row::new(
+        SECTION,
+        "split",
+        "split, 1× compressed librocsparse (one artifact)",
+    );
+    m.split.fill(&mut row);
+    row.bytes_in = Some(size(&one.path));
+    row.bytes_out = Some(m.split_out);
+    row.floors = vs_floor(&m.split);
+    row.targets = vec![floor_target(&m.split), rss_target(&m.split)];
+    rows.push(row);
+
+    for (id, work, runs) in [
+        ("extract", "extract, 1× compressed librocsparse", &m.extract),
+        (
+            "pack_tree",
+            "pack-tree, tree holding the 1× compressed librocsparse",
+            &m.pack_tree,
+        ),
+        (
+            "restore",
+            "restore of the offloaded 1× compressed librocsparse",
+            &m.restore,
+        ),
+    ] {
+        let mut row = Row::new(SECTION, id, work);
+        runs.fill(&mut row);
+        row.bytes_in = Some(size(&one.path));
+        row.floors = vs_floor(runs);
+        row.targets = vec![rss_target(runs)];
+        rows.push(row);
+    }
+
+    let mut row = Row::new(SECTION, "ls", "ls, 4× compressed librocsparse");
+    m.ls.fill(&mut row);
+    row.bytes_in = Some(size(&libs[2].path));
+    row.targets = vec![
+        Target::at_most(format!("≤ {LS_LIMIT_S} s"), median(&m.ls), LS_LIMIT_S),
+        Target::at_most(
+            format!("peak RSS ≤ {LS_RSS_MIB} MiB (worst run)"),
+            worst_rss_mib(&m.ls),
+            LS_RSS_MIB,
+        ),
+    ];
+    row.details = json!({ "input": describe(&libs[2]) });
+    rows.push(row);
+
+    let base = worst_rss_mib(&m.offload[0]);
+    for (i, mult) in [(1, 2), (2, 4)] {
+        let mut row = Row::new(
+            SECTION,
+            &format!("offload_{mult}x"),
+            format!("offload, {mult}× compressed librocsparse (memory against the bundles)"),
+        );
+        m.offload[i].fill(&mut row);
+        row.bytes_in = Some(size(&libs[i].path));
+        row.targets = vec![
+            rss_target(&m.offload[i]),
+            Target::at_most(
+                format!("peak RSS ≤ {GROWTH}× the 1× library's ({base:.0} MiB)"),
+                worst_rss_mib(&m.offload[i]) / base,
+                GROWTH,
+            ),
+        ];
+        row.details = json!({ "input": describe(&libs[i]) });
+        rows.push(row);
+    }
+
+    let mut row = Row::new(
+        SECTION,
+        "split_wheels",
+        "split-wheels -j 2, torch-like wheel (2 compressed librocsparse, distinct)",
+    );
+    m.wheel.fill(&mut row);
+    row.bytes_in = Some(size(wheel));
+    row.bytes_out = Some(m.wheel_out);
+    row.targets = vec![rss_target(&m.wheel)];
+    rows.push(row);
+    Ok(rows)
+}
+
+/// The torch-like wheel: copies 0 and 1 as `torch/lib/libtorch_hip_<i>.so`
+/// (built once, in the cache).
+fn wheel(ctx: &Ctx) -> Result<PathBuf> {
+    let cache = ctx.root.join("target/bench/cache/ccob-rocsparse/wheel");
+    let wheel = cache.join(format!("torch-{WHEEL_VERSION}-{WHEEL_TAG}.whl"));
+    if wheel.is_file() {
+        return Ok(wheel);
+    }
+    let libs = [library(ctx, &[0])?, library(ctx, &[1])?];
+    eprintln!("building the torch-like wheel of compressed libraries (once)");
+    let tree = ctx.work.join("ccob-wheel-tree");
+    remove(&tree)?;
+    let t = tree.join("torch");
+    std::fs::create_dir_all(t.join("lib"))?;
+    for (i, l) in libs.iter().enumerate() {
+        link_or_copy(&l.path, &t.join(format!("lib/libtorch_hip_{i}.so")))?;
+    }
+    std::fs::write(t.join("__init__.py"), "# torch-like bench wheel\n")?;
+    let di = tree.join(format!("torch-{WHEEL_VERSION}.dist-info"));
+    std::fs::create_dir_all(&di)?;
+    std::fs::write(
+        di.join("METADATA"),
+        format!("Metadata-Version: 2.1\nName: torch\nVersion: {WHEEL_VERSION}\n"),
+    )?;
+    std::fs::write(
+        di.join("WHEEL"),
+        format!(
+            "Wheel-Version: 1.0\nGenerator: kpack-bench\nRoot-Is-Purelib: false\nTag: {WHEEL_TAG}\n"
+        ),
+    )?;
+    std::fs::write(di.join("RECORD"), "")?;
+    std::fs::create_dir_all(&cache)?;
+    let python = super::wheels::python(ctx)?;
+    let sh = Shell::new()?;
+    xshell::cmd!(sh, "{python} -m wheel pack {tree} -d {cache}")
+        .quiet()
+        .run()
+        .context("python -m wheel pack")?;
+    remove(&tree)?;
+    // Only the wheel is needed: copy 1 alone is not measured.
+    remove(libs[1].path.parent().context("a library directory")?)?;
+    ensure!(wheel.is_file(), "{} was not made", wheel.display());
+    Ok(wheel)
+}
