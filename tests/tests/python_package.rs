@@ -296,3 +296,122 @@ fn other_tools(env: &Path, t: &Path) {
     ok(&tool(env, "pack_tree", &args), "pack_tree");
     assert!(t.join("packed/.kpack/vadd_gfx942.kpack").is_file());
 }
+
+/// `pip install .` and `pip install -e .` from a source checkout (PEP 517
+/// through maturin, as TheRock installs kpack from its source tree): both
+/// install the `kpack` command and both packages, working; the editable
+/// install imports the checkout's Python sources (an edit is seen without
+/// reinstalling). The checkout is a copy of this one (the editable build
+/// writes the extension into its `python/`); the build runs in the dev
+/// profile into this workspace's `target/`, so it reuses the test build.
+#[test]
+fn pip_install_from_a_source_checkout() {
+    let tmp = scratch();
+    let t = tmp.path();
+    let src = t.join("kpack-src");
+    copy_checkout(&workspace(), &src);
+    for editable in [false, true] {
+        let env = new_venv(&t.join(if editable { "editable" } else { "plain" }));
+        let out = {
+            let _build = build_lock();
+            pip_install_source(&env, &src, editable)
+        };
+        ok(&out, &format!("pip install (editable: {editable})"));
+        let version = ok(
+            &Command::new(env.join("bin/kpack"))
+                .arg("--version")
+                .output()
+                .unwrap(),
+            "kpack --version",
+        );
+        assert!(version.starts_with("kpack "), "{version}");
+        let report = ok(&round_trip(&env, t), "the library API");
+        let mut lines = report.lines();
+        assert_eq!(lines.next(), Some("b'code object'"), "{report}");
+        let origin = PathBuf::from(lines.next().expect("rocm_kpack's file"));
+        assert_eq!(
+            origin.starts_with(&src),
+            editable,
+            "rocm_kpack imported from {}",
+            origin.display()
+        );
+    }
+    // The editable install follows the checkout.
+    let init = src.join("python/rocm_kpack/__init__.py");
+    let mut text = fs::read_to_string(&init).unwrap();
+    text.push_str("\nEDITED_IN_THE_CHECKOUT = 42\n");
+    fs::write(&init, text).unwrap();
+    let seen = ok(
+        &Command::new(t.join("editable/bin/python"))
+            .args([
+                "-c",
+                "import rocm_kpack; print(rocm_kpack.EDITED_IN_THE_CHECKOUT)",
+            ])
+            .output()
+            .unwrap(),
+        "import after an edit",
+    );
+    assert_eq!(seen.trim(), "42");
+}
+
+/// `pip install [-e] src` into `env`, offline: maturin comes from the
+/// wheelhouse into pip's isolated build environment.
+fn pip_install_source(env: &Path, src: &Path, editable: bool) -> Output {
+    let mut c = Command::new(venv().join("bin/python"));
+    c.args(["-m", "pip", "--python"])
+        .arg(env.join("bin/python"))
+        .args(["install", "--no-index", "--disable-pip-version-check"])
+        .arg("--find-links")
+        .arg(wheelhouse());
+    if editable {
+        c.arg("-e");
+    }
+    c.arg(src)
+        .env("CARGO_TARGET_DIR", workspace().join("target"))
+        .env("MATURIN_PEP517_ARGS", "--profile dev")
+        .output()
+        .expect("run pip")
+}
+
+/// Pack a code object with upstream's API, read it back; print it and
+/// where `rocm_kpack` was imported from.
+fn round_trip(env: &Path, dir: &Path) -> Output {
+    let script = r#"
+import sys, rocm_kpack
+from rocm_kpack.kpack import PackedKernelArchive
+a = PackedKernelArchive("g", "gfx110X", ["gfx1100"])
+a.add_kernel(a.prepare_kernel("lib/x.so", "gfx1100", b"code object"))
+a.finalize_archive()
+a.write(sys.argv[1])
+print(PackedKernelArchive.read(sys.argv[1]).get_kernel("lib/x.so", "gfx1100"))
+print(rocm_kpack.__file__)
+"#;
+    Command::new(env.join("bin/python"))
+        .args(["-c", script])
+        .arg(dir.join(format!(
+            "{}.kpack",
+            env.file_name().unwrap().to_string_lossy()
+        )))
+        .output()
+        .expect("run python")
+}
+
+/// The checkout at `from` without its build outputs, VCS data and caches.
+fn copy_checkout(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    for e in fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().into_owned();
+        let skip = ["target", ".git", "__pycache__"].contains(&name.as_str())
+            || (name.starts_with("_native") && name.ends_with(".so"));
+        if skip {
+            continue;
+        }
+        let ty = e.file_type().unwrap();
+        if ty.is_dir() {
+            copy_checkout(&e.path(), &to.join(&name));
+        } else if ty.is_file() {
+            fs::copy(e.path(), to.join(&name)).unwrap();
+        }
+    }
+}

@@ -5,8 +5,8 @@
 //! Python virtual environment the wheel tests use (`target/py-venv`: pip,
 //! PyPI's `wheel` and `maturin`; `variantlib` and `uv`, which check and
 //! install PEP 825 variant wheels; and a wheelhouse with PyPI's
-//! `rocm-bootstrap`, `pytest`, `msgpack` and `zstandard` wheels for each
-//! Python the tests run on).
+//! `rocm-bootstrap` and `maturin` wheels, and `pytest`, `msgpack` and
+//! `zstandard` wheels for each Python the tests run on).
 
 use std::path::{Path, PathBuf};
 
@@ -24,8 +24,9 @@ const REQUIREMENTS: &[&str] = &[
     "msgpack>=1,<2",
     "zstandard>=0.22,<1",
 ];
-/// The wheelhouse's wheels (downloaded, not installed).
-const WHEELHOUSE: &[&str] = &["rocm-bootstrap==0.3.0"];
+/// The wheelhouse's wheels (downloaded, not installed): maturin for `pip
+/// install .` from a checkout, offline (PEP 517 build isolation).
+const WHEELHOUSE: &[&str] = &["rocm-bootstrap==0.3.0", "maturin>=1.9.4,<2"];
 /// Wheels of the Python tests, downloaded for every interpreter they run
 /// on ([`test_pythons`]), so that fresh environments install offline.
 const TEST_WHEELS: &[&str] = &["pytest>=8,<9", "msgpack>=1,<2", "zstandard>=0.22,<1"];
