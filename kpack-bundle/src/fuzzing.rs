@@ -11,7 +11,8 @@ use crate::{check_fatbin, list_fatbin, parse_fatbin, BundleInfo, FatbinStream};
 ///   (hashes possibly unchecked), and when it fails, either the same error
 ///   or, having read only headers, a listing;
 /// - [`FatbinStream`] hands out the same device code objects (bundle, entry,
-///   triple, bytes), a kept subset when filtered, and fails with the same
+///   triple, bytes), a kept subset and the host entries when filtered (and
+///   asked for host entries), and fails with the same
 ///   error text when `parse_fatbin` fails.
 ///
 /// Panics on a disagreement.
@@ -39,7 +40,9 @@ pub fn stream_agrees(data: &[u8]) {
     for (filtered, whole) in [(false, true), (true, true), (false, false), (true, false)] {
         let mut s = FatbinStream::new(data);
         if filtered {
-            s = s.keep(|t: &str| t.len().is_multiple_of(2));
+            s = s
+                .keep(|t: &str| t.len().is_multiple_of(2))
+                .with_host_entries();
         }
         if !whole {
             s = s.whole_limit(0);
@@ -58,7 +61,12 @@ pub fn stream_agrees(data: &[u8]) {
                 let mut expect = Vec::new();
                 for b in bs {
                     for (i, e) in b.entries.iter().enumerate() {
-                        if e.is_host() || (filtered && !e.target().len().is_multiple_of(2)) {
+                        let takes = if e.is_host() {
+                            filtered
+                        } else {
+                            !filtered || e.target().len().is_multiple_of(2)
+                        };
+                        if !takes {
                             continue;
                         }
                         expect.push((b.index, i, e.triple.clone(), e.data.to_vec()));

@@ -808,9 +808,13 @@ pub fn write_bundle(entries: &[(&str, &[u8])], align: usize) -> Vec<u8> {
     out
 }
 
-/// [`write_bundle`] of entries it takes: each entry's bytes are dropped
-/// once copied, so that the entries and the bundle are not both held whole.
-pub fn write_bundle_owned(entries: Vec<(String, Vec<u8>)>, align: usize) -> Vec<u8> {
+/// [`write_bundle`] of entries it takes (their bytes owned, or shared as
+/// a [`Blob`]): each entry's bytes are dropped once copied, so that the
+/// entries and the bundle are not both held whole.
+pub fn write_bundle_owned<D: Deref<Target = [u8]>>(
+    entries: Vec<(String, D)>,
+    align: usize,
+) -> Vec<u8> {
     let sizes: Vec<(&str, usize)> = entries.iter().map(|(t, d)| (t.as_str(), d.len())).collect();
     let (offsets, len) = bundle_layout(&sizes, align);
     let mut out = Vec::with_capacity(len as usize);
@@ -862,6 +866,26 @@ pub fn compress_bundle(
     method: Method,
 ) -> std::io::Result<Vec<u8>> {
     compress_bundle_at(uncompressed, version, method, 3)
+}
+
+/// `compress(uncompressed, v)` (a CCOB of version `v`) of `version`, or of
+/// version 3 where a size does not fit version 1 or 2's 32-bit fields (the
+/// uncompressed size, or the compressed one).
+pub fn compress_fitting(
+    uncompressed: &[u8],
+    version: u16,
+    compress: impl Fn(&[u8], u16) -> std::io::Result<Vec<u8>>,
+) -> std::io::Result<Vec<u8>> {
+    let version = if u32::try_from(uncompressed.len()).is_err() {
+        3
+    } else {
+        version
+    };
+    match compress(uncompressed, version) {
+        Ok(b) if version < 3 && u32::try_from(b.len()).is_err() => compress(uncompressed, 3),
+        Err(_) if version < 3 => compress(uncompressed, 3),
+        r => r,
+    }
 }
 
 /// [`compress_bundle`] at zstd level `level` (zlib: its default level).

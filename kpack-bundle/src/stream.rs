@@ -135,7 +135,8 @@ fn next_bundle_start(data: &[u8], pos: usize) -> Option<usize> {
         .map(|i| pos + i)
 }
 
-/// One device code object handed out by [`FatbinStream`].
+/// One device code object handed out by [`FatbinStream`] (or a host
+/// entry, when [`FatbinStream::with_host_entries`] asks for them).
 #[derive(Debug, Clone)]
 pub struct Streamed<'a> {
     /// Bundle index (formats.md §1.4).
@@ -164,12 +165,33 @@ impl Streamed<'_> {
 /// Which targets' code objects to hand out.
 type Keep<'a> = Box<dyn Fn(&str) -> bool + Send + 'a>;
 
+/// Which entries a [`FatbinStream`] hands out.
+#[derive(Default)]
+struct Filter<'a> {
+    /// Device entries of the targets it accepts (all without it).
+    keep: Option<Keep<'a>>,
+    /// Host entries too.
+    hosts: bool,
+}
+
+impl Filter<'_> {
+    /// Whether an entry (a host entry, or one for `target`) is handed out.
+    fn takes(&self, host: bool, target: &str) -> bool {
+        if host {
+            self.hosts
+        } else {
+            self.keep.as_ref().is_none_or(|k| k(target))
+        }
+    }
+}
+
 /// The device code objects of a `.hip_fatbin` section, in bundle order (in
 /// table order inside a plain bundle, in offset order inside a compressed
 /// one), with bounded memory: a plain bundle's code objects are slices of
 /// the input; a compressed bundle is decompressed as a stream, each code
 /// object read into a buffer of its own (entries that overlap share one).
-/// Entries of targets [`FatbinStream::keep`] refuses are skipped, not read.
+/// Entries of targets [`FatbinStream::keep`] refuses are skipped, not read;
+/// host entries are skipped unless [`FatbinStream::with_host_entries`].
 ///
 /// An error can come after code objects were handed out (a damaged end of
 /// a compressed bundle is found when it is reached): a caller that writes
@@ -178,7 +200,7 @@ pub struct FatbinStream<'a> {
     data: &'a [u8],
     pos: usize,
     count: usize,
-    keep: Option<Keep<'a>>,
+    filter: Filter<'a>,
     whole_limit: u64,
     ready: VecDeque<Streamed<'a>>,
     ccob: Option<CcobCursor<'a>>,
@@ -192,7 +214,7 @@ impl<'a> FatbinStream<'a> {
             data,
             pos: 0,
             count: 0,
-            keep: None,
+            filter: Filter::default(),
             whole_limit: WHOLE_LIMIT,
             ready: VecDeque::new(),
             ccob: None,
@@ -203,7 +225,15 @@ impl<'a> FatbinStream<'a> {
     /// Hand out only the code objects of targets `keep` accepts (the target
     /// as written in the triple); the others are not read.
     pub fn keep(mut self, keep: impl Fn(&str) -> bool + Send + 'a) -> Self {
-        self.keep = Some(Box::new(keep));
+        self.filter.keep = Some(Box::new(keep));
+        self
+    }
+
+    /// Hand out host entries too (bytes a bundle's host entry holds,
+    /// usually none), in their place among the device entries: what a
+    /// caller rebuilding bundles needs.
+    pub fn with_host_entries(mut self) -> Self {
+        self.filter.hosts = true;
         self
     }
 
@@ -292,7 +322,7 @@ impl<'a> FatbinStream<'a> {
         self.count += inner.len();
         for b in inner {
             for (i, e) in b.entries.into_iter().enumerate() {
-                if e.is_host() || !wanted(self.keep.as_deref(), e.target()) {
+                if !self.filter.takes(e.is_host(), e.target()) {
                     continue;
                 }
                 self.ready.push_back(Streamed {
@@ -334,7 +364,7 @@ impl<'a> FatbinStream<'a> {
                 return Ok(Some(s));
             }
             if let Some(c) = self.ccob.as_mut() {
-                if let Some(s) = c.next_code_object(self.keep.as_deref())? {
+                if let Some(s) = c.next_code_object(&self.filter)? {
                     return Ok(Some(s));
                 }
                 let c = self.ccob.take().expect("a compressed bundle");
@@ -350,7 +380,7 @@ impl<'a> FatbinStream<'a> {
                 let (bundle, len) =
                     parse_plain(rest, self.count, start, |r| Blob::Borrowed(&rest[r]))?;
                 for (i, e) in bundle.entries.into_iter().enumerate() {
-                    if e.is_host() || !wanted(self.keep.as_deref(), e.target()) {
+                    if !self.filter.takes(e.is_host(), e.target()) {
                         continue;
                     }
                     self.ready.push_back(Streamed {
@@ -439,10 +469,6 @@ fn frame_window(payload: &[u8]) -> Option<FrameWindow> {
         single_segment,
         content,
     })
-}
-
-fn wanted(keep: Option<&(dyn Fn(&str) -> bool + Send + '_)>, target: &str) -> bool {
-    keep.is_none_or(|k| k(target))
 }
 
 /// A compressed bundle being read: its header, its payload as a stream,
@@ -624,7 +650,7 @@ impl<'a> CcobCursor<'a> {
     /// The next kept code object of this compressed bundle.
     fn next_code_object(
         &mut self,
-        keep: Option<&(dyn Fn(&str) -> bool + Send + '_)>,
+        filter: &Filter<'_>,
     ) -> Result<Option<Streamed<'a>>, BundleError> {
         loop {
             if let Some(cur) = self.current.as_mut() {
@@ -643,7 +669,7 @@ impl<'a> CcobCursor<'a> {
             };
             let range = self.range();
             let cur = self.current.as_mut().expect("the bundle just read");
-            cur.plan(keep, range);
+            cur.plan(filter, range);
         }
     }
 
@@ -686,13 +712,13 @@ impl<'a> CcobCursor<'a> {
 }
 
 impl Inner<'_> {
-    /// The runs of kept device entries to read, in offset order; empty
-    /// entries are handed out at once.
-    fn plan(&mut self, keep: Option<&(dyn Fn(&str) -> bool + Send + '_)>, range: Range<usize>) {
+    /// The runs of entries to read (those `filter` takes), in offset
+    /// order; empty entries are handed out at once.
+    fn plan(&mut self, filter: &Filter<'_>, range: Range<usize>) {
         let mut order: Vec<usize> = (0..self.entries.len())
             .filter(|&i| {
                 let e = &self.entries[i];
-                !e.is_host() && wanted(keep, e.target())
+                filter.takes(e.is_host(), e.target())
             })
             .collect();
         order.sort_by_key(|&i| (self.entries[i].offset, i));

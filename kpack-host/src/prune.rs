@@ -4,11 +4,17 @@
 //! runtime without kpack loads, with every other target's bytes gone from
 //! the file.
 //!
-//! The steps: [`plan_bundles`] rebuilds each bundle with the kept entries
-//! (host entries always stay, so a bundle left without device code is still
-//! a valid, empty bundle; compressed bundles are compressed again with their
-//! method, in their CCOB version or v3 where a size needs it) and lays them
-//! out back to back at the section's alignment; the ELF transform
+//! The steps: the bundles are listed from their entry tables
+//! (`list_fatbin`: a compressed bundle is not decompressed whole), which
+//! says what stays; [`plan_bundles`] rebuilds each bundle with the kept
+//! entries (host entries always stay, so a bundle left without device code
+//! is still a valid, empty bundle; compressed bundles are compressed again
+//! with their method, in their CCOB version or v3 where a size needs it)
+//! and lays them out back to back at the section's alignment, one bundle at
+//! a time: the kept entries of a compressed bundle are read by
+//! `FatbinStream`, and only the compressed result is kept before the next
+//! bundle is read, so what is held does not grow with the number of
+//! bundles; the ELF transform
 //! ([`crate::offload::transform::rewrite`], the machinery of offload) keeps
 //! them at the start of `.hip_fatbin`, removes the whole pages after them
 //! and points each wrapper at its bundle's new place; [`verify_fat`] checks
@@ -22,11 +28,15 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::binary::{classify_parsed, Class, Classified, HostBinary};
-use crate::bundle::{compress_bundle, parse_fatbin, write_bundle, Bundle, Ccob};
+use crate::bundle::{
+    compress_bundle, compress_fitting, list_fatbin, write_bundle_owned, Blob, BundleInfo, Ccob,
+    FatbinStream,
+};
 use crate::elf::ElfView;
 use crate::error::{Error, Result, WithPath};
-use crate::input::map_file;
-use crate::offload::transform::{rewrite, Request, Transformed};
+use crate::input::{map_file, Mapped};
+use crate::offload::collect::Pages;
+use crate::offload::transform::{align_up, rewrite, Request, Transformed};
 use crate::offload::{verify_fat, VerifiedFat};
 use crate::output::{parent_dir, write_atomically_with_mode};
 use crate::target::TargetId;
@@ -109,6 +119,7 @@ pub struct PruneSummary {
 }
 
 /// The pruned bundles laid out as the new section's payload.
+#[derive(Default)]
 pub struct Layout {
     pub bytes: Vec<u8>,
     /// (old offset in the section, new offset) of each top-level bundle.
@@ -129,22 +140,11 @@ pub fn prune(input: &Path, output: &Path, selection: &Selection) -> Result<Prune
         .fatbin()
         .with_path(input)?
         .ok_or_else(|| Error::request(input, "no .hip_fatbin section"))?;
-    let bundles = parse_fatbin(section.data).with_path(input)?;
+    let listed = list_fatbin(section.data).with_path(input)?;
+    let keep = |t: &str| keeps(&wanted, selection.keep_generic, t);
+    let (kept, dropped) = kept_and_dropped(input, selection, &listed, &keep)?;
     let align = section_alignment(&elf);
-    let layout = plan_bundles(input, &bundles, align, &|t| {
-        keeps(&wanted, selection.keep_generic, t)
-    })?;
-    let (kept, dropped) = kept_and_dropped(&layout.bundles);
-    if kept.is_empty() {
-        return Err(Error::request(
-            input,
-            format!(
-                "none of its code objects is for {} (it has {})",
-                selection.targets.join(", "),
-                dropped.join(", ")
-            ),
-        ));
-    }
+    let layout = plan_bundles(input, section.data, &listed, align, &keep, Some(&mapped))?;
     let (t, v) = rewrite_verified(input, elf, &layout)?;
     fs::create_dir_all(parent_dir(output)).with_path(parent_dir(output))?;
     write_atomically_with_mode(output, Some(mode), |f| f.write_all(&t.bytes))?;
@@ -228,212 +228,200 @@ fn section_alignment(elf: &ElfView) -> u64 {
         .clamp(8, 4096)
 }
 
-/// Rebuild every bundle with the entries `keep` says, in order, each
-/// top-level bundle at a multiple of `align`.
+/// Which entries `keep` (a target's name to whether it stays) takes.
+type Keep<'k> = &'k (dyn Fn(&str) -> bool + Sync);
+
+/// Rebuild every bundle of `data` (as `listed`) with the entries `keep`
+/// says, in order, each top-level bundle at a multiple of `align`. One
+/// top-level bundle at a time: its kept entries are read (a compressed
+/// bundle's by [`FatbinStream`], decompressing it once), the pruned bundle
+/// is written and, if it was compressed, compressed again, and only that is
+/// kept. The pages of `mapped` (holding `data`) read are released as it
+/// goes. A damaged compressed bundle is an error naming `input`, the bundle
+/// and the problem.
 pub(crate) fn plan_bundles(
     input: &Path,
-    bundles: &[Bundle],
+    data: &[u8],
+    listed: &[BundleInfo],
     align: u64,
-    keep: &dyn Fn(&str) -> bool,
+    keep: Keep,
+    mapped: Option<&Mapped>,
 ) -> Result<Layout> {
-    let mut out = Layout {
-        bytes: Vec::new(),
-        starts: Vec::new(),
-        bundles: Vec::new(),
-    };
-    for group in bundles.chunk_by(|a, b| a.range == b.range) {
-        let start = crate::offload::transform::align_up(out.bytes.len() as u64, align);
+    let mut stream = FatbinStream::new(data).keep(keep).with_host_entries();
+    let mut pages = mapped.map(|m| Pages::new(m, data));
+    let mut out = Layout::default();
+    for group in listed.chunk_by(|a, b| a.range == b.range) {
+        let stored = pruned_group(input, group, &mut stream, keep, &mut out.bundles)?;
+        let start = align_up(out.bytes.len() as u64, align);
         out.bytes.resize(start as usize, 0);
-        let mut plain = Vec::new();
-        for b in group {
-            let (bytes, kept, dropped) = pruned_plain(b, keep);
-            plain.extend_from_slice(&bytes);
-            out.bundles.push(BundlePruned {
-                index: b.index,
-                compressed: None,
-                kept,
-                dropped,
-                bytes_before: group[0].range.len() as u64,
-                bytes_after: 0,
-            });
-        }
-        let stored = match &group[0].compressed {
-            Some((ccob, _)) => recompress(input, &plain, ccob)?,
-            None => plain,
-        };
-        let n = out.bundles.len();
-        for b in &mut out.bundles[n - group.len()..] {
-            b.bytes_after = stored.len() as u64;
-            b.compressed = group[0]
-                .compressed
-                .as_ref()
-                .map(|(c, _)| format!("CCOB v{} {}", ccob_version(c, stored.len()), c.method));
-        }
-        out.starts.push((group[0].range.start as u64, start));
         out.bytes.extend_from_slice(&stored);
+        out.starts.push((group[0].range.start as u64, start));
+        if let Some(p) = pages.as_mut() {
+            p.release(&stream);
+        }
     }
-    Ok(out)
+    // The end of the last compressed bundle, past its last kept entry.
+    match stream.next().with_path(input)? {
+        None => Ok(out),
+        Some(s) => Err(disagree(input, s.bundle)),
+    }
 }
 
-/// An uncompressed bundle with its host entries and the device entries
-/// `keep` says, entries aligned as in the input; the kept and dropped
-/// targets.
-fn pruned_plain(b: &Bundle, keep: &dyn Fn(&str) -> bool) -> (Vec<u8>, Vec<String>, Vec<String>) {
-    let (mut kept, mut dropped) = (Vec::new(), Vec::new());
-    let mut entries: Vec<(&str, &[u8])> = Vec::new();
-    for e in &b.entries {
-        if e.is_host() || keep(e.target()) {
-            entries.push((&e.triple, &e.data));
-            if !e.is_host() {
-                kept.push(e.target().to_string());
-            }
+/// One top-level bundle (a plain bundle, or the inner bundles of a
+/// compressed one) with the entries `keep` says, read from `stream`:
+/// its stored bytes (compressed again as it was); what happened to each of
+/// its bundles is pushed to `summary`.
+fn pruned_group(
+    input: &Path,
+    group: &[BundleInfo],
+    stream: &mut FatbinStream,
+    keep: Keep,
+    summary: &mut Vec<BundlePruned>,
+) -> Result<Vec<u8>> {
+    let mut plain = Vec::new();
+    for b in group {
+        let entries = kept_entries(input, b, stream, keep)?;
+        let bytes = write_bundle_owned(entries, entry_alignment(b));
+        if plain.is_empty() {
+            plain = bytes;
         } else {
-            dropped.push(e.target().to_string());
+            plain.extend_from_slice(&bytes);
+        }
+        let (kept, dropped) = partition(b, keep);
+        summary.push(BundlePruned {
+            index: b.index,
+            compressed: None,
+            kept,
+            dropped,
+            bytes_before: group[0].range.len() as u64,
+            bytes_after: 0,
+        });
+    }
+    let (stored, compressed) = match &group[0].compressed {
+        Some((ccob, _)) => {
+            let stored = recompress(input, &plain, ccob)?;
+            let label = format!("CCOB v{} {}", ccob_version(&stored), ccob.method);
+            (stored, Some(label))
+        }
+        None => (plain, None),
+    };
+    let n = summary.len();
+    for b in &mut summary[n - group.len()..] {
+        b.bytes_after = stored.len() as u64;
+        b.compressed.clone_from(&compressed);
+    }
+    Ok(stored)
+}
+
+/// The entries of `b` that stay (its host entries, and the device entries
+/// `keep` says) in table order, their bytes the next ones `stream` hands
+/// out.
+fn kept_entries<'a>(
+    input: &Path,
+    b: &BundleInfo,
+    stream: &mut FatbinStream<'a>,
+    keep: Keep,
+) -> Result<Vec<(String, Blob<'a>)>> {
+    let stays: Vec<bool> = b
+        .entries
+        .iter()
+        .map(|e| e.is_host() || keep(e.target()))
+        .collect();
+    let mut data: Vec<Option<Blob<'a>>> = vec![None; b.entries.len()];
+    for _ in stays.iter().filter(|s| **s) {
+        match stream.next().with_path(input)? {
+            // Its place: an entry that stays, not handed out before.
+            Some(s)
+                if s.bundle == b.index
+                    && stays.get(s.entry) == Some(&true)
+                    && data[s.entry].is_none() =>
+            {
+                data[s.entry] = Some(s.data);
+            }
+            _ => return Err(disagree(input, b.index)),
         }
     }
-    (write_bundle(&entries, entry_alignment(b)), kept, dropped)
+    Ok(b.entries
+        .iter()
+        .zip(data)
+        .filter_map(|(e, d)| Some((e.triple.clone(), d?)))
+        .collect())
+}
+
+/// Reading bundle `index` did not give the entries its table lists (a bug:
+/// both read the same bytes).
+fn disagree(input: &Path, index: usize) -> Error {
+    Error::request(
+        input,
+        format!("internal error: bundle {index} does not read as its entry table lists it"),
+    )
+}
+
+/// The device targets of `b` that `keep` keeps, and those it drops.
+fn partition(b: &BundleInfo, keep: Keep) -> (Vec<String>, Vec<String>) {
+    b.device_entries()
+        .map(|e| e.target().to_string())
+        .partition(|t| keep(t.as_str()))
 }
 
 /// The alignment of a bundle's device entries: the largest power of two,
 /// at most 4096 (clang's), dividing each non-empty entry's offset.
-fn entry_alignment(b: &Bundle) -> usize {
+fn entry_alignment(b: &BundleInfo) -> usize {
     b.device_entries()
-        .filter(|e| !e.data.is_empty())
+        .filter(|e| e.size > 0)
         .map(|e| 1u64 << e.offset.trailing_zeros().min(12))
         .min()
         .unwrap_or(1) as usize
 }
 
-/// The CCOB version a rewritten compressed bundle gets: its own, or v3
-/// when its sizes no longer fit v1/v2's 32-bit fields.
-fn ccob_version(c: &Ccob, stored: usize) -> u16 {
-    if c.version < 3 && u32::try_from(stored).is_err() {
-        3
-    } else {
-        c.version
-    }
+/// The CCOB version of a compressed bundle written by [`recompress`].
+fn ccob_version(stored: &[u8]) -> u16 {
+    u16::from_le_bytes([stored[4], stored[5]])
 }
 
 /// Compress `plain` as the compressed bundle `ccob` was: same method, same
 /// version unless a size needs v3.
 fn recompress(input: &Path, plain: &[u8], ccob: &Ccob) -> Result<Vec<u8>> {
-    let fail = |source| Error::Compress {
+    compress_fitting(plain, ccob.version, |d, v| {
+        compress_bundle(d, v, ccob.method)
+    })
+    .map_err(|source| Error::Compress {
         path: input.into(),
         what: "a pruned bundle",
         source,
-    };
-    let version = if u32::try_from(plain.len()).is_err() {
-        3
-    } else {
-        ccob.version
-    };
-    match compress_bundle(plain, version, ccob.method) {
-        Ok(b) if version < 3 && u32::try_from(b.len()).is_err() => {
-            compress_bundle(plain, 3, ccob.method).map_err(fail)
-        }
-        Ok(b) => Ok(b),
-        Err(_) if version < 3 => compress_bundle(plain, 3, ccob.method).map_err(fail),
-        Err(e) => Err(fail(e)),
-    }
+    })
 }
 
-/// The targets kept and dropped, over all bundles, sorted.
-fn kept_and_dropped(bundles: &[BundlePruned]) -> (Vec<String>, Vec<String>) {
-    let mut kept: Vec<String> = bundles.iter().flat_map(|b| b.kept.clone()).collect();
-    let mut dropped: Vec<String> = bundles.iter().flat_map(|b| b.dropped.clone()).collect();
+/// The targets kept and dropped, over all bundles, sorted; refused when
+/// nothing is kept.
+fn kept_and_dropped(
+    input: &Path,
+    selection: &Selection,
+    bundles: &[BundleInfo],
+    keep: Keep,
+) -> Result<(Vec<String>, Vec<String>)> {
+    let (mut kept, mut dropped) = (Vec::new(), Vec::new());
+    for b in bundles {
+        let (k, d) = partition(b, keep);
+        kept.extend(k);
+        dropped.extend(d);
+    }
     for v in [&mut kept, &mut dropped] {
         v.sort();
         v.dedup();
     }
-    (kept, dropped)
+    if kept.is_empty() {
+        return Err(Error::request(
+            input,
+            format!(
+                "none of its code objects is for {} (it has {})",
+                selection.targets.join(", "),
+                dropped.join(", ")
+            ),
+        ));
+    }
+    Ok((kept, dropped))
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::bundle::Method;
-
-    const HOST: &str = "host-x86_64-unknown-linux--";
-    const A: &str = "hipv4-amdgcn-amd-amdhsa--gfx1100";
-    const B: &str = "hipv4-amdgcn-amd-amdhsa--gfx90a:xnack-";
-    const C: &str = "hipv4-amdgcn-amd-amdhsa--gfx90a:xnack+";
-
-    fn wanted(t: &[&str]) -> Vec<(String, Option<TargetId>)> {
-        Selection {
-            targets: t.iter().map(|s| s.to_string()).collect(),
-            keep_generic: false,
-        }
-        .parsed(Path::new("x"))
-        .unwrap()
-    }
-
-    #[test]
-    fn keeps_as_the_loader_matches() {
-        let w = wanted(&["gfx90a"]);
-        assert!(keeps(&w, false, "gfx90a:xnack+"));
-        assert!(keeps(&w, false, "gfx90a:xnack-"));
-        assert!(!keeps(&w, false, "gfx1100"));
-        assert!(!keeps(&w, false, "gfx11-generic"));
-        assert!(keeps(&w, true, "gfx11-generic"));
-        let w = wanted(&["gfx90a:xnack-", "amdgcnspirv"]);
-        assert!(!keeps(&w, false, "gfx90a:xnack+"));
-        assert!(keeps(&w, false, "gfx90a"));
-        assert!(keeps(&w, false, "amdgcnspirv"));
-        assert!(Selection::default().parsed(Path::new("x")).is_err());
-        let bad = Selection {
-            targets: vec!["../x".into()],
-            keep_generic: false,
-        };
-        assert!(bad.parsed(Path::new("x")).is_err());
-    }
-
-    /// Plain and compressed bundles keep their form; a bundle left without
-    /// device code keeps its host entry; every kept code object is intact.
-    #[test]
-    fn bundles_keep_their_form() {
-        let a = vec![1u8; 5000];
-        let b = vec![2u8; 3000];
-        let c = vec![3u8; 7000];
-        let plain = write_bundle(&[(HOST, b""), (A, &a), (B, &b), (C, &c)], 4096);
-        let inner = write_bundle(&[(HOST, b""), (B, &b), (C, &c)], 4096);
-        let ccob = compress_bundle(&inner, 2, Method::Zstd).unwrap();
-        let only_a = write_bundle(&[(HOST, b""), (A, &a)], 4096);
-        let mut section = plain.clone();
-        section.resize(plain.len().div_ceil(4096) * 4096, 0);
-        let ccob_at = section.len();
-        section.extend_from_slice(&ccob);
-        section.resize(section.len().div_ceil(4096) * 4096, 0);
-        let last_at = section.len();
-        section.extend_from_slice(&only_a);
-        let bundles = parse_fatbin(&section).unwrap();
-        let w = wanted(&["gfx90a:xnack-"]);
-        let l = plan_bundles(Path::new("x"), &bundles, 4096, &|t| keeps(&w, false, t)).unwrap();
-        assert_eq!(l.starts.len(), 3);
-        assert_eq!(l.starts[1].0, ccob_at as u64);
-        assert_eq!(l.starts[2].0, last_at as u64);
-        let out = parse_fatbin(&l.bytes).unwrap();
-        assert_eq!(out.len(), 3);
-        for (o, &(_, new)) in out.iter().zip(&l.starts) {
-            assert_eq!(o.range.start as u64, new);
-            assert_eq!(new % 4096, 0);
-        }
-        let targets = |b: &Bundle| {
-            b.device_entries()
-                .map(|e| e.target().to_string())
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(targets(&out[0]), ["gfx90a:xnack-"]);
-        assert_eq!(&*out[0].entry_for("gfx90a:xnack-").unwrap().data, &b[..]);
-        assert_eq!(out[0].entry_for("gfx90a:xnack-").unwrap().offset % 4096, 0);
-        let (c1, _) = out[1].compressed.as_ref().expect("still compressed");
-        assert_eq!((c1.version, c1.method), (2, Method::Zstd));
-        assert_eq!(c1.hash_matches, Some(true));
-        assert_eq!(targets(&out[1]), ["gfx90a:xnack-"]);
-        // Left without device code: the host entry, a valid empty bundle.
-        assert!(out[2].device_entries().next().is_none());
-        assert_eq!(out[2].entries.len(), 1);
-        assert!(l.bundles[2].kept.is_empty());
-        assert_eq!(l.bundles[0].dropped, ["gfx1100", "gfx90a:xnack+"]);
-        assert!(l.bytes.len() < section.len());
-    }
-}
+mod tests;

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::binary::{classify_parsed, Class, Classified, HostBinary};
-use crate::bundle::{bundle_layout, compress_bundle_long, write_bundle_owned};
+use crate::bundle::{bundle_layout, compress_bundle_long, compress_fitting, write_bundle_owned};
 use crate::elf::{ElfError, ElfView};
 use crate::error::{Error, Result, WithPath};
 use crate::fatbin::{device_code, DeviceCode};
@@ -327,18 +327,13 @@ impl Source<'_> {
     /// size needs it); the plain one is dropped at once.
     fn compressed_bundle(&self, co: u32, level: i32) -> Result<OneBundle> {
         let mut b = self.bundle(co)?;
-        let v = if u32::try_from(b.bytes.len()).is_ok() {
-            2
-        } else {
-            3
-        };
-        b.bytes = compress_bundle_long(&b.bytes, v, level)
-            .or_else(|_| compress_bundle_long(&b.bytes, 3, level))
-            .map_err(|source| Error::Compress {
+        b.bytes = compress_fitting(&b.bytes, 2, |d, v| compress_bundle_long(d, v, level)).map_err(
+            |source| Error::Compress {
                 path: self.input.into(),
                 what: "a bundle",
                 source,
-            })?;
+            },
+        )?;
         Ok(b)
     }
 

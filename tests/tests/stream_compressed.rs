@@ -1,8 +1,9 @@
 //! Compressed bundles larger than `kpack_bundle::LIST_CHECK_LIMIT`, inside
 //! a real linked library: listed from their entry tables, read as a stream
-//! by offload, split and extract, and written to the same bytes as when the
-//! same bundles are stored plainly; damaged ones give an error naming the
-//! file, the compressed bundle and the problem, and leave no output.
+//! by offload, split, extract and prune, and written to the same bytes (or
+//! code objects) as when the same bundles are stored plainly; damaged ones
+//! give an error naming the file, the compressed bundle and the problem,
+//! and leave no output.
 //!
 //! The libraries are built here: a host object per bundle, compiled with
 //! clang's `-fcuda-include-gpubinary` embedding a bundle file the test
@@ -11,6 +12,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use serde_json::json;
 
 use crate::common::*;
 
@@ -243,6 +246,96 @@ fn extract_streams_a_large_compressed_bundle() {
     assert_eq!(names(&c), ["gfx1201#0.hsaco", "gfx1201#1.hsaco"]);
 }
 
+/// Prune `lib` to `target` into `out`: the summary.
+fn prune(lib: &Path, out: &Path, target: &str) -> serde_json::Value {
+    let args: [&dyn AsRef<std::ffi::OsStr>; 7] = [
+        &"prune",
+        &lib,
+        &"-o",
+        &out,
+        &"--targets",
+        &target,
+        &"--json",
+    ];
+    serde_json::from_str(&kpack_ok(&args)).unwrap()
+}
+
+#[test]
+fn prune_streams_a_large_compressed_bundle() {
+    let l = libs();
+    let d = tempfile::tempdir().unwrap();
+    let (c, p) = (d.path().join("c.so"), d.path().join("p.so"));
+    let sc = prune(&l.compressed, &c, "gfx1201");
+    let sp = prune(&l.plain, &p, "gfx1201");
+    let bundles = sc["bundles"].as_array().unwrap();
+    assert_eq!(bundles.len(), 3);
+    for (i, b) in bundles.iter().enumerate() {
+        // What the plain twin keeps and drops.
+        for k in ["index", "kept", "dropped"] {
+            assert_eq!(b[k], sp["bundles"][i][k], "bundle {i}: {k}");
+        }
+        let compressed = if i < 2 {
+            "CCOB v3 zstd".into()
+        } else {
+            json!(null)
+        };
+        assert_eq!(b["compressed"], compressed, "bundle {i}");
+    }
+    assert_eq!(sc["kept_targets"], json!(["gfx1201"]));
+    assert_eq!(sc["kept_targets"], sp["kept_targets"]);
+    // A valid fat binary, its first two bundles still one compressed one.
+    kpack_ok(&[&"verify-elf", &c]);
+    assert_tools_accept(&l.compressed, &c);
+    let listed = ls_json(&c);
+    for (i, b) in listed["bundles"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(b["entries"], ls_json(&p)["bundles"][i]["entries"], "{i}");
+        assert_eq!(b["compressed"].is_null(), i == 2, "bundle {i}");
+    }
+    // The code objects of the input, as pruning the plain twin gives them.
+    let (xc, xp, xi) = (
+        d.path().join("xc"),
+        d.path().join("xp"),
+        d.path().join("xi"),
+    );
+    kpack_ok(&[&"extract", &c, &"-o", &xc]);
+    kpack_ok(&[&"extract", &p, &"-o", &xp]);
+    kpack_ok(&[
+        &"extract",
+        &l.compressed,
+        &"-o",
+        &xi,
+        &"--target",
+        &"gfx1201",
+    ]);
+    assert_eq!(names(&xc), ["gfx1201#0.hsaco", "gfx1201#1.hsaco"]);
+    assert!(
+        dir_files(&xc) == dir_files(&xp),
+        "differs from the plain twin's"
+    );
+    assert!(dir_files(&xc) == dir_files(&xi), "differs from the input's");
+    // And as clang-offload-bundler extracts them from the pruned plain twin
+    // (LLVM 19's cannot read CCOB v3), and as the testkit's own reader finds
+    // them in the compressed bundle (its first inner bundle).
+    let gfx1201 = |m: CodeObjects| -> CodeObjects {
+        m.into_iter().filter(|((_, t), _)| t == "gfx1201").collect()
+    };
+    let bundler = code_objects(&p);
+    assert_eq!(bundler.len(), 2);
+    assert!(bundler == gfx1201(code_objects(&l.plain)));
+    let extracted = dir_files(&xc);
+    for ((i, t), bytes) in &bundler {
+        assert!(extracted.contains(&(format!("{t}#{i}.hsaco"), bytes.clone())));
+    }
+    let top = split_bundles(&objcopy_section(&c, ".hip_fatbin", d.path()));
+    assert_eq!(top.len(), 2);
+    let first = kpack_testkit::oracle::entries(&top[0]).unwrap();
+    let want = bundler[&(0, "gfx1201".to_string())].clone();
+    assert!(first == [("hipv4-amdgcn-amd-amdhsa--gfx1201".to_string(), want)]);
+    assert!(kpack_testkit::oracle::entries(&top[1]).unwrap().is_empty());
+}
+
+type CodeObjects = std::collections::BTreeMap<(usize, String), Vec<u8>>;
+
 /// Split one artifact holding `lib` into `out` with `--jobs jobs`.
 fn split(lib: &Path, root: &Path, out: &Path, jobs: &str) -> String {
     let a = root.join("stream_lib_gfx-all");
@@ -369,6 +462,12 @@ fn a_damaged_large_compressed_bundle_fails_cleanly() {
             "offload",
         );
         assert!(!o.exists(), "offload left {:?}", listing(&o));
+        let p = d.path().join(format!("p-{name}"));
+        check(
+            kpack_fails(&[&"prune", &lib, &"-o", &p, &"--targets", &"gfx1201"]),
+            "prune",
+        );
+        assert!(!p.exists(), "prune left {}", p.display());
         let root = d.path().join(format!("s-{name}"));
         let out = d.path().join(format!("out-{name}"));
         assert_eq!(split(&lib, &root, &out, "2"), "failed");
