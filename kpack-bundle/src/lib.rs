@@ -826,6 +826,48 @@ pub fn write_bundle_owned<D: Deref<Target = [u8]>>(
     out
 }
 
+/// A bundle written in place: its table first, for entries whose sizes are
+/// known, then each entry's bytes put at its offset as they come (so that
+/// the entries are never all held next to the bundle). The same bytes as
+/// [`write_bundle`] of the same entries.
+pub struct BundleBuf {
+    bytes: Vec<u8>,
+    offsets: Vec<u64>,
+    sizes: Vec<usize>,
+}
+
+impl BundleBuf {
+    /// The bundle of entries of these (triple, size), zero-filled but for
+    /// its table.
+    pub fn new(entries: &[(&str, usize)], align: usize) -> BundleBuf {
+        let (offsets, len) = bundle_layout(entries, align);
+        let mut bytes = Vec::with_capacity(len as usize);
+        write_table(&mut bytes, entries, &offsets);
+        bytes.resize(len as usize, 0);
+        let sizes = entries.iter().map(|(_, n)| *n).collect();
+        BundleBuf {
+            bytes,
+            offsets,
+            sizes,
+        }
+    }
+
+    /// Put entry `i`'s bytes in place; `false` (and nothing written) when
+    /// there is no entry `i` of that size.
+    pub fn put(&mut self, i: usize, data: &[u8]) -> bool {
+        if self.sizes.get(i) != Some(&data.len()) {
+            return false;
+        }
+        let at = self.offsets[i] as usize;
+        self.bytes[at..at + data.len()].copy_from_slice(data);
+        true
+    }
+
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.bytes
+    }
+}
+
 /// Where [`write_bundle`] puts entries of these (triple, size): their
 /// offsets, and the bundle's length.
 pub fn bundle_layout(entries: &[(&str, usize)], align: usize) -> (Vec<u64>, u64) {
@@ -896,10 +938,23 @@ pub fn compress_bundle_at(
     level: i32,
 ) -> std::io::Result<Vec<u8>> {
     let payload = match method {
-        Method::Zstd => zstd::bulk::compress(uncompressed, level)?,
+        Method::Zstd => compress_sized(&mut zstd::bulk::Compressor::new(level)?, uncompressed)?,
         Method::Zlib => zlib(uncompressed)?,
     };
     wrap_ccob(uncompressed, &payload, version, method)
+}
+
+/// `data` compressed by `c` into a buffer sized for a code-object bundle's
+/// usual ratio (a quarter), and only when that is too small into one of
+/// zstd's worst-case bound: that bound is the size of the input, which a
+/// bundle of a compressed binary's (up to 120 MB) would hold twice. One-shot
+/// compression gives the same bytes whatever the buffer.
+fn compress_sized(c: &mut zstd::bulk::Compressor<'_>, data: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(data.len() / 4 + 4096);
+    match c.compress_to_buffer(data, &mut out) {
+        Ok(_) => Ok(out),
+        Err(_) => c.compress(data),
+    }
 }
 
 /// A CCOB (zstd) compressed as clang's `--offload-compress` does: level
@@ -917,7 +972,7 @@ pub fn compress_bundle_long(
     c.set_parameter(CParameter::EnableLongDistanceMatching(true))?;
     c.set_parameter(CParameter::WindowLog(27))?;
     c.set_parameter(CParameter::ChecksumFlag(false))?;
-    let payload = c.compress(uncompressed)?;
+    let payload = compress_sized(&mut c, uncompressed)?;
     wrap_ccob(uncompressed, &payload, version, Method::Zstd)
 }
 
@@ -972,6 +1027,32 @@ fn wrap_ccob(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bundle_buf_writes_what_write_bundle_writes() {
+        let host: &[u8] = &[];
+        let a = vec![7u8; 5000];
+        let b: Vec<u8> = (0..=255).collect();
+        let entries = [
+            ("host-x86_64-unknown-linux--", host),
+            ("hipv4-amdgcn-amd-amdhsa--gfx1100", &a[..]),
+            ("hipv4-amdgcn-amd-amdhsa--gfx942", &b[..]),
+        ];
+        for align in [1, 16, 4096] {
+            let sizes: Vec<(&str, usize)> = entries.iter().map(|(t, d)| (*t, d.len())).collect();
+            let mut buf = BundleBuf::new(&sizes, align);
+            assert!(!buf.put(1, &b), "a wrong size is refused");
+            assert!(!buf.put(3, &b), "no entry 3");
+            for (i, (_, d)) in entries.iter().enumerate() {
+                assert!(buf.put(i, d));
+            }
+            assert_eq!(
+                buf.into_bytes(),
+                write_bundle(&entries, align),
+                "align {align}"
+            );
+        }
+    }
 
     const G1: &str = "hipv4-amdgcn-amd-amdhsa--gfx1100";
     const G2: &str = "hipv4-amdgcn-amd-amdhsa--gfx942:sramecc+:xnack-";

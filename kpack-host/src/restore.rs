@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::binary::{classify_parsed, Class, Classified, HostBinary};
-use crate::bundle::{bundle_layout, compress_bundle_long, compress_fitting, write_bundle_owned};
+use crate::bundle::{bundle_layout, compress_bundle_long, compress_fitting, BundleBuf};
 use crate::elf::{ElfError, ElfView};
 use crate::error::{Error, Result, WithPath};
 use crate::fatbin::{device_code, DeviceCode};
@@ -34,7 +34,7 @@ use crate::loader::Loader;
 use crate::offload::transform::{
     align_up, restore_room, rewrite, Request, TransformError, Transformed,
 };
-use crate::offload::{archive_key, verify_fat};
+use crate::offload::{archive_key, verify_fat_layout};
 use crate::output::{parent_dir, write_atomically_with_mode};
 use crate::prune::{keeps, Selection};
 use crate::target::TargetId;
@@ -109,8 +109,15 @@ pub fn restore(input: &Path, output: &Path, opts: &RestoreOptions) -> Result<Res
         .filter_map(|t| TargetId::parse(t).ok().map(|id| (t, id)))
         .collect();
     ids.sort_by(|a, b| a.0.cmp(b.0));
+    // The spill goes where the output will (the same file system), or to
+    // the temporary directory while that does not exist yet.
+    let scratch = match parent_dir(output) {
+        d if d.is_dir() => d.to_path_buf(),
+        _ => std::env::temp_dir(),
+    };
     let src = Source {
         input,
+        scratch: &scratch,
         loader: &loader,
         metadata: &metadata,
         binary_path: &binary_path,
@@ -119,14 +126,11 @@ pub fn restore(input: &Path, output: &Path, opts: &RestoreOptions) -> Result<Res
     };
     let (t, built, compressed) = place(&src, elf, &co_indices, opts.compression)?;
     let Built {
-        bundles,
-        archives,
-        payload,
-        ..
+        bundles, archives, ..
     } = built;
-    // The output holds the bundles now.
-    drop(payload);
-    verify_fat(&t.bytes).map_err(|source| Error::SelfCheck {
+    // The bundles' layout, headers and entry tables; their contents are
+    // what was just compressed (`kpack verify-elf` decompresses them all).
+    verify_fat_layout(&t.bytes).map_err(|source| Error::SelfCheck {
         path: input.into(),
         output: "restored",
         source,
@@ -247,6 +251,9 @@ fn chosen_targets(
 /// Where the code objects come from: the loader's search for one binary.
 struct Source<'a> {
     input: &'a Path,
+    /// Where the bundles are spilled while they are built: the output's
+    /// directory.
+    scratch: &'a Path,
     loader: &'a Loader,
     metadata: &'a HipkMetadata,
     binary_path: &'a Path,
@@ -297,11 +304,30 @@ impl Source<'_> {
     /// Code object index `co` as a bundle written as clang writes one (the
     /// host entry, then the device entries sorted by target, each at a
     /// 4 KiB offset): each target's code object through the loader's
-    /// search for exactly that target.
+    /// search for exactly that target. Read twice, one code object at a
+    /// time: for the sizes, then into the bundle's place (a bundle of a
+    /// compressed binary's is up to 120 MB; its code objects are not held
+    /// next to it).
     fn bundle(&self, co: u32) -> Result<OneBundle> {
-        let mut found: Vec<(String, Vec<u8>)> = vec![(self.host.to_string(), Vec::new())];
-        let (targets, archives) = self.each_code_object(co, |t, d| found.push((t, d)))?;
-        let bytes = write_bundle_owned(found, 4096);
+        let mut sizes: Vec<(String, usize)> = vec![(self.host.to_string(), 0)];
+        self.each_code_object(co, |t, d| sizes.push((t, d.len())))?;
+        let table: Vec<(&str, usize)> = sizes.iter().map(|(t, n)| (t.as_str(), *n)).collect();
+        let mut buf = BundleBuf::new(&table, 4096);
+        let (mut next, mut all_placed) = (1, true);
+        let (targets, archives) = self.each_code_object(co, |_, d| {
+            all_placed &= buf.put(next, &d);
+            next += 1;
+        })?;
+        if !all_placed || next != sizes.len() {
+            return Err(Error::request(
+                self.input,
+                format!(
+                    "the archives of {} changed while it was read",
+                    archive_key(&self.metadata.kernel_name, co as usize)
+                ),
+            ));
+        }
+        let bytes = buf.into_bytes();
         let summary = BundleRestored {
             co_index: co,
             targets,
@@ -344,7 +370,12 @@ impl Source<'_> {
         use rayon::prelude::*;
         let sizes: Vec<Result<u64>> = co_indices
             .par_iter()
-            .map(|&co| self.bundle_size(co))
+            .map(|&co| {
+                let size = self.bundle_size(co);
+                // What was read of the archives stays in the page cache.
+                self.loader.release_pages();
+                size
+            })
             .collect();
         let mut end = 0;
         for size in sizes {
@@ -354,10 +385,11 @@ impl Source<'_> {
     }
 }
 
-/// The bundles laid out back to back (each start a multiple of `align`),
-/// what they hold and where their code objects came from.
+/// The bundles laid out back to back (each start a multiple of `align`)
+/// in a spill file, what they hold and where their code objects came from.
+/// Only the bundle being built is in memory, then the output binary.
 struct Built {
-    payload: Vec<u8>,
+    spill: Spill,
     starts: Vec<(u32, u64)>,
     align: u64,
     bundles: Vec<BundleRestored>,
@@ -373,7 +405,7 @@ impl Built {
         align: u64,
     ) -> Result<Built> {
         let mut out = Built {
-            payload: Vec::new(),
+            spill: Spill::new(src)?,
             starts: Vec::new(),
             align,
             bundles: Vec::new(),
@@ -381,9 +413,9 @@ impl Built {
         };
         for b in each {
             let b = b?;
-            let at = align_up(out.payload.len() as u64, align);
-            out.payload.resize(at as usize, 0);
-            out.payload.extend_from_slice(&b.bytes);
+            let at = out.spill.append(src, &b.bytes, align)?;
+            // What was read of the archives stays in the page cache.
+            src.loader.release_pages();
             out.starts.push((b.summary.co_index, at));
             out.bundles.push(b.summary);
             out.archives.extend(b.archives);
@@ -428,15 +460,57 @@ impl Built {
         )
     }
 
-    fn rewrite(&self, elf: ElfView) -> std::result::Result<Transformed, TransformError> {
-        rewrite(
-            elf,
-            &Request::Restore {
-                bundles: &self.payload,
-                starts: self.starts.clone(),
-                align: self.align,
-            },
-        )
+    /// The restored binary. The rewrite lays out zeros where the bundles
+    /// go (a zeroed allocation: its pages are not touched, so not held),
+    /// then the bundles are read into place from the spill.
+    fn rewrite(
+        &self,
+        src: &Source,
+        elf: ElfView,
+    ) -> Result<std::result::Result<Transformed, TransformError>> {
+        let zeros = vec![0u8; self.spill.len as usize];
+        let request = Request::Restore {
+            bundles: &zeros,
+            starts: self.starts.clone(),
+            align: self.align,
+        };
+        let mut t = match rewrite(elf, &request) {
+            Ok(t) => t,
+            Err(e) => return Ok(Err(e)),
+        };
+        drop(zeros);
+        let at = t.payload_off as usize;
+        let place = &mut t.bytes[at..at + self.spill.len as usize];
+        self.spill.read_into(src, place)?;
+        Ok(Ok(t))
+    }
+}
+
+/// The bundles' bytes, back to back, in an unnamed file.
+struct Spill {
+    file: fs::File,
+    len: u64,
+}
+
+impl Spill {
+    fn new(src: &Source) -> Result<Spill> {
+        let file = tempfile::tempfile_in(src.scratch).with_path(src.scratch)?;
+        Ok(Spill { file, len: 0 })
+    }
+
+    /// Append `bytes` at the next multiple of `align`; where they start.
+    fn append(&mut self, src: &Source, bytes: &[u8], align: u64) -> Result<u64> {
+        use std::os::unix::fs::FileExt;
+        let at = align_up(self.len, align);
+        self.file.write_all_at(bytes, at).with_path(src.scratch)?;
+        self.len = at + bytes.len() as u64;
+        Ok(at)
+    }
+
+    /// All of it, into `out` (as long as it is).
+    fn read_into(&self, src: &Source, out: &mut [u8]) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.file.read_exact_at(out, 0).with_path(src.scratch)
     }
 }
 
@@ -464,10 +538,10 @@ fn place(
     // worse than clang's own), the strongest level.
     let compressed = || -> Result<(Transformed, Built, bool)> {
         let mut built = Built::compressed(src, co_indices, 3)?;
-        let t = match built.rewrite(elf) {
+        let t = match built.rewrite(src, elf)? {
             Err(TransformError::RangeTooSmall { .. }) => {
                 built = Built::compressed(src, co_indices, STRONGEST_LEVEL)?;
-                built.rewrite(elf)
+                built.rewrite(src, elf)?
             }
             t => t,
         }
@@ -476,7 +550,7 @@ fn place(
     };
     let plain = || -> Result<std::result::Result<(Transformed, Built, bool), TransformError>> {
         let built = Built::plain(src, co_indices)?;
-        Ok(built.rewrite(elf).map(|t| (t, built, false)))
+        Ok(built.rewrite(src, elf)?.map(|t| (t, built, false)))
     };
     match compression {
         Compression::None => plain()?.with_path(input),

@@ -278,6 +278,13 @@ impl ArchiveFile {
         self.map.path()
     }
 
+    /// Drop the map's resident pages ([`Mapped::release`]): for a tool
+    /// reading many code objects, so that what it read stays in the page
+    /// cache, not in the process. The archive reads on as before.
+    pub fn release_pages(&self) {
+        self.map.release(0..self.map.len());
+    }
+
     /// The code object of `entry` (an entry of this archive) without a
     /// copy, when the archive stores it as it is (scheme `none`): its own
     /// private copy-on-write mapping of the file's pages. `Ok(None)` when it

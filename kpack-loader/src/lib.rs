@@ -167,6 +167,19 @@ impl Loader {
         v
     }
 
+    /// Drop the resident pages of every archive opened so far
+    /// ([`ArchiveFile::release_pages`]): tools that read every code object
+    /// (restore) call it between bundles, so that their memory does not
+    /// grow with the archives. Archives stay open.
+    pub fn release_pages(&self) {
+        let state = self.lock();
+        for slot in state.by_canonical.values() {
+            if let Some(Ok(opened)) = slot.cell.get() {
+                opened.archive().release_pages();
+            }
+        }
+    }
+
     /// Load the code object `kernel_name#co_index` described by the HIPK
     /// metadata `metadata` (its bytes; bytes after the map are ignored) of
     /// the binary at `binary_path`, for the first architecture of `archs`

@@ -24,6 +24,10 @@ pub(super) struct Opened {
 }
 
 impl Opened {
+    pub(super) fn archive(&self) -> &ArchiveFile {
+        &self.archive
+    }
+
     /// The archive's own spelling of `target`, if it serves it.
     fn serves(&self, target: &TargetId) -> Option<&str> {
         self.targets

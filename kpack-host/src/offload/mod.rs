@@ -39,7 +39,7 @@ use collect::{collect, CollectOptions, Located};
 
 pub use pe::PeTransformError;
 pub use transform::{TransformError, WrapperChange};
-pub use verify::{verify_elf, verify_fat, Verified, VerifiedFat, VerifyError};
+pub use verify::{verify_elf, verify_fat, verify_fat_layout, Verified, VerifiedFat, VerifyError};
 
 /// The placeholder for a target ID in search paths.
 pub use crate::hipk::GFXARCH;

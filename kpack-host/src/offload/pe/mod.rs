@@ -95,6 +95,7 @@ pub fn rewrite(pe: PeView, metadata: &[u8]) -> Result<Transformed, PeTransformEr
         bytes,
         wrappers: input.changes.clone(),
         metadata_addr: plan.meta_rva,
+        payload_off: plan.meta_off,
         bundles: input.bundles,
         removed: plan.removed,
         inserted: 0,

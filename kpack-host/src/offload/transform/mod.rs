@@ -148,6 +148,8 @@ pub struct Transformed {
     pub wrappers: Vec<WrapperChange>,
     /// Address of the payload: the metadata (offload) or the first bundle.
     pub metadata_addr: u64,
+    /// Where the payload is in `bytes`.
+    pub payload_off: u64,
     /// Number of bundles in the input's `.hip_fatbin` (0 for an offloaded
     /// input).
     pub bundles: usize,
@@ -192,6 +194,7 @@ pub fn rewrite(elf: ElfView, request: &Request) -> Result<Transformed, Transform
         bytes,
         wrappers: input.wrappers.changes.clone(),
         metadata_addr: plan.payload_addr,
+        payload_off: plan.payload_off,
         bundles: input.bundles,
         removed: plan.cut.removed,
         inserted: plan.cut.inserted,

@@ -13,7 +13,7 @@ use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _}
 use serde::Serialize;
 
 use crate::binary::{HostBinary, WrapperSlot};
-use crate::bundle::check_fatbin;
+use crate::bundle::{check_fatbin, list_fatbin};
 use crate::elf::{
     ElfError, ElfView, PhdrExt, ProgramHeader, RelocKinds, Relocations, FATBIN_SECTION, LE,
     METADATA_SECTION, PHDR_SIZE, WRAPPER_SECTION,
@@ -499,6 +499,19 @@ pub struct VerifiedFat {
 /// of one of those bundles; no relocation applying to, or pointing into,
 /// the zero-filled part of a read-only `PT_LOAD` (pages removed by prune).
 pub fn verify_fat(b: &[u8]) -> Result<VerifiedFat, VerifyError> {
+    verify_fat_as(b, true)
+}
+
+/// [`verify_fat`] that reads compressed bundles only as far as their entry
+/// tables ([`crate::bundle::list_fatbin`]) instead of decompressing them
+/// whole: for a tool checking bundles it has just compressed itself
+/// (restore), which would otherwise hold a decompression window of up to
+/// 128 MiB next to the whole output. `kpack verify-elf` checks everything.
+pub fn verify_fat_layout(b: &[u8]) -> Result<VerifiedFat, VerifyError> {
+    verify_fat_as(b, false)
+}
+
+fn verify_fat_as(b: &[u8], whole: bool) -> Result<VerifiedFat, VerifyError> {
     let elf = &ElfView::parse(b)?;
     let bin = HostBinary::Elf(*elf);
     elf.check_sections()?;
@@ -524,7 +537,7 @@ pub fn verify_fat(b: &[u8]) -> Result<VerifiedFat, VerifyError> {
             );
         }
     }
-    let found = check_bundles(elf, &loads, &mut problems);
+    let found = check_bundles(elf, &loads, whole, &mut problems);
     let wrapper_bundles = match &found {
         Some((addr, starts, _)) => check_fat_wrappers(&bin, *addr, starts, &mut problems),
         None => Vec::new(),
@@ -544,7 +557,12 @@ pub fn verify_fat(b: &[u8]) -> Result<VerifiedFat, VerifyError> {
 /// it (with the bundle's index), and the device targets, sorted.
 type Bundles = (u64, Vec<(usize, usize)>, Vec<String>);
 
-fn check_bundles(elf: &ElfView, loads: &Loads, bad: &mut Vec<String>) -> Option<Bundles> {
+fn check_bundles(
+    elf: &ElfView,
+    loads: &Loads,
+    whole: bool,
+    bad: &mut Vec<String>,
+) -> Option<Bundles> {
     let s = match elf.section(FATBIN_SECTION) {
         Ok(Some(s)) if !s.is_nobits() => s,
         Ok(_) => {
@@ -570,9 +588,14 @@ fn check_bundles(elf: &ElfView, loads: &Loads, bad: &mut Vec<String>) -> Option<
         Some(_) => {}
     }
     // Compressed bundles are decompressed to be checked, as a stream: only
-    // their entry tables are kept.
+    // their entry tables are kept (or, not `whole`, only those are read).
     let (mut starts, mut targets) = (Vec::new(), Vec::new());
-    match check_fatbin(s.data) {
+    let listed = if whole {
+        check_fatbin(s.data)
+    } else {
+        list_fatbin(s.data)
+    };
+    match listed {
         Ok(bundles) => {
             for b in bundles {
                 starts.push((b.range.start, b.index));
