@@ -957,9 +957,12 @@ impl<'a> Payload<'a> {
         if self.buf.len() - self.head < n {
             self.buf.drain(..self.head);
             self.head = 0;
-            let want = n.max(LOOKAHEAD);
+            // The buffer grows with the data the stream actually gives (a
+            // lying length in an entry table cannot make it allocate).
+            let cap = n.max(LOOKAHEAD);
             while self.buf.len() < n {
                 let have = self.buf.len();
+                let want = (have + LOOKAHEAD).max(have.saturating_mul(2)).min(cap);
                 self.buf.resize(want, 0);
                 let got = self.inflate_into_buf(have)?;
                 self.buf.truncate(have + got);
