@@ -74,6 +74,42 @@ fn transform_fuzz_regressions_never_panic() {
     }
 }
 
+/// Found by the `offload` fuzz target
+/// (`regressions/offload/empty-section-in-removed-pages.so`): an empty
+/// section whose offset lay among the pages the transform removes kept
+/// that offset, past the end of the shorter output, which the verifier
+/// then refused to parse. Now it is put where the removed pages were.
+#[test]
+fn transform_moves_empty_sections_out_of_the_removed_pages() {
+    let mut b = fs::read(fixture("libvadd.so").path).unwrap();
+    let h = ElfView::parse(&b).unwrap();
+    let f = h.section(".hip_fatbin").unwrap().unwrap();
+    let comment = h.section_index(".comment").unwrap();
+    let inside = f.offset + f.size / 2;
+    let at = h.header().e_shoff(LE) as usize + comment * SHDR_SIZE;
+    b[at + 24..at + 32].copy_from_slice(&inside.to_le_bytes()); // sh_offset
+    b[at + 32..at + 40].copy_from_slice(&0u64.to_le_bytes()); // sh_size
+    let t = transform::transform(&b, &meta()).unwrap();
+    assert!(t.removed > 0, "the fixture's pages are cut");
+    kpack_host::offload::verify_elf(&t.bytes, Some(t.bundles)).unwrap();
+    let out = ElfView::parse(&t.bytes).unwrap();
+    let moved = out.sections().unwrap()[comment].offset;
+    assert!(
+        moved < inside && moved <= t.bytes.len() as u64,
+        "{moved:#x}"
+    );
+    for p in regression_inputs("offload") {
+        let b = fs::read(&p).unwrap();
+        if let Ok(t) = transform::transform(&b, &meta()) {
+            if let Err(kpack_host::offload::VerifyError::Elf(e)) =
+                kpack_host::offload::verify_elf(&t.bytes, Some(t.bundles))
+            {
+                panic!("{}: the output does not parse: {e}", p.display());
+            }
+        }
+    }
+}
+
 /// Found by the `offload` fuzz target: a fat binary whose `.hip_fatbin`
 /// lies in a writable PT_LOAD (e.g. linked with `ld -N`) was rewritten with
 /// the metadata there, which the verifier then rejected as an internal

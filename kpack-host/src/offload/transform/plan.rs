@@ -924,6 +924,10 @@ pub fn sections(
                 return Err(TransformError::SectionInRemoved {
                     name: elf.section_name(i)?,
                 });
+            } else if off > plan.cut.start {
+                // An empty (or NOBITS) section placed among the removed
+                // bytes: where they were, not past the shorter file's end.
+                t.sh_offset.set(LE, plan.cut.start);
             }
         }
         if i > 0 && plan.cut.inserted > 0 && off >= plan.cut.start {
