@@ -798,14 +798,11 @@ pub(crate) fn md5_word(digest: &[u8]) -> u64 {
 /// `align`, which clang sets to 4096 for code objects).
 pub fn write_bundle(entries: &[(&str, &[u8])], align: usize) -> Vec<u8> {
     let sizes: Vec<(&str, usize)> = entries.iter().map(|(t, d)| (*t, d.len())).collect();
-    let (offsets, len) = bundle_layout(&sizes, align);
-    let mut out = Vec::with_capacity(len as usize);
-    write_table(&mut out, &sizes, &offsets);
-    for ((_, d), off) in entries.iter().zip(&offsets) {
-        out.resize(*off as usize, 0);
-        out.extend_from_slice(d);
+    let mut bundle = BundleBuf::new(&sizes, align);
+    for (i, (_, d)) in entries.iter().enumerate() {
+        bundle.put(i, d);
     }
-    out
+    bundle.into_bytes()
 }
 
 /// [`write_bundle`] of entries it takes (their bytes owned, or shared as
@@ -816,14 +813,11 @@ pub fn write_bundle_owned<D: Deref<Target = [u8]>>(
     align: usize,
 ) -> Vec<u8> {
     let sizes: Vec<(&str, usize)> = entries.iter().map(|(t, d)| (t.as_str(), d.len())).collect();
-    let (offsets, len) = bundle_layout(&sizes, align);
-    let mut out = Vec::with_capacity(len as usize);
-    write_table(&mut out, &sizes, &offsets);
-    for ((_, d), off) in entries.into_iter().zip(&offsets) {
-        out.resize(*off as usize, 0);
-        out.extend_from_slice(&d);
+    let mut bundle = BundleBuf::new(&sizes, align);
+    for (i, (_, d)) in entries.into_iter().enumerate() {
+        bundle.put(i, &d);
     }
-    out
+    bundle.into_bytes()
 }
 
 /// A bundle written in place: its table first, for entries whose sizes are
@@ -1029,7 +1023,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn bundle_buf_writes_what_write_bundle_writes() {
+    fn written_bundles_are_laid_out_as_clang_does() {
         let host: &[u8] = &[];
         let a = vec![7u8; 5000];
         let b: Vec<u8> = (0..=255).collect();
@@ -1038,19 +1032,46 @@ mod tests {
             ("hipv4-amdgcn-amd-amdhsa--gfx1100", &a[..]),
             ("hipv4-amdgcn-amd-amdhsa--gfx942", &b[..]),
         ];
+        let sizes: Vec<(&str, usize)> = entries.iter().map(|(t, d)| (*t, d.len())).collect();
         for align in [1, 16, 4096] {
-            let sizes: Vec<(&str, usize)> = entries.iter().map(|(t, d)| (*t, d.len())).collect();
+            let bytes = write_bundle(&entries, align);
+            // The table: magic, count, then (offset, size, triple) each.
+            let table_len = 32 + entries.iter().map(|(t, _)| 24 + t.len()).sum::<usize>();
+            let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+            assert_eq!(&bytes[..24], BUNDLE_MAGIC);
+            assert_eq!(word(24), 3);
+            let mut at = 32;
+            let mut end = table_len;
+            for (t, d) in &entries {
+                let (off, size) = (word(at) as usize, word(at + 8) as usize);
+                assert_eq!(size, d.len());
+                assert_eq!(&bytes[at + 24..at + 24 + t.len()], t.as_bytes());
+                let want = if d.is_empty() {
+                    end
+                } else {
+                    end.div_ceil(align) * align
+                };
+                assert_eq!(off, want, "{t} at align {align}");
+                assert!(bytes[end..off].iter().all(|&z| z == 0), "padding is zeros");
+                assert_eq!(&bytes[off..off + size], *d);
+                end = off + size;
+                at += 24 + t.len();
+            }
+            assert_eq!(bytes.len(), end);
+            assert_eq!(bundle_layout(&sizes, align).1 as usize, end);
+            let owned = entries
+                .iter()
+                .map(|(t, d)| (t.to_string(), d.to_vec()))
+                .collect();
+            assert_eq!(write_bundle_owned(owned, align), bytes, "align {align}");
+
             let mut buf = BundleBuf::new(&sizes, align);
             assert!(!buf.put(1, &b), "a wrong size is refused");
             assert!(!buf.put(3, &b), "no entry 3");
             for (i, (_, d)) in entries.iter().enumerate() {
                 assert!(buf.put(i, d));
             }
-            assert_eq!(
-                buf.into_bytes(),
-                write_bundle(&entries, align),
-                "align {align}"
-            );
+            assert_eq!(buf.into_bytes(), bytes, "align {align}");
         }
     }
 
