@@ -62,6 +62,8 @@ pub fn run(sh: &Shell, root: &Path, opts: Options) -> Result<()> {
     let (nightly, sanitizer) = pick_sanitizer(sh, &opts)?;
     let toolchain: &[&str] = if nightly { &["+nightly"] } else { &[] };
     ensure_cargo_fuzz(sh)?;
+    // The seeds come from the fixtures, built by clang-19 and friends.
+    crate::test::install_debian_packages(sh)?;
 
     fixtures::build_all(sh, root, false)?;
     let seeds = make_seeds(sh, root)?;

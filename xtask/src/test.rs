@@ -136,7 +136,9 @@ fn corrosion(sh: &Shell, root: &Path) -> Option<String> {
     found.then(|| "an installed Corrosion package".to_string())
 }
 
-fn install_debian_packages(sh: &Shell) -> Result<()> {
+/// The Debian packages the tests and the fixtures need (see
+/// [`DEBIAN_PACKAGES`]).
+pub fn install_debian_packages(sh: &Shell) -> Result<()> {
     ensure_debian_packages(sh, DEBIAN_PACKAGES, "test")
 }
 
