@@ -209,10 +209,14 @@ impl<'a> ElfView<'a> {
     fn describe(&self, index: usize) -> Result<Section<'a>, ElfError> {
         let sh = &self.shdrs[index];
         let name = self.section_name(index)?;
-        let data = sh.data(LE, self.data).map_err(|e| ElfError::BadSection {
-            name: name.clone(),
-            problem: format!("its bytes lie outside the file ({e})"),
-        })?;
+        // An SHT_NULL header is inactive: its other fields mean nothing.
+        let data = match sh.sh_type(LE) {
+            elf::SHT_NULL => &[][..],
+            _ => sh.data(LE, self.data).map_err(|e| ElfError::BadSection {
+                name: name.clone(),
+                problem: format!("its bytes lie outside the file ({e})"),
+            })?,
+        };
         Ok(Section {
             index,
             name,
@@ -496,9 +500,10 @@ impl PhdrExt for ProgramHeader {
     }
 }
 
-/// Bytes of a section in the file (none for NOBITS).
+/// Bytes of a section in the file (none for NOBITS, nor for an inactive
+/// SHT_NULL header).
 pub fn file_size(sh: &SectionHeader) -> u64 {
-    if sh.sh_type(LE) == elf::SHT_NOBITS {
+    if matches!(sh.sh_type(LE), elf::SHT_NOBITS | elf::SHT_NULL) {
         0
     } else {
         sh.sh_size(LE)
