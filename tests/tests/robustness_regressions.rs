@@ -121,6 +121,43 @@ fn transform_moves_empty_sections_out_of_the_removed_pages() {
     }
 }
 
+/// Found by the `offload` fuzz target
+/// (`regressions/offload/packed-relocation-of-the-elf-header.so`): packed
+/// (RELR) relocations applying to the ELF header, which the transform
+/// rewrites, gave an output whose relocated header words then pointed into
+/// the removed pages. Now refused. And, looking at it, packed relocations
+/// were not checked against the sections that move to make room for a
+/// program header, as RELA ones were: a pointer to one is now refused too
+/// instead of left pointing at the old place.
+#[test]
+fn transform_refuses_packed_relocations_of_rewritten_bytes() {
+    let b = fs::read(
+        workspace().join("fuzz/regressions/offload/packed-relocation-of-the-elf-header.so"),
+    )
+    .unwrap();
+    let e = transform::transform(&b, &meta()).unwrap_err();
+    assert!(e.to_string().contains("applies to the ELF header"), "{e}");
+
+    let mut b = fs::read(fixture("libvadd_relr.so").path).unwrap();
+    let h = ElfView::parse(&b).unwrap();
+    let relocated = h.relr().unwrap()[0];
+    let sections = h.sections().unwrap();
+    let data = sections
+        .iter()
+        .find(|s| s.size > 0 && (s.addr..s.addr + s.size).contains(&relocated))
+        .unwrap();
+    let dynsym = h.section(".dynsym").unwrap().unwrap().addr;
+    let at = (relocated - data.addr + data.offset) as usize;
+    drop(sections);
+    let t = transform::transform(&b, &meta()).unwrap();
+    assert!(t.bytes.len() < b.len(), "the fixture's sections move");
+    b[at..at + 8].copy_from_slice(&(dynsym + 8).to_le_bytes());
+    let Err(e) = transform::transform(&b, &meta()) else {
+        panic!("a pointer to .dynsym, which moves, was left as it was");
+    };
+    assert!(e.to_string().contains("must move"), "{e}");
+}
+
 /// Found by the `offload` fuzz target: a fat binary whose `.hip_fatbin`
 /// lies in a writable PT_LOAD (e.g. linked with `ld -N`) was rewritten with
 /// the metadata there, which the verifier then rejected as an internal

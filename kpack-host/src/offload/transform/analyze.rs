@@ -2,14 +2,14 @@
 //! relies on, before anything is planned or written.
 
 use object::elf;
-use object::read::elf::{ProgramHeader as _, SectionHeader as _};
+use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _};
 
 use super::{TransformError, WrapperChange};
 use crate::binary::{Address, HostBinary, WrapperError, WrapperSlot, WrapperTable};
 use crate::bundle::list_fatbin;
 use crate::elf::{
     file_size, ElfError, ElfView, PhdrExt, Pointer, ProgramHeader, RelocKinds, Relocations,
-    SectionHeader, FATBIN_SECTION, LE, METADATA_SECTION,
+    SectionHeader, FATBIN_SECTION, LE, METADATA_SECTION, PHDR_SIZE,
 };
 
 /// What the transform needs to know about its input.
@@ -287,9 +287,13 @@ fn check_relocations(
         start: f.addr,
         end: f.end(),
     };
+    let in_headers = in_headers(elf);
     for r in &relocs.relas {
         if f.contains(r.r_offset) {
             return Err(hit(r.r_offset, "applies to bytes"));
+        }
+        if in_headers(r.r_offset) {
+            return Err(TransformError::RelocationIntoHeaders(r.r_offset));
         }
         if r.r_type == kinds.relative
             && f.contains(r.r_addend as u64)
@@ -302,6 +306,9 @@ fn check_relocations(
         if f.contains(a) {
             return Err(hit(a, "applies to bytes"));
         }
+        if in_headers(a) {
+            return Err(TransformError::RelocationIntoHeaders(a));
+        }
         if !wrapper_ptrs.contains(&a) {
             let value = elf
                 .addr_to_offset(a, 8)
@@ -312,6 +319,17 @@ fn check_relocations(
         }
     }
     Ok(())
+}
+
+/// Whether the word relocated at an address overlaps the ELF header or the
+/// program header table, which the transform rewrites.
+fn in_headers<'a>(elf: &'a ElfView) -> impl Fn(u64) -> bool + 'a {
+    let start = elf.header().e_phoff(LE);
+    let end = start.saturating_add((elf.phdrs().len() * PHDR_SIZE) as u64);
+    move |addr| {
+        elf.addr_to_offset(addr, 1)
+            .is_some_and(|o| o < 64 || (o < end && o.saturating_add(8) > start))
+    }
 }
 
 /// Read an offloaded binary for restore: the checks of [`analyze`] on its

@@ -69,6 +69,8 @@ pub enum TransformError {
         start: u64,
         end: u64,
     },
+    #[error("relocation at {0:#x} applies to the ELF header or the program header table, which the transform rewrites")]
+    RelocationIntoHeaders(u64),
     #[error("{FATBIN_SECTION} is not inside the file-backed part of a PT_LOAD segment")]
     FatbinNotLoaded,
     #[error("{FATBIN_SECTION} lies in a writable PT_LOAD segment: the HIPK metadata that replaces it must be read-only")]

@@ -795,15 +795,23 @@ fn check_block_relocations(input: &Input, plan: &Plan) -> Result<(), TransformEr
     if plan.block.is_none() {
         return Ok(());
     }
+    let refuse = |at: u64| TransformError::CannotGrowPhdrs {
+        why: format!("relocation at {at:#x} refers to a section that must move"),
+    };
     for r in &input.relocs.relas {
         let points_in = r.r_type == input.kinds.relative && plan.in_block(r.r_addend as u64);
         if plan.in_block(r.r_offset) || points_in {
-            return Err(TransformError::CannotGrowPhdrs {
-                why: format!(
-                    "relocation at {:#x} refers to a section that must move",
-                    r.r_offset
-                ),
-            });
+            return Err(refuse(r.r_offset));
+        }
+    }
+    // Packed relative relocations: the address is the word's own value.
+    let elf = &input.elf;
+    for &a in &input.relocs.relr {
+        let value = elf
+            .addr_to_offset(a, 8)
+            .and_then(|o| crate::bytes::u64_at(elf.bytes(), o));
+        if plan.in_block(a) || value.is_some_and(|v| plan.in_block(v)) {
+            return Err(refuse(a));
         }
     }
     Ok(())
