@@ -284,6 +284,13 @@ impl<'a> ElfView<'a> {
             if sh.sh_size(LE) % 8 != 0 {
                 return Err(bad());
             }
+            let words = sh.data(LE, self.data).map_err(|_| bad())?;
+            if !relr_fits(words) {
+                return Err(ElfError::BadSection {
+                    name: self.section_name(i).unwrap_or_default(),
+                    problem: "RELR entries run past the end of the address space".into(),
+                });
+            }
             let relr = sh.relr(LE, self.data).map_err(|_| bad())?;
             out.extend(relr.into_iter().flatten());
         }
@@ -500,6 +507,24 @@ impl PhdrExt for ProgramHeader {
     }
 }
 
+/// Whether the addresses a RELR table (64-bit words) encodes stay below
+/// 2^64: an even word is an address, and each bitmap word after it covers
+/// the 63 words that follow the last one covered.
+fn relr_fits(words: &[u8]) -> bool {
+    let mut last = Some(0u64);
+    for w in words.chunks_exact(8) {
+        let w = u64::from_le_bytes(w.try_into().expect("8 bytes"));
+        last = match w & 1 {
+            0 => Some(w),
+            _ => last.and_then(|a| a.checked_add(63 * 8)),
+        };
+        if last.is_none() {
+            return false;
+        }
+    }
+    true
+}
+
 /// Bytes of a section in the file (none for NOBITS, nor for an inactive
 /// SHT_NULL header).
 pub fn file_size(sh: &SectionHeader) -> u64 {
@@ -513,6 +538,21 @@ pub fn file_size(sh: &SectionHeader) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn relr_tables_that_overflow_are_found() {
+        let table = |words: &[u64]| {
+            words
+                .iter()
+                .flat_map(|w| w.to_le_bytes())
+                .collect::<Vec<u8>>()
+        };
+        assert!(relr_fits(&table(&[0x1000, 0b101, u64::MAX])));
+        let top = u64::MAX - 7 - 63 * 8;
+        assert!(relr_fits(&table(&[top, u64::MAX])));
+        assert!(!relr_fits(&table(&[top + 8, u64::MAX])));
+        assert!(!relr_fits(&table(&[top, u64::MAX, 3])));
+    }
 
     // By hand: idents cut after a few bytes, which object::write cannot make.
     #[test]
