@@ -417,6 +417,12 @@ impl<'a> HostBinary<'a> {
                 sec.size
             )));
         };
+        if sec.addr.checked_add(sec.size).is_none() {
+            return Err(bad(format!(
+                "its addresses ({:#x}, {} bytes) run past 2^64",
+                sec.addr, sec.size
+            )));
+        }
         let offsets = record_offsets(bytes).map_err(|e| bad(e.to_string()))?;
         let mut table = match self {
             HostBinary::Elf(e) => WrapperTable {
