@@ -55,7 +55,7 @@ fn transform_fuzz_regressions_never_panic() {
         if let Ok(t) = transform::transform(&b, &meta()) {
             let _ = kpack_host::offload::verify_elf(&t.bytes, Some(t.bundles));
         }
-        let out = kpack_dir.path().join("out.so");
+        let out = kpack_dir.path().join(p.file_name().unwrap());
         let o = kpack(&[
             &"offload",
             &p,
@@ -66,7 +66,15 @@ fn transform_fuzz_regressions_never_panic() {
         ]);
         let stderr = String::from_utf8_lossy(&o.stderr);
         assert!(!stderr.contains("panicked"), "{}: {stderr}", p.display());
-        if o.status.success() {
+        let host_only = kpack_host::binary::classify(&b) == kpack_host::binary::Class::HostOnly;
+        if o.status.success() && host_only {
+            assert_eq!(
+                fs::read(&out).unwrap(),
+                b,
+                "{}: host code is copied",
+                p.display()
+            );
+        } else if o.status.success() {
             kpack_ok(&[&"verify-elf", &out]);
         } else {
             assert!(!out.exists(), "{}: output written on failure", p.display());
@@ -156,6 +164,27 @@ fn transform_refuses_packed_relocations_of_rewritten_bytes() {
         panic!("a pointer to .dynsym, which moves, was left as it was");
     };
     assert!(e.to_string().contains("must move"), "{e}");
+}
+
+/// Found by the `offload` fuzz target (`regressions/offload/fatbin-of-zeros.so`):
+/// a `.hip_fatbin` of zeros only is host code (`classify` says so, and the
+/// commands copy such a binary), but the transform, called directly,
+/// rewrote it. Now it refuses: there is no bundle to move.
+#[test]
+fn transform_refuses_a_fatbin_without_bundles() {
+    let mut b = fs::read(fixture("libvadd.so").path).unwrap();
+    let h = ElfView::parse(&b).unwrap();
+    let f = h.section(".hip_fatbin").unwrap().unwrap();
+    let range = f.offset as usize..(f.offset + f.size) as usize;
+    b[range].fill(0);
+    assert_eq!(
+        kpack_host::binary::classify(&b),
+        kpack_host::binary::Class::HostOnly
+    );
+    assert_eq!(
+        transform::transform(&b, &meta()).unwrap_err(),
+        TransformError::NoBundles
+    );
 }
 
 /// Found by the `offload` fuzz target: a fat binary whose `.hip_fatbin`

@@ -197,10 +197,14 @@ fn find_fatbin(elf: &ElfView) -> Result<(Fatbin, Vec<(usize, usize)>), Transform
         .bytes()
         .get(fatbin.offset as usize..end as usize)
         .ok_or(TransformError::FatbinNotLoaded)?;
-    let starts = list_fatbin(data)?
+    let starts: Vec<_> = list_fatbin(data)?
         .iter()
         .map(|bundle| (bundle.range.start, bundle.index))
         .collect();
+    if starts.is_empty() {
+        // Zeros only: a host-only binary (`binary::classify`).
+        return Err(TransformError::NoBundles);
+    }
     Ok((fatbin, starts))
 }
 

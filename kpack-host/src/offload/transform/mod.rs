@@ -54,6 +54,8 @@ pub enum TransformError {
     Bundle(#[from] BundleError),
     #[error("no {FATBIN_SECTION} section: not a fat binary")]
     NotFat,
+    #[error("{FATBIN_SECTION} holds no bundle: no device code to move")]
+    NoBundles,
     #[error("{FATBIN_SECTION} is already NOBITS but the wrappers are not all HIPK")]
     HalfOffloaded,
     #[error("unsupported machine {} (kpack rewrites x86-64, AArch64 and ppc64le binaries)", crate::elf::machine_name(*.0))]
