@@ -187,6 +187,25 @@ fn transform_refuses_a_fatbin_without_bundles() {
     );
 }
 
+/// Found by the `offload` fuzz target
+/// (`regressions/offload/moved-section-with-bytes-elsewhere.so`): a section
+/// whose address lay among those that move to make room for a program
+/// header, but whose bytes lay elsewhere, was moved by its address and its
+/// offset sent past the end of the file. Now refused.
+#[test]
+fn transform_refuses_a_section_whose_bytes_are_not_with_its_address() {
+    let b = fs::read(
+        workspace().join("fuzz/regressions/offload/moved-section-with-bytes-elsewhere.so"),
+    )
+    .unwrap();
+    let e = transform::transform(&b, &meta()).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains(".gnu.hash is not laid out like its neighbours"),
+        "{e}"
+    );
+}
+
 /// Found by the `offload` fuzz target: a fat binary whose `.hip_fatbin`
 /// lies in a writable PT_LOAD (e.g. linked with `ld -N`) was rewritten with
 /// the metadata there, which the verifier then rejected as an internal

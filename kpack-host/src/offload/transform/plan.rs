@@ -710,8 +710,24 @@ fn block_to_move(
         .unwrap_or(0);
     let end = close_block(elf, start, end);
     let mut align = 8;
-    for i in sections_overlapping(elf, start, end) {
+    let inside = sections_overlapping(elf, start, end);
+    for &i in &inside {
         align = align.max(check_movable(elf, i, &first, end)?);
+    }
+    // Sections move by address: none may have its address in the block
+    // and its bytes elsewhere.
+    let addrs = first.sh_addr(LE)..first.sh_addr(LE).saturating_add(end - start);
+    if let Some(i) = (1..elf.shdrs().len()).find(|i| {
+        let s = &elf.shdrs()[*i];
+        let alloc = s.sh_flags(LE) & u64::from(elf::SHF_ALLOC) != 0;
+        alloc && file_size(s) > 0 && addrs.contains(&s.sh_addr(LE)) && !inside.contains(i)
+    }) {
+        return Err(TransformError::CannotGrowPhdrs {
+            why: format!(
+                "section {} is not laid out like its neighbours",
+                elf.section_name(i)?
+            ),
+        });
     }
     Ok(Some(BlockMove {
         start_addr: first.sh_addr(LE),
