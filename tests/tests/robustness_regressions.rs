@@ -193,7 +193,7 @@ fn transform_refuses_a_fatbin_without_bundles() {
 /// header, but whose bytes lay elsewhere, was moved by its address and its
 /// offset sent past the end of the file. Now refused.
 #[test]
-fn transform_refuses_a_section_whose_bytes_are_not_with_its_address() {
+fn transform_refuses_layouts_it_cannot_keep_sound() {
     let b = fs::read(
         workspace().join("fuzz/regressions/offload/moved-section-with-bytes-elsewhere.so"),
     )
@@ -204,6 +204,13 @@ fn transform_refuses_a_section_whose_bytes_are_not_with_its_address() {
             .contains(".gnu.hash is not laid out like its neighbours"),
         "{e}"
     );
+    // (`empty-load-below-the-split.so`) An empty PT_LOAD after the one
+    // holding `.hip_fatbin` but at a lower address: in order in the input
+    // (empty), out of order once that segment is split.
+    let b = fs::read(workspace().join("fuzz/regressions/offload/empty-load-below-the-split.so"))
+        .unwrap();
+    let e = transform::transform(&b, &meta()).unwrap_err();
+    assert!(e.to_string().contains("starts below its end"), "{e}");
 }
 
 /// Found by the `offload` fuzz target: a fat binary whose `.hip_fatbin`

@@ -98,6 +98,7 @@ pub fn analyze(elf: ElfView<'_>) -> Result<Input<'_>, TransformError> {
     let bin = HostBinary::Elf(elf);
     let (fatbin, bundle_starts) = find_fatbin(&elf)?;
     let (xi, x) = holding_segment(&elf, &fatbin)?;
+    check_loads_after(&elf, xi, &x)?;
     let unit = page_unit(&elf)?;
     let table = bin.wrappers().map_err(WrapperError::Table)?;
     let wrappers = resolve_wrappers(&table, &fatbin, &bundle_starts)?;
@@ -206,6 +207,24 @@ fn find_fatbin(elf: &ElfView) -> Result<(Fatbin, Vec<(usize, usize)>), Transform
         return Err(TransformError::NoBundles);
     }
     Ok((fatbin, starts))
+}
+
+/// The `PT_LOAD`s after X in the table must start at or after its end, as
+/// the part of X after the removed pages will (an empty one at a lower
+/// address, which the verifier lets pass, would then be out of order).
+fn check_loads_after(elf: &ElfView, xi: usize, x: &ProgramHeader) -> Result<(), TransformError> {
+    let x_end = x.p_vaddr(LE) + x.p_memsz(LE);
+    match elf.phdrs()[xi + 1..]
+        .iter()
+        .position(|p| p.is_load() && p.p_vaddr(LE) < x_end)
+    {
+        Some(i) => Err(ElfError::Malformed(format!(
+            "program header {}: a PT_LOAD after the one holding {FATBIN_SECTION} starts below its end",
+            xi + 1 + i
+        ))
+        .into()),
+        None => Ok(()),
+    }
 }
 
 /// The read-only `PT_LOAD` (X) whose file-backed part holds the section at
