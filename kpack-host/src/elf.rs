@@ -297,6 +297,13 @@ impl<'a> ElfView<'a> {
         Ok(out)
     }
 
+    /// The word a packed (RELR) relocation at `addr` relocates, as it is
+    /// in the file (the address it points at, before the base is added).
+    pub(crate) fn relr_value(&self, addr: u64) -> Option<u64> {
+        self.addr_to_offset(addr, 8)
+            .and_then(|o| crate::bytes::u64_at(self.data, o))
+    }
+
     /// `st_value` of a `.dynsym` symbol.
     pub(crate) fn dynsym_value(&self, sym: u32) -> Result<u64, ElfError> {
         let i = self.section_index(".dynsym").ok_or_else(|| {

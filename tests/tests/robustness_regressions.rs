@@ -34,15 +34,19 @@ fn regression_inputs(target: &str) -> Vec<PathBuf> {
     v
 }
 
+/// Why the transform refuses the saved fuzz input `fuzz/regressions/offload/{name}`.
+fn refusal(name: &str) -> String {
+    let b = fs::read(workspace().join("fuzz/regressions/offload").join(name)).unwrap();
+    transform::transform(&b, &meta()).unwrap_err().to_string()
+}
+
 /// Found by the `offload` fuzz target (an overflow, a panic in debug
 /// builds): a section with an alignment of 2^64 - x among those the
 /// program header table grows over. Now an error.
 #[test]
 fn transform_section_alignment_overflow() {
-    let b = fs::read(workspace().join("fuzz/regressions/offload/section-alignment-overflow.so"))
-        .unwrap();
-    let e = transform::transform(&b, &meta()).unwrap_err();
-    assert!(e.to_string().contains("unsupported alignment"), "{e}");
+    let e = refusal("section-alignment-overflow.so");
+    assert!(e.contains("unsupported alignment"), "{e}");
 }
 
 /// Every saved fuzz input: no panic in the transform or the verifier, and
@@ -139,12 +143,8 @@ fn transform_moves_empty_sections_out_of_the_removed_pages() {
 /// instead of left pointing at the old place.
 #[test]
 fn transform_refuses_packed_relocations_of_rewritten_bytes() {
-    let b = fs::read(
-        workspace().join("fuzz/regressions/offload/packed-relocation-of-the-elf-header.so"),
-    )
-    .unwrap();
-    let e = transform::transform(&b, &meta()).unwrap_err();
-    assert!(e.to_string().contains("applies to the ELF header"), "{e}");
+    let e = refusal("packed-relocation-of-the-elf-header.so");
+    assert!(e.contains("applies to the ELF header"), "{e}");
 
     let mut b = fs::read(fixture("libvadd_relr.so").path).unwrap();
     let h = ElfView::parse(&b).unwrap();
@@ -194,23 +194,16 @@ fn transform_refuses_a_fatbin_without_bundles() {
 /// offset sent past the end of the file. Now refused.
 #[test]
 fn transform_refuses_layouts_it_cannot_keep_sound() {
-    let b = fs::read(
-        workspace().join("fuzz/regressions/offload/moved-section-with-bytes-elsewhere.so"),
-    )
-    .unwrap();
-    let e = transform::transform(&b, &meta()).unwrap_err();
+    let e = refusal("moved-section-with-bytes-elsewhere.so");
     assert!(
-        e.to_string()
-            .contains(".gnu.hash is not laid out like its neighbours"),
+        e.contains(".gnu.hash is not laid out like its neighbours"),
         "{e}"
     );
     // (`empty-load-below-the-split.so`) An empty PT_LOAD after the one
     // holding `.hip_fatbin` but at a lower address: in order in the input
     // (empty), out of order once that segment is split.
-    let b = fs::read(workspace().join("fuzz/regressions/offload/empty-load-below-the-split.so"))
-        .unwrap();
-    let e = transform::transform(&b, &meta()).unwrap_err();
-    assert!(e.to_string().contains("starts below its end"), "{e}");
+    let e = refusal("empty-load-below-the-split.so");
+    assert!(e.contains("starts below its end"), "{e}");
 }
 
 /// Found by the `offload` fuzz target: a fat binary whose `.hip_fatbin`

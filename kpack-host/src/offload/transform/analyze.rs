@@ -333,9 +333,7 @@ fn check_relocations(
             return Err(TransformError::RelocationIntoHeaders(a));
         }
         if !wrapper_ptrs.contains(&a) {
-            let value = elf
-                .addr_to_offset(a, 8)
-                .and_then(|o| crate::bytes::u64_at(elf.bytes(), o));
+            let value = elf.relr_value(a);
             if value.is_some_and(|v| f.contains(v)) {
                 return Err(hit(a, "points"));
             }

@@ -714,9 +714,17 @@ fn block_to_move(
     for &i in &inside {
         align = align.max(check_movable(elf, i, &first, end)?);
     }
+    let block = BlockMove {
+        start_addr: first.sh_addr(LE),
+        end_addr: first.sh_addr(LE) + (end - start),
+        start_off: start,
+        align,
+        addr_delta: 0,
+        off_delta: 0,
+    };
     // Sections move by address: none may have its address in the block
     // and its bytes elsewhere.
-    let addrs = first.sh_addr(LE)..first.sh_addr(LE).saturating_add(end - start);
+    let addrs = block.start_addr..block.end_addr;
     if let Some(i) = (1..elf.shdrs().len()).find(|i| {
         let s = &elf.shdrs()[*i];
         let alloc = s.sh_flags(LE) & u64::from(elf::SHF_ALLOC) != 0;
@@ -729,14 +737,7 @@ fn block_to_move(
             ),
         });
     }
-    Ok(Some(BlockMove {
-        start_addr: first.sh_addr(LE),
-        end_addr: first.sh_addr(LE) + (end - start),
-        start_off: start,
-        align,
-        addr_delta: 0,
-        off_delta: 0,
-    }))
+    Ok(Some(block))
 }
 
 /// Extend the block `[start, end)` until it holds whole segments that
@@ -823,9 +824,7 @@ fn check_block_relocations(input: &Input, plan: &Plan) -> Result<(), TransformEr
     // Packed relative relocations: the address is the word's own value.
     let elf = &input.elf;
     for &a in &input.relocs.relr {
-        let value = elf
-            .addr_to_offset(a, 8)
-            .and_then(|o| crate::bytes::u64_at(elf.bytes(), o));
+        let value = elf.relr_value(a);
         if plan.in_block(a) || value.is_some_and(|v| plan.in_block(v)) {
             return Err(refuse(a));
         }

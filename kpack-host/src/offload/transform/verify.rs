@@ -399,9 +399,7 @@ fn check_relocations_into(
             ));
             continue;
         }
-        let value = elf
-            .addr_to_offset(a, 8)
-            .and_then(|o| crate::bytes::u64_at(elf.bytes(), o));
+        let value = elf.relr_value(a);
         if value.is_some_and(|v| removed.contains(&v)) {
             bad.push(format!("packed relocation at {a:#x} points into {what}"));
         }
