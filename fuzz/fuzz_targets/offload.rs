@@ -87,8 +87,9 @@ fuzz_target!(|data: &[u8]| {
     let Ok(t) = transform::transform(data, metadata()) else {
         return;
     };
+    let t_bytes = t.to_vec();
     assert_eq!(class, Class::Fat, "transformed an input not classified fat");
-    match verify_elf(&t.bytes, Some(t.bundles)) {
+    match verify_elf(&t_bytes, Some(t.bundles)) {
         Ok(v) => {
             assert_eq!(v.metadata_addr, t.metadata_addr);
             assert_eq!(v.co_indices.len(), t.wrappers.len());
@@ -109,12 +110,12 @@ fuzz_target!(|data: &[u8]| {
         Err(e) => panic!("transform output fails verification: {e}"),
     }
     assert_eq!(
-        classify(&t.bytes),
+        classify(&t_bytes),
         Class::Offloaded,
         "output not recognized as offloaded"
     );
     assert!(
-        transform::transform(&t.bytes, metadata()).is_err(),
+        transform::transform(&t_bytes, metadata()).is_err(),
         "rewrote an offloaded binary"
     );
 });

@@ -31,13 +31,13 @@ use crate::archive::Scheme;
 use crate::hipk::HipkMetadata;
 use crate::input::{map_file, Mapped};
 use crate::msgpack::Value;
-use crate::tree::{copy_file, copy_symlink, make_dirs, write_file, Node, NodeKind};
+use crate::tree::{copy_file, copy_symlink, create_file, make_dirs, Node, NodeKind};
 use crate::{ArtifactError, Observer, Result};
 use kpack_bundle::list_fatbin;
 use kpack_host::binary::{classify_parsed, could_be_binary, Class, Classified};
 use kpack_host::offload::collect::{collect, CollectOptions, Located};
 use kpack_host::offload::{archive_file_name, GFXARCH};
-use kpack_host::offload::{archive_key, rewrite_binary};
+use kpack_host::offload::{archive_key, rewrite_binary, write_rewritten};
 use kpack_host::{ArchiveWriter, FrameParams, KernelData, WithPath};
 
 /// One `.kpack` archive written by split or pack-tree.
@@ -393,7 +393,12 @@ impl Packer<'_> {
             .iter()
             .any(|b| b.compressed.is_some());
         let t = rewrite_binary(&job.src, bin, &metadata)?;
-        write_file(&job.dst, &t.bytes, job.mode)?;
+        let source = File::open(&job.src).map_err(|e| ArtifactError::io(&job.src, e))?;
+        create_file(&job.dst, job.mode, |f| {
+            Ok(write_rewritten(&job.src, &t, Some(&source), f)?)
+        })?;
+        // The pages the rewrite read of the host part are not needed again.
+        mapped.release(0..mapped.len());
         let mut b = Offloaded {
             kernel_name,
             source_prefix: job.source_prefix.clone(),
@@ -407,7 +412,7 @@ impl Packer<'_> {
         }
         Ok(Done {
             outcome: Outcome::Offloaded(Box::new(b)),
-            bytes_out: t.bytes.len() as u64,
+            bytes_out: t.len(),
         })
     }
 

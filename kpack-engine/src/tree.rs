@@ -135,16 +135,27 @@ pub fn copy_file(src: &Path, dst: &Path, mode: u32) -> Result<u64> {
     Ok(n)
 }
 
-/// Write bytes to a new file with this mode (an existing `dst` is
-/// unlinked first).
-pub fn write_file(dst: &Path, bytes: &[u8], mode: u32) -> Result<()> {
+/// Create `dst` with this mode (an existing one is unlinked first), open
+/// for reading and writing, and fill it with `f`.
+pub fn create_file<T>(
+    dst: &Path,
+    mode: u32,
+    f: impl FnOnce(&mut fs::File) -> Result<T>,
+) -> Result<T> {
     if let Some(p) = dst.parent() {
         make_dirs(p)?;
     }
     unlink(dst)?;
-    fs::write(dst, bytes).map_err(|e| ArtifactError::io(dst, e))?;
+    let mut file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(dst)
+        .map_err(|e| ArtifactError::io(dst, e))?;
+    let value = f(&mut file)?;
     fs::set_permissions(dst, fs::Permissions::from_mode(mode))
-        .map_err(|e| ArtifactError::io(dst, e))
+        .map_err(|e| ArtifactError::io(dst, e))?;
+    Ok(value)
 }
 
 /// Create a symlink `dst` → `target` (the target as written, not
@@ -307,12 +318,21 @@ mod tests {
     /// its mode (EPERM). Run as a real non-root user (setpriv) when the
     /// tests run as root; otherwise over a read-only file of our own
     /// (which `fs::copy` alone cannot open).
+    /// What offloading writes a binary with: [`create_file`].
+    fn write_new(dst: &Path, bytes: &[u8], mode: u32) {
+        use std::io::Write;
+        create_file(dst, mode, |f| {
+            f.write_all(bytes).map_err(|e| ArtifactError::io(dst, e))
+        })
+        .unwrap();
+    }
+
     #[test]
     fn copy_over_another_users_file() {
         if let Some(dir) = std::env::var_os(AS_OTHER_USER) {
             let dir = Path::new(&dir);
             copy_file(&dir.join("src"), &dir.join("dst"), 0o640).unwrap();
-            write_file(&dir.join("dst2"), b"new", 0o600).unwrap();
+            write_new(&dir.join("dst2"), b"new", 0o600);
             return;
         }
         let t = tempfile::tempdir().unwrap();
@@ -359,7 +379,7 @@ mod tests {
                 fs::set_permissions(dir.join(f), fs::Permissions::from_mode(0o444)).unwrap();
             }
             copy_file(&dir.join("src"), &dir.join("dst"), 0o640).unwrap();
-            write_file(&dir.join("dst2"), b"new", 0o600).unwrap();
+            write_new(&dir.join("dst2"), b"new", 0o600);
         }
         assert_eq!(fs::read(dir.join("dst")).unwrap(), b"the new bytes");
         assert_eq!(fs::metadata(dir.join("dst")).unwrap().mode() & 0o777, 0o640);

@@ -30,6 +30,7 @@ pub mod elf;
 mod error;
 pub mod extract;
 pub mod fatbin;
+pub mod image;
 pub mod inspect;
 pub mod kernels;
 pub mod offload;

@@ -77,23 +77,63 @@ pub(crate) fn write_atomically_as<T>(
     mode: Option<u32>,
     f: impl FnOnce(&mut File) -> Result<T>,
 ) -> Result<T> {
-    let dir = parent_dir(path);
-    let mut tmp = tempfile::Builder::new()
-        .prefix(TEMP_FILE_PREFIX)
-        .permissions(fs::Permissions::from_mode(0o666))
-        .tempfile_in(dir)
-        .with_path(path)?;
-    if let Some(mode) = mode {
-        fs::set_permissions(tmp.path(), fs::Permissions::from_mode(mode)).with_path(path)?;
-    }
-    let value = f(tmp.as_file_mut())?;
-    tmp.as_file_mut().flush().with_path(path)?;
-    // The bytes are on disk before the name points at them...
-    tmp.as_file().sync_all().with_path(path)?;
-    tmp.persist(path).map_err(|e| Error::io(path, e.error))?;
-    // ...and the name itself survives a crash.
-    sync_dir(dir).with_path(dir)?;
+    let mut pending = Pending::create(path, mode)?;
+    let value = f(pending.file())?;
+    pending.commit()?;
     Ok(value)
+}
+
+/// A file being written beside `path` (a temporary file in its directory,
+/// mode `mode` or 0666 less the umask), renamed over `path` by
+/// [`Pending::commit`]; dropped without a commit, it is removed. What
+/// [`write_atomically`] does in one call, for a writer that has more to do
+/// between filling the file and naming it (offload writes the archives
+/// after the binary's bytes are checked, and renames the binary last).
+pub struct Pending {
+    tmp: tempfile::NamedTempFile,
+    path: PathBuf,
+}
+
+impl Pending {
+    pub fn create(path: &Path, mode: Option<u32>) -> Result<Pending> {
+        let tmp = tempfile::Builder::new()
+            .prefix(TEMP_FILE_PREFIX)
+            .permissions(fs::Permissions::from_mode(0o666))
+            .tempfile_in(parent_dir(path))
+            .with_path(path)?;
+        if let Some(mode) = mode {
+            fs::set_permissions(tmp.path(), fs::Permissions::from_mode(mode)).with_path(path)?;
+        }
+        Ok(Pending {
+            tmp,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The open file (read and write).
+    pub fn file(&mut self) -> &mut File {
+        self.tmp.as_file_mut()
+    }
+
+    /// Where it goes.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Flush, fsync, rename over the path, fsync the directory.
+    pub fn commit(mut self) -> Result<()> {
+        let path = self.path;
+        self.tmp.as_file_mut().flush().with_path(&path)?;
+        // The bytes are on disk before the name points at them...
+        self.tmp.as_file().sync_all().with_path(&path)?;
+        self.tmp
+            .persist(&path)
+            .map_err(|e| Error::io(&path, e.error))?;
+        // ...and the name itself survives a crash.
+        let dir = parent_dir(&path);
+        sync_dir(dir).with_path(dir)?;
+        Ok(())
+    }
 }
 
 /// Write bytes to `path` atomically.

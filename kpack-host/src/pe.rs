@@ -450,20 +450,65 @@ pub fn section_name(raw: &[u8; 8]) -> String {
 /// one's-complement-style sum of the file's words, the 4 bytes at
 /// `checksum_at` taken as zero, plus the file's length.
 pub fn checksum(data: &[u8], checksum_at: u64) -> u32 {
-    let skip = checksum_at as usize..checksum_at as usize + 4;
-    let mut sum: u64 = 0;
-    for (i, pair) in data.chunks(2).enumerate() {
-        let at = i * 2;
-        let word = if skip.contains(&at) {
-            0
-        } else {
-            u64::from(pair[0]) | pair.get(1).map_or(0, |&b| u64::from(b) << 8)
-        };
-        sum += word;
-        sum = (sum & 0xffff) + (sum >> 16);
+    let mut sum = Checksum::new(checksum_at);
+    sum.update(data);
+    sum.finish()
+}
+
+/// Compute the image checksum of the file `f` (read in bounded chunks)
+/// and write it at `checksum_at`.
+pub fn fill_checksum(f: &std::fs::File, checksum_at: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let len = f.metadata()?.len();
+    let mut sum = Checksum::new(checksum_at);
+    let mut buf = vec![0u8; (1 << 20).min(len as usize)];
+    let mut pos = 0u64;
+    while pos < len {
+        let n = ((len - pos) as usize).min(buf.len());
+        f.read_exact_at(&mut buf[..n], pos)?;
+        sum.update(&buf[..n]);
+        pos += n as u64;
     }
-    sum = (sum & 0xffff) + (sum >> 16);
-    (sum as u32).wrapping_add(data.len() as u32)
+    f.write_all_at(&sum.finish().to_le_bytes(), checksum_at)
+}
+
+/// [`checksum`] over a file read in consecutive chunks.
+#[derive(Debug, Clone)]
+pub struct Checksum {
+    skip: std::ops::Range<u64>,
+    sum: u64,
+    len: u64,
+}
+
+impl Checksum {
+    pub fn new(checksum_at: u64) -> Checksum {
+        Checksum {
+            skip: checksum_at..checksum_at.saturating_add(4),
+            sum: 0,
+            len: 0,
+        }
+    }
+
+    /// The next bytes of the file: every chunk but the last of an even
+    /// length.
+    pub fn update(&mut self, data: &[u8]) {
+        for (i, pair) in data.chunks(2).enumerate() {
+            let at = self.len + (i * 2) as u64;
+            let word = if self.skip.contains(&at) {
+                0
+            } else {
+                u64::from(pair[0]) | pair.get(1).map_or(0, |&b| u64::from(b) << 8)
+            };
+            self.sum += word;
+            self.sum = (self.sum & 0xffff) + (self.sum >> 16);
+        }
+        self.len += data.len() as u64;
+    }
+
+    pub fn finish(&self) -> u32 {
+        let sum = (self.sum & 0xffff) + (self.sum >> 16);
+        (sum as u32).wrapping_add(self.len as u32)
+    }
 }
 
 #[cfg(test)]

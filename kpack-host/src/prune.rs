@@ -20,8 +20,7 @@
 //! and points each wrapper at its bundle's new place; [`verify_fat`] checks
 //! the result before it is renamed into place.
 
-use std::fs;
-use std::io::Write;
+use std::fs::{self, File};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -36,9 +35,9 @@ use crate::elf::ElfView;
 use crate::error::{Error, Result, WithPath};
 use crate::input::{map_file, Mapped};
 use crate::offload::collect::Pages;
-use crate::offload::transform::{align_up, rewrite, Request, Transformed};
-use crate::offload::{verify_fat, VerifiedFat};
-use crate::output::{parent_dir, write_atomically_with_mode};
+use crate::offload::transform::{align_up, rewrite, Request};
+use crate::offload::{verify_fat, write_checked};
+use crate::output::{parent_dir, write_atomically_as};
 use crate::target::TargetId;
 
 /// Which code objects to keep.
@@ -145,9 +144,16 @@ pub fn prune(input: &Path, output: &Path, selection: &Selection) -> Result<Prune
     let (kept, dropped) = kept_and_dropped(input, selection, &listed, &keep)?;
     let align = section_alignment(&elf);
     let layout = plan_bundles(input, section.data, &listed, align, &keep, Some(&mapped))?;
-    let (t, v) = rewrite_verified(input, elf, &layout)?;
+    let req = Request::Prune {
+        bundles: &layout.bytes,
+        starts: layout.starts.clone(),
+    };
+    let t = rewrite(elf, &req).with_path(input)?;
     fs::create_dir_all(parent_dir(output)).with_path(parent_dir(output))?;
-    write_atomically_with_mode(output, Some(mode), |f| f.write_all(&t.bytes))?;
+    let source = File::open(input).with_path(input)?;
+    let v = write_atomically_as(output, Some(mode), |f| {
+        write_checked(input, "pruned", &t, Some(&source), f, verify_fat)
+    })?;
     Ok(PruneSummary {
         input: input.into(),
         output: output.into(),
@@ -158,7 +164,7 @@ pub fn prune(input: &Path, output: &Path, selection: &Selection) -> Result<Prune
         section_before: section.size,
         section_after: layout.bytes.len() as u64,
         input_size: bytes.len() as u64,
-        output_size: t.bytes.len() as u64,
+        output_size: t.len(),
         seconds: clock.elapsed().as_secs_f64(),
     })
 }
@@ -174,26 +180,6 @@ fn fat_elf<'a>(input: &Path, file: &Classified<'a>) -> Result<ElfView<'a>> {
             "a PE file: prune rewrites ELF binaries only (offload handles both)",
         )),
     }
-}
-
-/// The binary in `bytes` with `layout` in place of its section's bundles
-/// (the ELF transform), and what verifying it found.
-fn rewrite_verified(
-    input: &Path,
-    elf: ElfView,
-    layout: &Layout,
-) -> Result<(Transformed, VerifiedFat)> {
-    let req = Request::Prune {
-        bundles: &layout.bytes,
-        starts: layout.starts.clone(),
-    };
-    let t = rewrite(elf, &req).with_path(input)?;
-    let v = verify_fat(&t.bytes).map_err(|source| Error::SelfCheck {
-        path: input.into(),
-        output: "pruned",
-        source,
-    })?;
-    Ok((t, v))
 }
 
 /// Only a fat binary can be pruned; anything else is refused, saying what

@@ -16,10 +16,10 @@
 //! which is what lets clang's compressed bundles be small); when even
 //! that does not fit, a clear error and nothing written.
 
-use std::fs;
-use std::io::Write;
+use std::fs::{self, File};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -32,10 +32,10 @@ use crate::hipk::HipkMetadata;
 use crate::input::map_file;
 use crate::loader::Loader;
 use crate::offload::transform::{
-    align_up, restore_room, rewrite, Request, TransformError, Transformed,
+    align_up, restore_room, rewrite, Payload, Request, TransformError, Transformed,
 };
-use crate::offload::{archive_key, verify_fat_layout};
-use crate::output::{parent_dir, write_atomically_with_mode};
+use crate::offload::{archive_key, verify_fat_layout, write_checked};
+use crate::output::{parent_dir, write_atomically_as};
 use crate::prune::{keeps, Selection};
 use crate::target::TargetId;
 
@@ -125,18 +125,19 @@ pub fn restore(input: &Path, output: &Path, opts: &RestoreOptions) -> Result<Res
         host: &host,
     };
     let (t, built, compressed) = place(&src, elf, &co_indices, opts.compression)?;
+    fs::create_dir_all(parent_dir(output)).with_path(parent_dir(output))?;
+    // The check reads the bundles' layout, headers and entry tables; their
+    // contents are what was just compressed (`kpack verify-elf`
+    // decompresses them all).
+    let source = File::open(input).with_path(input)?;
+    write_atomically_as(output, Some(mode), |f| {
+        write_checked(input, "restored", &t, Some(&source), f, verify_fat_layout)
+    })?;
+    let (output_size, wrappers) = (t.len(), t.wrappers.len());
+    drop(t);
     let Built {
         bundles, archives, ..
     } = built;
-    // The bundles' layout, headers and entry tables; their contents are
-    // what was just compressed (`kpack verify-elf` decompresses them all).
-    verify_fat_layout(&t.bytes).map_err(|source| Error::SelfCheck {
-        path: input.into(),
-        output: "restored",
-        source,
-    })?;
-    fs::create_dir_all(parent_dir(output)).with_path(parent_dir(output))?;
-    write_atomically_with_mode(output, Some(mode), |f| f.write_all(&t.bytes))?;
     Ok(RestoreSummary {
         input: input.into(),
         output: output.into(),
@@ -144,9 +145,9 @@ pub fn restore(input: &Path, output: &Path, opts: &RestoreOptions) -> Result<Res
         archives,
         bundles,
         compressed,
-        wrappers: t.wrappers.len(),
+        wrappers,
         input_size: bytes.len() as u64,
-        output_size: t.bytes.len() as u64,
+        output_size,
         seconds: clock.elapsed().as_secs_f64(),
     })
 }
@@ -460,42 +461,34 @@ impl Built {
         )
     }
 
-    /// The restored binary. The rewrite lays out zeros where the bundles
-    /// go (a zeroed allocation: its pages are not touched, so not held),
-    /// then the bundles are read into place from the spill.
-    fn rewrite(
+    /// The restored binary: the bundles are read from the spill when it
+    /// is written.
+    fn rewrite<'a>(
         &self,
-        src: &Source,
-        elf: ElfView,
-    ) -> Result<std::result::Result<Transformed, TransformError>> {
-        let zeros = vec![0u8; self.spill.len as usize];
+        elf: ElfView<'a>,
+    ) -> std::result::Result<Transformed<'a>, TransformError> {
         let request = Request::Restore {
-            bundles: &zeros,
+            bundles: Payload::File(self.spill.file.clone(), self.spill.len),
             starts: self.starts.clone(),
             align: self.align,
         };
-        let mut t = match rewrite(elf, &request) {
-            Ok(t) => t,
-            Err(e) => return Ok(Err(e)),
-        };
-        drop(zeros);
-        let at = t.payload_off as usize;
-        let place = &mut t.bytes[at..at + self.spill.len as usize];
-        self.spill.read_into(src, place)?;
-        Ok(Ok(t))
+        rewrite(elf, &request)
     }
 }
 
 /// The bundles' bytes, back to back, in an unnamed file.
 struct Spill {
-    file: fs::File,
+    file: Arc<fs::File>,
     len: u64,
 }
 
 impl Spill {
     fn new(src: &Source) -> Result<Spill> {
         let file = tempfile::tempfile_in(src.scratch).with_path(src.scratch)?;
-        Ok(Spill { file, len: 0 })
+        Ok(Spill {
+            file: Arc::new(file),
+            len: 0,
+        })
     }
 
     /// Append `bytes` at the next multiple of `align`; where they start.
@@ -505,12 +498,6 @@ impl Spill {
         self.file.write_all_at(bytes, at).with_path(src.scratch)?;
         self.len = at + bytes.len() as u64;
         Ok(at)
-    }
-
-    /// All of it, into `out` (as long as it is).
-    fn read_into(&self, src: &Source, out: &mut [u8]) -> Result<()> {
-        use std::os::unix::fs::FileExt;
-        self.file.read_exact_at(out, 0).with_path(src.scratch)
     }
 }
 
@@ -527,30 +514,31 @@ fn host_triple(machine: u16) -> String {
 /// The restored binary: the bundles uncompressed if that fits (and is
 /// allowed), else compressed; what they hold. Only one form of the bundles
 /// is ever held: for `auto`, their uncompressed size is measured first.
-fn place(
+fn place<'a>(
     src: &Source,
-    elf: ElfView,
+    elf: ElfView<'a>,
     co_indices: &[u32],
     compression: Compression,
-) -> Result<(Transformed, Built, bool)> {
+) -> Result<(Transformed<'a>, Built, bool)> {
     let input = src.input;
     // zstd -3 first; where that does not fit (small bundles compress
     // worse than clang's own), the strongest level.
-    let compressed = || -> Result<(Transformed, Built, bool)> {
+    let compressed = || -> Result<(Transformed<'a>, Built, bool)> {
         let mut built = Built::compressed(src, co_indices, 3)?;
-        let t = match built.rewrite(src, elf)? {
+        let t = match built.rewrite(elf) {
             Err(TransformError::RangeTooSmall { .. }) => {
                 built = Built::compressed(src, co_indices, STRONGEST_LEVEL)?;
-                built.rewrite(src, elf)?
+                built.rewrite(elf)
             }
             t => t,
         }
         .with_path(input)?;
         Ok((t, built, true))
     };
-    let plain = || -> Result<std::result::Result<(Transformed, Built, bool), TransformError>> {
+    type Placed<'a> = std::result::Result<(Transformed<'a>, Built, bool), TransformError>;
+    let plain = || -> Result<Placed<'a>> {
         let built = Built::plain(src, co_indices)?;
-        Ok(built.rewrite(src, elf)?.map(|t| (t, built, false)))
+        Ok(built.rewrite(elf).map(|t| (t, built, false)))
     };
     match compression {
         Compression::None => plain()?.with_path(input),

@@ -190,6 +190,27 @@ pub fn map_file_with_handle(path: &Path) -> Result<Mapped> {
     map(path, true)
 }
 
+/// Memory-map a file kpack has open (one it just wrote, to check it),
+/// read-only; `path` names it in errors. The same contract as
+/// [`map_file`]: nobody truncates it while it is mapped.
+pub fn map_open(path: &Path, file: &File) -> Result<Mapped> {
+    let len = file.metadata().map_err(|e| OpenError::io(path, e))?.len();
+    let map = if len == 0 {
+        None
+    } else {
+        // SAFETY: as in `map`: read-only, and the file is kpack's own
+        // output, which nothing else writes while it is checked.
+        #[allow(unsafe_code)]
+        let map = unsafe { memmap2::Mmap::map(file) }.map_err(|e| OpenError::io(path, e))?;
+        Some(map)
+    };
+    Ok(Mapped {
+        path: path.to_path_buf(),
+        map,
+        file: None,
+    })
+}
+
 fn map(path: &Path, keep_open: bool) -> Result<Mapped> {
     let io = |e| OpenError::io(path, e);
     let file = File::open(path).map_err(io)?;

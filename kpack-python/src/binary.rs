@@ -2,7 +2,6 @@
 //! `kpack_offload_binary` (kpack-host's, without writing archives), the
 //! HIPK metadata (`read_kpack_ref_marker`) and the fat-binary check.
 
-use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 
@@ -49,13 +48,15 @@ pub fn rewrite_binary(
         let r = Rewritten {
             pe: kpack_host::pe::is_pe(&mapped),
             original_size: mapped.len() as u64,
-            new_size: t.bytes.len() as u64,
+            new_size: t.len(),
             metadata_addr: t.metadata_addr,
         };
+        let source = std::fs::File::open(&input).with_path(&input)?;
+        let mut pending = kpack_host::output::Pending::create(&output, Some(mode))?;
+        kpack_host::offload::write_rewritten(&input, &t, Some(&source), pending.file())?;
+        drop(t);
         drop(mapped);
-        kpack_host::output::write_atomically_with_mode(&output, Some(mode), |f| {
-            f.write_all(&t.bytes)
-        })?;
+        pending.commit()?;
         Ok(r)
     })?;
     let format = if r.pe { "coff" } else { "elf" };

@@ -41,10 +41,11 @@ fn mutated_fixtures_never_panic() {
                 panic!("{}: transform panicked on mutation round {round}", f.name)
             });
             if let Ok(t) = r {
+                let t_bytes = t.to_vec();
                 produced += 1;
                 // What it writes must verify or be rejected by the verifier
                 // cleanly (the offload driver never writes an unverified file).
-                let v = std::panic::catch_unwind(|| verify_elf(&t.bytes, Some(t.bundles)));
+                let v = std::panic::catch_unwind(|| verify_elf(&t_bytes, Some(t.bundles)));
                 assert!(v.is_ok(), "{}: verifier panicked on round {round}", f.name);
             }
         }

@@ -57,7 +57,8 @@ fn transform_fuzz_regressions_never_panic() {
     for p in regression_inputs("offload") {
         let b = fs::read(&p).unwrap();
         if let Ok(t) = transform::transform(&b, &meta()) {
-            let _ = kpack_host::offload::verify_elf(&t.bytes, Some(t.bundles));
+            let t_bytes = t.to_vec();
+            let _ = kpack_host::offload::verify_elf(&t_bytes, Some(t.bundles));
         }
         let out = kpack_dir.path().join(p.file_name().unwrap());
         let o = kpack(&[
@@ -102,12 +103,13 @@ fn transform_moves_empty_sections_out_of_the_removed_pages() {
     b[at + 24..at + 32].copy_from_slice(&inside.to_le_bytes()); // sh_offset
     b[at + 32..at + 40].copy_from_slice(&0u64.to_le_bytes()); // sh_size
     let t = transform::transform(&b, &meta()).unwrap();
+    let t_bytes = t.to_vec();
     assert!(t.removed > 0, "the fixture's pages are cut");
-    kpack_host::offload::verify_elf(&t.bytes, Some(t.bundles)).unwrap();
-    let out = ElfView::parse(&t.bytes).unwrap();
+    kpack_host::offload::verify_elf(&t_bytes, Some(t.bundles)).unwrap();
+    let out = ElfView::parse(&t_bytes).unwrap();
     let moved = out.sections().unwrap()[comment].offset;
     assert!(
-        moved < inside && moved <= t.bytes.len() as u64,
+        moved < inside && moved <= t_bytes.len() as u64,
         "{moved:#x}"
     );
     // And (`null-section-header-in-removed-pages.so`) inactive SHT_NULL
@@ -120,12 +122,14 @@ fn transform_moves_empty_sections_out_of_the_removed_pages() {
         b[at + 32..at + 40].copy_from_slice(&4096u64.to_le_bytes());
     }
     let t = transform::transform(&b, &meta()).unwrap();
-    kpack_host::offload::verify_elf(&t.bytes, Some(t.bundles)).unwrap();
+    let t_bytes = t.to_vec();
+    kpack_host::offload::verify_elf(&t_bytes, Some(t.bundles)).unwrap();
     for p in regression_inputs("offload") {
         let b = fs::read(&p).unwrap();
         if let Ok(t) = transform::transform(&b, &meta()) {
+            let t_bytes = t.to_vec();
             if let Err(kpack_host::offload::VerifyError::Elf(e)) =
-                kpack_host::offload::verify_elf(&t.bytes, Some(t.bundles))
+                kpack_host::offload::verify_elf(&t_bytes, Some(t.bundles))
             {
                 panic!("{}: the output does not parse: {e}", p.display());
             }
@@ -158,7 +162,8 @@ fn transform_refuses_packed_relocations_of_rewritten_bytes() {
     let at = (relocated - data.addr + data.offset) as usize;
     drop(sections);
     let t = transform::transform(&b, &meta()).unwrap();
-    assert!(t.bytes.len() < b.len(), "the fixture's sections move");
+    let t_bytes = t.to_vec();
+    assert!(t_bytes.len() < b.len(), "the fixture's sections move");
     b[at..at + 8].copy_from_slice(&(dynsym + 8).to_le_bytes());
     let Err(e) = transform::transform(&b, &meta()) else {
         panic!("a pointer to .dynsym, which moves, was left as it was");

@@ -542,8 +542,9 @@ fn mutated_images_never_panic() {
             });
             let r = r.unwrap_or_else(|_| panic!("{name}: panicked on mutation round {round}"));
             if let Ok(t) = r {
+                let t_bytes = t.to_vec();
                 produced += 1;
-                let v = std::panic::catch_unwind(|| verify_pe(&t.bytes, Some(t.bundles)));
+                let v = std::panic::catch_unwind(|| verify_pe(&t_bytes, Some(t.bundles)));
                 let v = v.unwrap_or_else(|_| panic!("{name}: verifier panicked on round {round}"));
                 assert!(v.is_ok(), "{name}: round {round}: {}", v.unwrap_err());
             }

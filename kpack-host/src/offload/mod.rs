@@ -19,7 +19,7 @@ pub mod transform;
 pub use transform::verify;
 
 use std::collections::BTreeMap;
-use std::fs;
+use std::fs::{self, File};
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path, PathBuf};
@@ -32,13 +32,13 @@ use crate::bundle::{list_fatbin, parse_fatbin};
 use crate::error::{Error, Result, WithPath};
 use crate::hipk::HipkMetadata;
 use crate::input::{map_file, Mapped};
-use crate::output::{parent_dir, write_atomically_with_mode, ScratchDir};
+use crate::output::{parent_dir, write_atomically_with_mode, Pending, ScratchDir};
 use crate::{ArchiveWriter, FileRange, FrameParams, KernelData};
 
 use collect::{collect, CollectOptions, Located};
 
 pub use pe::PeTransformError;
-pub use transform::{TransformError, WrapperChange};
+pub use transform::{TransformError, Transformed, WrapperChange};
 pub use verify::{verify_elf, verify_fat, verify_fat_layout, Verified, VerifiedFat, VerifyError};
 
 /// The placeholder for a target ID in search paths.
@@ -259,9 +259,18 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
         .iter()
         .any(|b| b.compressed.is_some());
     let metadata = metadata_for(output, opts)?;
-    // The host binary, checked before anything is written.
+    // The host binary, written beside the output and checked before any
+    // archive is written; renamed into place last. Directories made for it
+    // and the archives are removed again if anything fails.
     let clock = std::time::Instant::now();
     let t = rewrite_binary(input, &bin, &metadata)?;
+    let out_dirs = NewDirs::create(parent_dir(output))?;
+    let mut pending = Pending::create(output, Some(mode))?;
+    let source = File::open(input).with_path(input)?;
+    write_rewritten(input, &t, Some(&source), pending.file())?;
+    // What the rewrite read of the host part (headers, symbol and
+    // relocation tables) is not needed again.
+    mapped.release(0..bytes.len());
     summary.transform_seconds = clock.elapsed().as_secs_f64();
     let clock = std::time::Instant::now();
     // The archive directory holds the scratch file of decompressed code
@@ -283,20 +292,20 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
         &CollectOptions::new(spill, frame_params(opts)),
     )?;
     let code = by_target(collected.code_objects);
-    fs::create_dir_all(parent_dir(output)).with_path(parent_dir(output))?;
     // Archives first, then the binary that names them.
     let group = opts.group.clone().unwrap_or_else(|| default_group(output));
     summary.archives = write_archives(code, &group, &metadata.kernel_name, opts)?;
     summary.archive_seconds = clock.elapsed().as_secs_f64();
     drop(scratch);
     mapped.release(0..bytes.len());
-    write_atomically_with_mode(output, Some(mode), |f| f.write_all(&t.bytes))?;
+    pending.commit()?;
     dirs.keep();
+    out_dirs.keep();
     summary.kernel_name = Some(metadata.kernel_name);
     summary.search_paths = metadata.search_paths;
     summary.bundles = t.bundles;
+    summary.output_size = t.len();
     summary.wrappers = t.wrappers;
-    summary.output_size = t.bytes.len() as u64;
     Ok(summary)
 }
 
@@ -516,36 +525,73 @@ pub fn code_objects_of<'a>(path: &Path, bin: &HostBinary<'a>) -> Result<Vec<Code
     Ok(out)
 }
 
-/// The host-only form of a fat binary (ELF or PE) with this metadata,
-/// checked by the verifier. Writes nothing.
-pub fn rewrite(
+/// The host-only form of a fat binary (ELF or PE) with this metadata, as
+/// pieces of `bytes` and new bytes. Writes nothing: [`write_rewritten`]
+/// writes and checks it.
+pub fn rewrite<'a>(
     path: &Path,
-    bytes: &[u8],
+    bytes: &'a [u8],
     metadata: &HipkMetadata,
-) -> Result<transform::Transformed> {
+) -> Result<Transformed<'a>> {
     rewrite_binary(path, &HostBinary::parse(bytes).with_path(path)?, metadata)
 }
 
 /// [`rewrite`] of a parsed binary.
-pub fn rewrite_binary(
+pub fn rewrite_binary<'a>(
     path: &Path,
-    bin: &HostBinary,
+    bin: &HostBinary<'a>,
     metadata: &HipkMetadata,
-) -> Result<transform::Transformed> {
+) -> Result<Transformed<'a>> {
     let encoded = metadata.encode();
-    let t = match *bin {
+    Ok(match *bin {
         HostBinary::Pe(pe) => pe::rewrite(pe, &encoded).with_path(path)?,
         HostBinary::Elf(elf) => {
             let request = transform::Request::Offload { metadata: &encoded };
             transform::rewrite(elf, &request).with_path(path)?
         }
-    };
-    verify_binary(&t.bytes, Some(t.bundles)).map_err(|source| Error::SelfCheck {
+    })
+}
+
+/// Write the rewritten binary `t` of `path` into `out` and check what was
+/// written ([`verify_binary`], every wrapper naming one of its bundles):
+/// [`write_checked`].
+pub fn write_rewritten(
+    path: &Path,
+    t: &Transformed,
+    input: Option<&File>,
+    out: &mut File,
+) -> Result<Verified> {
+    write_checked(path, "rewritten", t, input, out, |b| {
+        verify_binary(b, Some(t.bundles))
+    })
+}
+
+/// Stream a rewrite of `path` into `out` (at its start; the input's pieces
+/// copied from `input`, the file `t`'s bytes were mapped from, by the
+/// kernel where it can: [`crate::image::Image::write_to`]), fill in a PE
+/// checksum over what was written, and run `check` (a verifier) over the
+/// file as written, mapped for the check and unmapped after it: the
+/// self-check of every rewrite, which sees the bytes a reader will, and
+/// holds none of them. A failed check is [`Error::SelfCheck`] naming
+/// `output` (what kind of output it is).
+pub fn write_checked<T>(
+    path: &Path,
+    output: &'static str,
+    t: &Transformed,
+    input: Option<&File>,
+    out: &mut File,
+    check: impl FnOnce(&[u8]) -> Result<T, VerifyError>,
+) -> Result<T> {
+    t.image.write_to(out, input).with_path(path)?;
+    if let Some(at) = t.checksum_at {
+        crate::pe::fill_checksum(out, at).with_path(path)?;
+    }
+    let written = crate::input::map_open(path, out)?;
+    check(&written).map_err(|source| Error::SelfCheck {
         path: path.into(),
-        output: "rewritten",
+        output,
         source,
-    })?;
-    Ok(t)
+    })
 }
 
 /// Check an offloaded host binary, ELF ([`verify_elf`]) or PE

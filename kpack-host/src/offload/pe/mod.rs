@@ -81,18 +81,19 @@ fn layout_prefix(e: &WrapperError) -> &'static str {
 }
 
 /// Transform a fat PE image. `metadata` is the encoded HIPK metadata.
-pub fn transform(b: &[u8], metadata: &[u8]) -> Result<Transformed, PeTransformError> {
+pub fn transform<'a>(b: &'a [u8], metadata: &[u8]) -> Result<Transformed<'a>, PeTransformError> {
     rewrite(PeView::parse(b)?, metadata)
 }
 
 /// Rewrite a fat PE image, parsed, with the encoded HIPK `metadata`:
 /// analyze, plan, write.
-pub fn rewrite(pe: PeView, metadata: &[u8]) -> Result<Transformed, PeTransformError> {
+pub fn rewrite<'a>(pe: PeView<'a>, metadata: &[u8]) -> Result<Transformed<'a>, PeTransformError> {
     let input = analyze::analyze(pe)?;
     let plan = plan::plan(&input, metadata.len() as u64)?;
-    let bytes = write::output(&input, &plan, metadata)?;
+    let image = write::output(&input, &plan, metadata)?;
     Ok(Transformed {
-        bytes,
+        image,
+        checksum_at: write::checksum_field(&input),
         wrappers: input.changes.clone(),
         metadata_addr: plan.meta_rva,
         payload_off: plan.meta_off,

@@ -240,11 +240,13 @@ fn meta() -> Vec<u8> {
     .encode()
 }
 
-fn run(spec: &Spec) -> (Vec<u8>, Transformed) {
-    let b = build(spec);
-    let t = transform(&b, &meta()).unwrap_or_else(|e| panic!("{e}"));
-    verify_pe(&t.bytes, Some(t.bundles)).unwrap_or_else(|e| panic!("{e}"));
-    (b, t)
+/// The input (kept for the test's length), the transform and its output.
+fn run(spec: &Spec) -> (&'static [u8], Transformed<'static>, Vec<u8>) {
+    let b: &'static [u8] = Box::leak(build(spec).into_boxed_slice());
+    let t = transform(b, &meta()).unwrap_or_else(|e| panic!("{e}"));
+    let t_bytes = t.to_vec();
+    verify_pe(&t_bytes, Some(t.bundles)).unwrap_or_else(|e| panic!("{e}"));
+    (b, t, t_bytes)
 }
 
 fn section<'a>(pe: &PeView<'a>, name: &str) -> crate::pe::PeSection<'a> {
@@ -313,10 +315,10 @@ fn transform_rewrites_headers_wrappers_and_keeps_addresses() {
         wrappers: vec![Some(1), Some(0)],
         ..Spec::default()
     };
-    let (b, t) = run(&spec);
-    let (old, new) = (PeView::parse(&b).unwrap(), PeView::parse(&t.bytes).unwrap());
+    let (b, t, t_bytes) = run(&spec);
+    let (old, new) = (PeView::parse(b).unwrap(), PeView::parse(&t_bytes).unwrap());
     assert_eq!(new.section_headers().len(), old.section_headers().len() + 1);
-    assert_eq!(t.bytes.len() as u64, b.len() as u64 - t.removed + FA);
+    assert_eq!(t_bytes.len() as u64, b.len() as u64 - t.removed + FA);
     let (of, nf) = (section(&old, ".hip_fat"), section(&new, ".hip_fat"));
     assert_eq!((nf.rva, nf.virtual_size), (of.rva, of.virtual_size));
     assert_eq!(nf.raw_size, of.raw_size - t.removed);
@@ -349,20 +351,20 @@ fn transform_rewrites_headers_wrappers_and_keeps_addresses() {
     }
     // No bundle byte is left.
     let magic = BUNDLE_MAGIC;
-    assert!(!t.bytes.windows(magic.len()).any(|x| x == magic));
-    assert!(!t.bytes.windows(64).any(|x| x.iter().all(|&c| c == 0xc1)));
-    assert_eq!(classify(&t.bytes), Class::Offloaded);
+    assert!(!t_bytes.windows(magic.len()).any(|x| x == magic));
+    assert!(!t_bytes.windows(64).any(|x| x.iter().all(|&c| c == 0xc1)));
+    assert_eq!(classify(&t_bytes), Class::Offloaded);
 }
 
 #[test]
 fn fatbin_smaller_than_a_page_is_zeroed_not_cut() {
-    let (b, t) = run(&Spec {
+    let (b, t, t_bytes) = run(&Spec {
         bundles: vec![300],
         ..Spec::default()
     });
     assert_eq!(t.removed, 0);
-    assert_eq!(t.bytes.len(), b.len() + FA as usize);
-    let new = PeView::parse(&t.bytes).unwrap();
+    assert_eq!(t_bytes.len(), b.len() + FA as usize);
+    let new = PeView::parse(&t_bytes).unwrap();
     let f = section(&new, ".hip_fat");
     assert!(f.raw_size > 0);
     assert!(f.data.iter().all(|&c| c == 0));
@@ -379,38 +381,38 @@ fn trailing_data_and_file_offset_fields_move_with_the_sections() {
         checksum: true,
         ..Spec::default()
     };
-    let (b, t) = run(&spec);
-    let (old, new) = (PeView::parse(&b).unwrap(), PeView::parse(&t.bytes).unwrap());
+    let (b, t, t_bytes) = run(&spec);
+    let (old, new) = (PeView::parse(b).unwrap(), PeView::parse(&t_bytes).unwrap());
     let (m, cv) = (section(&new, ".kpackrf"), section(&new, ".cv"));
     let tail = (m.raw_offset + m.raw_size) as usize;
-    assert_eq!(&t.bytes[tail..tail + overlay.len()], &overlay[..]);
+    assert_eq!(&t_bytes[tail..tail + overlay.len()], &overlay[..]);
     // The debug entry names the moved CodeView data.
     let entry = new.rva_to_offset(0x1040, 28).unwrap();
-    assert_eq!(u32_at(&t.bytes, entry + 24), Some(cv.raw_offset as u32));
+    assert_eq!(u32_at(&t_bytes, entry + 24), Some(cv.raw_offset as u32));
     assert_eq!(&cv.data[..4], b"RSDS");
     assert_eq!(section(&old, ".cv").raw_offset - t.removed, cv.raw_offset);
     // COFF symbols and the certificate table: same bytes at the new offsets.
     let sym = |v: &PeView| v.file_header().pointer_to_symbol_table.get(LE) as usize;
     assert_eq!(
-        &t.bytes[sym(&new)..sym(&new) + 22],
+        &t_bytes[sym(&new)..sym(&new) + 22],
         &b[sym(&old)..sym(&old) + 22]
     );
     let (oc, _) = old.directory(4);
     let (nc, size) = new.directory(4);
     assert_eq!(size, 16);
     assert_eq!(nc % 8, 0);
-    assert_eq!(&t.bytes[nc as usize..][..16], &b[oc as usize..][..16]);
+    assert_eq!(&t_bytes[nc as usize..][..16], &b[oc as usize..][..16]);
     // A non-zero checksum is recomputed.
     let stored = new.optional_header().check_sum.get(LE);
     assert_ne!(stored, old.optional_header().check_sum.get(LE));
-    assert_eq!(stored, new.checksum_of(&t.bytes));
+    assert_eq!(stored, new.checksum_of(&t_bytes));
 }
 
 #[test]
 fn an_offloaded_image_is_not_transformed_again() {
-    let (_, t) = run(&Spec::default());
+    let (_, _, t_bytes) = run(&Spec::default());
     assert_eq!(
-        transform(&t.bytes, &meta()).unwrap_err(),
+        transform(&t_bytes, &meta()).unwrap_err(),
         PeTransformError::HasMetadata
     );
 }
@@ -554,14 +556,14 @@ fn refuses_pe32_other_machines_and_truncated_headers() {
 
 #[test]
 fn verifier_names_what_is_wrong() {
-    let (_, t) = run(&Spec {
+    let (_, _, t_bytes) = run(&Spec {
         checksum: true,
         ..Spec::default()
     });
-    let new = PeView::parse(&t.bytes).unwrap();
+    let new = PeView::parse(&t_bytes).unwrap();
     let f = section(&new, ".hip_fat");
     let w = section(&new, ".hipFatB");
-    let mut bad = t.bytes.clone();
+    let mut bad = t_bytes.clone();
     bad[f.raw_offset as usize] = 1;
     put_u64(&mut bad, w.raw_offset as usize + 8, BASE + 0x1000);
     put_u64(&mut bad, w.raw_offset as usize + 16, 9);

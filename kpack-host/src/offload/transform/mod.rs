@@ -45,6 +45,7 @@ use crate::binary::WrapperError;
 use crate::bundle::BundleError;
 pub use crate::elf::PointerKind;
 use crate::elf::{ElfError, ElfView, FATBIN_SECTION};
+use crate::image::Image;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TransformError {
@@ -129,26 +130,55 @@ pub enum Request<'a> {
     /// its code object index. The bundles start at a multiple of `align`
     /// (4 KiB for uncompressed bundles, whose code objects clang aligns so).
     Restore {
-        bundles: &'a [u8],
+        bundles: Payload<'a>,
         starts: Vec<(u32, u64)>,
         align: u64,
     },
 }
 
+/// The bytes a request keeps at the start of the range.
+#[derive(Debug, Clone)]
+pub enum Payload<'a> {
+    Bytes(&'a [u8]),
+    /// The first `len` bytes of a file (restore's bundles, spilled as they
+    /// were built), read when the output is written.
+    File(std::sync::Arc<std::fs::File>, u64),
+}
+
+impl Payload<'_> {
+    pub fn len(&self) -> u64 {
+        match self {
+            Payload::Bytes(b) => b.len() as u64,
+            Payload::File(_, len) => *len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 impl Request<'_> {
     /// The bytes kept at the start of the range.
-    pub fn payload(&self) -> &[u8] {
+    pub fn payload(&self) -> Payload<'_> {
         match self {
-            Request::Offload { metadata } => metadata,
-            Request::Prune { bundles, .. } | Request::Restore { bundles, .. } => bundles,
+            Request::Offload { metadata } => Payload::Bytes(metadata),
+            Request::Prune { bundles, .. } => Payload::Bytes(bundles),
+            Request::Restore { bundles, .. } => bundles.clone(),
         }
     }
 }
 
-/// The result of [`transform`] and [`rewrite`].
+/// The result of [`transform`] and [`rewrite`]: the output as pieces of
+/// the input and new bytes ([`Image`]; [`Image::write_to`] streams it into
+/// a file), and what changed.
 #[derive(Debug, Clone)]
-pub struct Transformed {
-    pub bytes: Vec<u8>,
+pub struct Transformed<'a> {
+    pub image: Image<'a>,
+    /// PE: where the image checksum goes, computed over the output once it
+    /// is written (`offload::write_checked`; [`Transformed::to_vec`] in
+    /// memory).
+    pub checksum_at: Option<u64>,
     pub wrappers: Vec<WrapperChange>,
     /// Address of the payload: the metadata (offload) or the first bundle.
     pub metadata_addr: u64,
@@ -165,8 +195,35 @@ pub struct Transformed {
     pub moved_phdrs: bool,
 }
 
+impl Transformed<'_> {
+    /// The whole output in memory (tests, and small binaries), checksum
+    /// included.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = self.image.to_vec();
+        if let Some(at) = self.checksum_at {
+            let sum = crate::pe::checksum(&out, at).to_le_bytes();
+            if let Some(field) = usize::try_from(at)
+                .ok()
+                .and_then(|a| out.get_mut(a..a.checked_add(4)?))
+            {
+                field.copy_from_slice(&sum);
+            }
+        }
+        out
+    }
+
+    /// The output's length.
+    pub fn len(&self) -> u64 {
+        self.image.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.image.is_empty()
+    }
+}
+
 /// Transform a fat binary. `metadata` is the encoded HIPK metadata.
-pub fn transform(b: &[u8], metadata: &[u8]) -> Result<Transformed, TransformError> {
+pub fn transform<'a>(b: &'a [u8], metadata: &[u8]) -> Result<Transformed<'a>, TransformError> {
     rewrite(ElfView::parse(b)?, &Request::Offload { metadata })
 }
 
@@ -180,7 +237,7 @@ pub(crate) fn restore_room(elf: ElfView) -> Result<std::ops::Range<u64>, Transfo
 
 /// Rewrite a fat binary (offload, prune) or an offloaded one (restore) as
 /// `request` says: analyze, plan, write.
-pub fn rewrite(elf: ElfView, request: &Request) -> Result<Transformed, TransformError> {
+pub fn rewrite<'a>(elf: ElfView<'a>, request: &Request) -> Result<Transformed<'a>, TransformError> {
     let (input, plan) = match request {
         Request::Restore { .. } => {
             let (input, hole) = analyze::analyze_offloaded(elf)?;
@@ -193,9 +250,10 @@ pub fn rewrite(elf: ElfView, request: &Request) -> Result<Transformed, Transform
             (input, plan)
         }
     };
-    let bytes = write::output(&input, &plan, request.payload())?;
+    let image = write::output(&input, &plan, &request.payload())?;
     Ok(Transformed {
-        bytes,
+        image,
+        checksum_at: None,
         wrappers: input.wrappers.changes.clone(),
         metadata_addr: plan.payload_addr,
         payload_off: plan.payload_off,

@@ -235,7 +235,7 @@ fn table_end(input: &Input, phnum: usize) -> u64 {
 /// Plan the output of offload or prune: `request`'s payload kept at the
 /// start of `.hip_fatbin`, whole pages after it removed.
 pub fn plan(input: &Input, request: &Request) -> Result<Plan, TransformError> {
-    let meta_len = request.payload().len() as u64;
+    let meta_len = request.payload().len();
     let f = input.fatbin;
     let r = Removal::of(input);
     let block = if r.grow > 0 {
@@ -482,7 +482,7 @@ pub(crate) fn plan_restore(
     };
     let x = input.x;
     let align = (*align).clamp(1, input.unit);
-    let need = bundles.len() as u64;
+    let need = bundles.len();
     let payload_addr = place_in_hole(hole, align, need)?;
     let (cut, joined) = pages_put_back(input, hole, payload_addr + need);
     let payload_off = x.p_offset(LE) + (payload_addr - x.p_vaddr(LE));

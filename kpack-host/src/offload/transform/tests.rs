@@ -23,7 +23,7 @@ fn analyze(b: &[u8]) -> Result<analyze::Input<'_>, TransformError> {
 }
 
 /// [`super::rewrite`] of a file's bytes.
-fn rewrite(b: &[u8], request: &Request) -> Result<Transformed, TransformError> {
+fn rewrite<'a>(b: &'a [u8], request: &Request) -> Result<Transformed<'a>, TransformError> {
     super::rewrite(ElfView::parse(b)?, request)
 }
 
@@ -450,21 +450,23 @@ fn plan_for_a_small_section_cuts_nothing() {
 }
 
 /// The whole transform, checked by the verifier and field by field.
-fn transformed(spec: &Spec) -> (Vec<u8>, Transformed) {
-    let b = build(spec);
-    let t = transform(&b, META).unwrap();
-    let v = verify_elf(&t.bytes, Some(t.bundles)).unwrap();
+/// The input (kept for the test's length), the transform and its output.
+fn transformed(spec: &Spec) -> (&'static [u8], Transformed<'static>, Vec<u8>) {
+    let b: &'static [u8] = Box::leak(build(spec).into_boxed_slice());
+    let t = transform(b, META).unwrap();
+    let t_bytes = t.to_vec();
+    let v = verify_elf(&t_bytes, Some(t.bundles)).unwrap();
     assert_eq!(v.metadata_addr, PAGE);
     assert_eq!(v.co_indices.len(), spec.wrappers.len());
-    assert_eq!(classify(&t.bytes), Class::Offloaded);
-    (b, t)
+    assert_eq!(classify(&t_bytes), Class::Offloaded);
+    (b, t, t_bytes)
 }
 
 #[test]
 fn write_removes_the_pages_and_points_wrappers_at_the_metadata() {
-    let (b, t) = transformed(&Spec::default());
+    let (b, t, t_bytes) = transformed(&Spec::default());
     assert_eq!(t.removed, 2 * PAGE);
-    let out = ElfView::parse(&t.bytes).unwrap();
+    let out = ElfView::parse(&t_bytes).unwrap();
     let fat = out.section(".hip_fatbin").unwrap().unwrap();
     assert!(fat.is_nobits());
     let meta = out.section(".rocm_kpack_ref").unwrap().unwrap();
@@ -478,7 +480,7 @@ fn write_removes_the_pages_and_points_wrappers_at_the_metadata() {
     // fatbin symbol now names the metadata section.
     let dynsym = &out.shdrs()[DYNSYM];
     assert!(dynsym.sh_addr(LE) > PAGE);
-    let syms: &[crate::elf::Sym] = dynsym.data_as_array(LE, &t.bytes[..]).unwrap();
+    let syms: &[crate::elf::Sym] = dynsym.data_as_array(LE, &t_bytes[..]).unwrap();
     assert_eq!(syms[1].st_value(LE), PAGE);
     assert_eq!(usize::from(syms[1].st_shndx(LE)), out.shdrs().len() - 1);
     let dynamic = out.section(".dynamic").unwrap().unwrap();
@@ -494,11 +496,11 @@ fn write_removes_the_pages_and_points_wrappers_at_the_metadata() {
         let p = p.unwrap();
         (p.p_offset(LE) as usize, p.p_filesz(LE) as usize)
     };
-    let (in_off, len) = rw(&ElfView::parse(&b).unwrap());
+    let (in_off, len) = rw(&ElfView::parse(b).unwrap());
     let (out_off, out_len) = rw(&out);
     assert_eq!((in_off - out_off, len), (2 * PAGE as usize, out_len));
     let differ: Vec<usize> = (0..len)
-        .filter(|&k| b[in_off + k] != t.bytes[out_off + k])
+        .filter(|&k| b[in_off + k] != t_bytes[out_off + k])
         .collect();
     let dyn_rel = (dynamic.offset as usize) - out_off;
     let allowed = |k: usize| {
@@ -515,29 +517,29 @@ fn write_removes_the_pages_and_points_wrappers_at_the_metadata() {
 
 #[test]
 fn write_small_section_in_place() {
-    let (b, t) = transformed(&Spec {
+    let (b, t, t_bytes) = transformed(&Spec {
         bundles: vec![600],
         ..Spec::default()
     });
     assert_eq!(t.removed, 0);
     // Nothing of the bundle stays: the section's old bytes are zero after
     // the metadata.
-    let out = ElfView::parse(&t.bytes).unwrap();
-    let fat_in = ElfView::parse(&b)
+    let out = ElfView::parse(&t_bytes).unwrap();
+    let fat_in = ElfView::parse(b)
         .unwrap()
         .section(".hip_fatbin")
         .unwrap()
         .unwrap();
     let start = (fat_in.offset as usize) + META.len();
     let end = (fat_in.offset + fat_in.size) as usize;
-    assert!(t.bytes[start..end].iter().all(|&c| c == 0));
+    assert!(t_bytes[start..end].iter().all(|&c| c == 0));
     assert!(out.section(".hip_fatbin").unwrap().unwrap().is_nobits());
     assert_eq!(out.phdrs().len(), 4);
 }
 
 #[test]
 fn write_several_bundles_and_page_aligned_end() {
-    let (_, t) = transformed(&Spec {
+    let (_, t, t_bytes) = transformed(&Spec {
         bundles: vec![PAGE as usize, 2 * PAGE as usize],
         wrappers: vec![Some(0), Some(1)],
         fatbin_ends_on_page: true,
@@ -548,7 +550,7 @@ fn write_several_bundles_and_page_aligned_end() {
     assert!(t.removed >= 4 * PAGE);
     // Transforming the output again is refused: it is offloaded.
     assert_eq!(
-        analyze(&t.bytes).err().unwrap(),
+        analyze(&t_bytes).err().unwrap(),
         TransformError::HalfOffloaded
     );
 }
@@ -578,11 +580,12 @@ fn large_page_unit_with_a_section_off_the_boundary() {
     assert_eq!(p.cut.removed % UNIT, 0);
     assert_eq!(p.cut.removed, 6 * UNIT);
     let t = transform(&b, META).unwrap();
+    let t_bytes = t.to_vec();
     assert_eq!(t.removed, 6 * UNIT);
-    assert!(t.bytes.len() < b.len() - 5 * UNIT as usize);
-    let v = verify_elf(&t.bytes, Some(t.bundles)).unwrap();
+    assert!(t_bytes.len() < b.len() - 5 * UNIT as usize);
+    let v = verify_elf(&t_bytes, Some(t.bundles)).unwrap();
     assert_eq!(v.metadata_addr, PAGE);
-    let out = ElfView::parse(&t.bytes).unwrap();
+    let out = ElfView::parse(&t_bytes).unwrap();
     for ph in out.phdrs().iter().filter(|p| p.is_load()) {
         assert_eq!(ph.p_offset(LE) % UNIT, ph.p_vaddr(LE) % UNIT);
     }
@@ -605,11 +608,11 @@ fn notes_stay_ahead_of_the_moved_block() {
     assert_eq!(p.phdrs.len(), 6);
     assert_eq!(p.notes.len(), 1);
     assert_eq!(p.notes[0].new_off, new_table_end);
-    let (_, t) = transformed(&Spec {
+    let (_, _, t_bytes) = transformed(&Spec {
         note: true,
         ..Spec::default()
     });
-    let out = ElfView::parse(&t.bytes).unwrap();
+    let out = ElfView::parse(&t_bytes).unwrap();
     let note = out.section(".note.gnu.build-id").unwrap().unwrap();
     assert_eq!(
         (note.offset, note.addr, note.data),
@@ -669,11 +672,12 @@ fn prune_keeps_the_bundles_and_removes_the_pages_after_them() {
         starts: vec![(0, 0), (second, 0)],
     };
     let t = rewrite(&b, &req).unwrap();
-    let v = crate::offload::verify::verify_fat(&t.bytes).unwrap();
+    let t_bytes = t.to_vec();
+    let v = crate::offload::verify::verify_fat(&t_bytes).unwrap();
     assert_eq!((v.bundles, v.wrapper_bundles.clone()), (1, vec![0, 0]));
-    assert_eq!(classify(&t.bytes), Class::Fat);
+    assert_eq!(classify(&t_bytes), Class::Fat);
     assert!(t.removed > 0 && t.removed.is_multiple_of(PAGE));
-    let out = ElfView::parse(&t.bytes).unwrap();
+    let out = ElfView::parse(&t_bytes).unwrap();
     let sec = out.section(".hip_fatbin").unwrap().unwrap();
     assert_eq!(sec.addr, PAGE);
     assert_eq!(sec.data, &kept[..]);
@@ -703,33 +707,34 @@ fn restore_puts_the_pages_back() {
         .iter()
         .map(|x| (x.index as u32, x.range.start as u64))
         .collect();
-    let (_, t) = transformed(&spec);
+    let (_, t, t_bytes) = transformed(&spec);
     // More than the range holds (up to the next section): a clear error.
     let mut too_big = all.clone();
     too_big.resize(all.len() + 2 * PAGE as usize, 0);
     let req = Request::Restore {
-        bundles: &too_big,
+        bundles: Payload::Bytes(&too_big),
         starts: starts.clone(),
         align: PAGE,
     };
     assert!(matches!(
-        rewrite(&t.bytes, &req),
+        rewrite(&t_bytes, &req),
         Err(TransformError::RangeTooSmall { .. })
     ));
     // The whole section back: every page, X1 and X2 one segment again
     // (the input's program headers).
     let req = Request::Restore {
-        bundles: &all,
+        bundles: Payload::Bytes(&all),
         starts: starts.clone(),
         align: PAGE,
     };
-    let r = rewrite(&t.bytes, &req).unwrap();
+    let r = rewrite(&t_bytes, &req).unwrap();
+    let r_bytes = r.to_vec();
     assert_eq!(r.inserted, t.removed);
     // The pages back, one section header (the metadata's) less.
-    assert_eq!(r.bytes.len() as u64, t.bytes.len() as u64 + r.inserted - 64);
-    let v = crate::offload::verify::verify_fat(&r.bytes).unwrap();
+    assert_eq!(r_bytes.len() as u64, t_bytes.len() as u64 + r.inserted - 64);
+    let v = crate::offload::verify::verify_fat(&r_bytes).unwrap();
     assert_eq!(v.wrapper_bundles, vec![0, 1]);
-    let out = ElfView::parse(&r.bytes).unwrap();
+    let out = ElfView::parse(&r_bytes).unwrap();
     assert!(out.section(".rocm_kpack_ref").unwrap().is_none());
     assert_eq!(out.phdrs().len(), ElfView::parse(&b).unwrap().phdrs().len());
     // One small bundle for both: only the pages it needs come back, and
@@ -737,18 +742,19 @@ fn restore_puts_the_pages_back() {
     let first = crate::bundle::parse_fatbin(&all).unwrap()[0].range.clone();
     let one = all[first].to_vec();
     let req = Request::Restore {
-        bundles: &one,
+        bundles: Payload::Bytes(&one),
         starts: vec![(0, 0), (1, 0)],
         align: PAGE,
     };
-    let r = rewrite(&t.bytes, &req).unwrap();
+    let r = rewrite(&t_bytes, &req).unwrap();
+    let r_bytes = r.to_vec();
     assert!(r.inserted < t.removed && r.inserted.is_multiple_of(PAGE));
-    let v = crate::offload::verify::verify_fat(&r.bytes).unwrap();
+    let v = crate::offload::verify::verify_fat(&r_bytes).unwrap();
     assert_eq!(v.wrapper_bundles, vec![0, 0]);
-    let out = ElfView::parse(&r.bytes).unwrap();
+    let out = ElfView::parse(&r_bytes).unwrap();
     assert_eq!(
         out.phdrs().len(),
-        ElfView::parse(&t.bytes).unwrap().phdrs().len()
+        ElfView::parse(&t_bytes).unwrap().phdrs().len()
     );
     // A fat binary is not restorable.
     assert!(matches!(

@@ -7,13 +7,14 @@ use object::read::elf::{FileHeader as _, SectionHeader as _};
 
 use super::analyze::Input;
 use super::plan::{align_up, sections, Form, Plan};
-use super::TransformError;
+use super::{Payload, TransformError};
 use crate::bytes::{put_u16, put_u32, put_u64, u16_at, u64_at};
 use crate::elf::{
     file_size, ElfError, SectionHeader, DYN_SIZE, LE, METADATA_SECTION, PHDR_SIZE, RELA_SIZE,
     SHDR_SIZE, SYM_SIZE, WRAPPER_SECTION,
 };
 use crate::hipk::WRAPPER_SIZE;
+use crate::image::{Image, OutOfRange};
 
 /// `DT_RELR` (packed relative relocations; not in `object` 0.36).
 const DT_RELR: u32 = 36;
@@ -40,12 +41,16 @@ const DT_ADDRESS_TAGS: [u32; 18] = [
     elf::DT_VERNEED,
 ];
 
-/// The whole output file; `payload` is the request's payload (metadata or
-/// bundles).
-pub fn output(input: &Input, plan: &Plan, payload: &[u8]) -> Result<Vec<u8>, TransformError> {
+/// The whole output file, as pieces of the input and new bytes;
+/// `payload` is the request's payload (metadata or bundles).
+pub fn output<'a>(
+    input: &Input<'a>,
+    plan: &Plan,
+    payload: &Payload,
+) -> Result<Image<'a>, TransformError> {
     let mut out = body(input, plan)?;
     write_wrappers(&mut out, input, plan)?;
-    move_block(&mut out, input, plan);
+    move_block(&mut out, plan)?;
     write_phdrs(&mut out, input, plan, payload)?;
     fix_dynamic(&mut out, input, plan)?;
     let (mut shdrs, moved) = sections(input, plan)?;
@@ -55,29 +60,29 @@ pub fn output(input: &Input, plan: &Plan, payload: &[u8]) -> Result<Vec<u8>, Tra
     Ok(out)
 }
 
-/// `len` bytes of the output at `at`, or an error if the input's headers
-/// put them outside it.
-fn region<'o>(
-    out: &'o mut [u8],
-    at: u64,
-    len: usize,
-    what: &str,
-) -> Result<&'o mut [u8], TransformError> {
-    let start = usize::try_from(at).ok();
-    match start.and_then(|s| s.checked_add(len).map(|e| (s, e))) {
-        Some((s, e)) if e <= out.len() => Ok(&mut out[s..e]),
-        _ => Err(ElfError::Malformed(format!(
-            "{what} at file offset {at:#x} lies outside the file"
+/// The error for a range the input's headers put outside the output.
+fn outside(what: &str) -> impl FnOnce(OutOfRange) -> TransformError + '_ {
+    move |r| {
+        ElfError::Malformed(format!(
+            "{what} at file offset {:#x} lies outside the file",
+            r.at
         ))
-        .into()),
+        .into()
     }
+}
+
+/// The `N` bytes of the output at `at`.
+fn read_array<const N: usize>(out: &Image, at: u64, what: &str) -> Result<[u8; N], TransformError> {
+    let mut b = [0u8; N];
+    out.read_into(at, &mut b).map_err(outside(what))?;
+    Ok(b)
 }
 
 /// Everything but the removed pages (or with the restored pages put back,
 /// zero-filled), without the old section header table when it ends the file
 /// (a new one is appended), and with the plan's ranges zeroed: no bundle or
 /// metadata byte stays where it no longer belongs.
-fn body(input: &Input, plan: &Plan) -> Result<Vec<u8>, TransformError> {
+fn body<'a>(input: &Input<'a>, plan: &Plan) -> Result<Image<'a>, TransformError> {
     let (elf, b, cut) = (&input.elf, input.elf.bytes(), plan.cut);
     let (shoff, len) = (elf.header().e_shoff(LE), b.len() as u64);
     let old_sh_end = shoff + (elf.shdrs().len() * SHDR_SIZE) as u64;
@@ -102,14 +107,16 @@ fn body(input: &Input, plan: &Plan) -> Result<Vec<u8>, TransformError> {
         )
         .into());
     }
-    let len = body_end - cut.removed + cut.inserted;
-    let mut out = Vec::with_capacity(len as usize + 4096);
-    out.extend_from_slice(&b[..cut.start as usize]);
-    out.resize(out.len() + cut.inserted as usize, 0);
-    out.extend_from_slice(&b[cut.end as usize..body_end as usize]);
+    let mut out = Image::new(b);
+    out.push_input(0..cut.start)
+        .map_err(outside("the kept bytes"))?;
+    out.push_zeros(cut.inserted);
+    out.push_input(cut.end..body_end)
+        .map_err(outside("the bytes after the cut"))?;
     for &(start, end) in &plan.zero {
         if end > start {
-            region(&mut out, start, (end - start) as usize, "cleared range")?.fill(0);
+            out.fill_zero(start..end)
+                .map_err(outside("cleared range"))?;
         }
     }
     Ok(out)
@@ -118,19 +125,19 @@ fn body(input: &Input, plan: &Plan) -> Result<Vec<u8>, TransformError> {
 /// Each wrapper gets its new magic, pointer (HIPK: the metadata; HIPF: its
 /// bundle) and `reserved1`; the relocation that sets its pointer becomes
 /// RELATIVE to the new value.
-fn write_wrappers(out: &mut [u8], input: &Input, plan: &Plan) -> Result<(), TransformError> {
+fn write_wrappers(out: &mut Image, input: &Input, plan: &Plan) -> Result<(), TransformError> {
     let w = &input.wrappers;
     for ((&off, new), rela) in w.offsets.iter().zip(&plan.wrappers).zip(&w.relas) {
         let at = plan.map_off(off).ok_or(TransformError::SectionInRemoved {
             name: WRAPPER_SECTION.into(),
         })?;
-        region(out, at, WRAPPER_SIZE, "wrapper")?;
-        let at = at as usize;
-        put_u32(out, at, new.magic);
-        put_u64(out, at + 8, new.pointer);
+        let mut record: [u8; WRAPPER_SIZE] = read_array(out, at, "wrapper")?;
+        put_u32(&mut record, 0, new.magic);
+        put_u64(&mut record, 8, new.pointer);
         if let Some(r1) = new.reserved1 {
-            put_u64(out, at + 16, r1);
+            put_u64(&mut record, 16, r1);
         }
+        out.write(at, &record).map_err(outside("wrapper"))?;
         let Some(ri) = *rela else {
             continue;
         };
@@ -143,8 +150,10 @@ fn write_wrappers(out: &mut [u8], input: &Input, plan: &Plan) -> Result<(), Tran
             .ok_or(TransformError::SectionInRemoved {
                 name: ".rela.dyn".into(),
             })?;
-        region(out, at, RELA_SIZE, "relocation")?
-            .copy_from_slice(object::pod::bytes_of(&r.to_rela()));
+        let rela = r.to_rela();
+        let entry = object::pod::bytes_of(&rela);
+        debug_assert_eq!(entry.len(), RELA_SIZE);
+        out.write(at, entry).map_err(outside("relocation"))?;
     }
     Ok(())
 }
@@ -152,41 +161,52 @@ fn write_wrappers(out: &mut [u8], input: &Input, plan: &Plan) -> Result<(), Tran
 /// Move the block into the kept pages and clear its old place (the grown
 /// program header table is written over it); its notes go back right after
 /// the table.
-fn move_block(out: &mut [u8], input: &Input, plan: &Plan) {
-    if let Some(bl) = plan.block {
-        let from = bl.start_off as usize..(bl.start_off + bl.len()) as usize;
-        let to = from.start.wrapping_add(bl.off_delta as usize);
-        out.copy_within(from.clone(), to);
-        out[plan.old_table_end as usize..from.end].fill(0);
-        for n in &plan.notes {
-            let (src, dst) = (n.off as usize, n.new_off as usize);
-            let len = n.size as usize;
-            out[dst..dst + len].copy_from_slice(&input.elf.bytes()[src..src + len]);
-            // Nothing of it stays in the block's copy.
-            let copy = src.wrapping_add(bl.off_delta as usize);
-            out[copy..copy + len].fill(0);
-        }
+fn move_block(out: &mut Image, plan: &Plan) -> Result<(), TransformError> {
+    let Some(bl) = plan.block else {
+        return Ok(());
+    };
+    let from = bl.start_off..bl.start_off + bl.len();
+    let to = from.start.wrapping_add(bl.off_delta);
+    out.copy_within(from.clone(), to)
+        .map_err(outside("the moved block"))?;
+    out.fill_zero(plan.old_table_end..from.end)
+        .map_err(outside("the moved block"))?;
+    for n in &plan.notes {
+        out.write_input(n.new_off, n.off..n.off + n.size)
+            .map_err(outside("a note"))?;
+        // Nothing of it stays in the block's copy.
+        let copy = n.off.wrapping_add(bl.off_delta);
+        out.fill_zero(copy..copy + n.size)
+            .map_err(outside("a note"))?;
     }
+    Ok(())
 }
 
 /// The new program header table in place, and the payload.
 fn write_phdrs(
-    out: &mut [u8],
+    out: &mut Image,
     input: &Input,
     plan: &Plan,
-    payload: &[u8],
+    payload: &Payload,
 ) -> Result<(), TransformError> {
     let phoff = input.elf.header().e_phoff(LE);
-    for (k, p) in plan.phdrs.iter().enumerate() {
-        let at = phoff + (k * PHDR_SIZE) as u64;
-        region(out, at, PHDR_SIZE, "program header")?.copy_from_slice(object::pod::bytes_of(p));
+    let table: Vec<u8> = plan
+        .phdrs
+        .iter()
+        .flat_map(|p| object::pod::bytes_of(p).iter().copied())
+        .collect();
+    out.write(phoff, &table)
+        .map_err(outside("program header"))?;
+    let at = plan.payload_off;
+    match payload {
+        Payload::Bytes(b) => out.write(at, b),
+        Payload::File(file, len) => out.write_file(at, file.clone(), 0, *len),
     }
-    region(out, plan.payload_off, payload.len(), "payload")?.copy_from_slice(payload);
-    Ok(())
+    .map_err(outside("payload"))
 }
 
 /// Dynamic entries that point into the moved block follow it.
-fn fix_dynamic(out: &mut [u8], input: &Input, plan: &Plan) -> Result<(), TransformError> {
+fn fix_dynamic(out: &mut Image, input: &Input, plan: &Plan) -> Result<(), TransformError> {
     if plan.block.is_none() {
         return Ok(());
     }
@@ -202,12 +222,13 @@ fn fix_dynamic(out: &mut [u8], input: &Input, plan: &Plan) -> Result<(), Transfo
             })?;
         for k in 0..s.sh_size(LE) / DYN_SIZE as u64 {
             let at = base + k * DYN_SIZE as u64;
-            let entry = region(out, at, DYN_SIZE, ".dynamic entry")?;
-            let tag = u64_at(entry, 0).expect("16 bytes");
-            let val = u64_at(entry, 8).expect("16 bytes");
+            let mut entry: [u8; DYN_SIZE] = read_array(out, at, ".dynamic entry")?;
+            let tag = u64_at(&entry, 0).expect("16 bytes");
+            let val = u64_at(&entry, 8).expect("16 bytes");
             let address_tag = u32::try_from(tag).is_ok_and(|t| DT_ADDRESS_TAGS.contains(&t));
             if address_tag && plan.in_block(val) {
-                put_u64(entry, 8, plan.moved_addr(val));
+                put_u64(&mut entry, 8, plan.moved_addr(val));
+                out.write(at, &entry).map_err(outside(".dynamic entry"))?;
             }
         }
     }
@@ -218,7 +239,7 @@ fn fix_dynamic(out: &mut [u8], input: &Input, plan: &Plan) -> Result<(), Transfo
 /// metadata's header last and, before the table, a new `.shstrtab` that
 /// has its name.
 fn append_section_table(
-    out: &mut Vec<u8>,
+    out: &mut Image,
     input: &Input,
     plan: &Plan,
     shdrs: &mut Vec<SectionHeader>,
@@ -226,17 +247,19 @@ fn append_section_table(
     if plan.form == Form::Offloaded {
         append_metadata_header(out, input, plan, shdrs)?;
     }
-    out.resize(align_up(out.len() as u64, 8) as usize, 0);
-    for s in shdrs.iter() {
-        out.extend_from_slice(object::pod::bytes_of(s));
-    }
+    out.resize(align_up(out.len(), 8));
+    let table: Vec<u8> = shdrs
+        .iter()
+        .flat_map(|s| object::pod::bytes_of(s).iter().copied())
+        .collect();
+    out.push_bytes(table);
     Ok(())
 }
 
 /// A new `.shstrtab` with the metadata section's name, and the metadata's
 /// header appended to `shdrs`.
 fn append_metadata_header(
-    out: &mut Vec<u8>,
+    out: &mut Image,
     input: &Input,
     plan: &Plan,
     shdrs: &mut Vec<SectionHeader>,
@@ -255,11 +278,13 @@ fn append_metadata_header(
             "section name table outside the file".into(),
         ))?;
     let name_off = (strtab.len()) as u32;
-    let new_str_off = out.len() as u64;
-    out.extend_from_slice(strtab);
-    out.extend_from_slice(METADATA_SECTION.as_bytes());
-    out.push(0);
-    let new_str_size = out.len() as u64 - new_str_off;
+    let new_str_off = out.len();
+    let mut names = Vec::with_capacity(strtab.len() + METADATA_SECTION.len() + 1);
+    names.extend_from_slice(strtab);
+    names.extend_from_slice(METADATA_SECTION.as_bytes());
+    names.push(0);
+    let new_str_size = names.len() as u64;
+    out.push_bytes(names);
     shdrs[stri].sh_offset.set(LE, new_str_off);
     shdrs[stri].sh_size.set(LE, new_str_size);
     shdrs.push(metadata_header(name_off, plan));
@@ -285,7 +310,7 @@ fn metadata_header(name_off: u32, plan: &Plan) -> SectionHeader {
 /// Symbols in moved sections follow them; those in the section's range
 /// follow its payload (see [`symbol_target`]).
 fn fix_symbols(
-    out: &mut [u8],
+    out: &mut Image,
     input: &Input,
     plan: &Plan,
     shdrs: &[SectionHeader],
@@ -299,31 +324,71 @@ fn fix_symbols(
         }
         let base = shdrs[i].sh_offset(LE);
         let n = s.sh_size(LE) / SYM_SIZE as u64;
-        if base + n * SYM_SIZE as u64 > out.len() as u64 {
+        if base + n * SYM_SIZE as u64 > out.len() {
             return Err(ElfError::BadSection {
                 name: elf.section_name(i)?,
                 problem: "symbol table outside the file".into(),
             }
             .into());
         }
-        for k in 0..n {
-            let at = base + k * SYM_SIZE as u64;
-            let shndx = usize::from(u16_at(out, at + 6).expect("inside the table"));
-            let value = u64_at(out, at + 8).expect("inside the table");
-            let at = at as usize;
-            if let Some((index, new)) = symbol_target(input, plan, shdrs, shndx, value)? {
-                put_u16(out, at + 6, index);
-                put_u64(out, at + 8, new);
-            } else if moved.contains(&shndx) {
-                put_u64(
-                    out,
-                    at + 8,
-                    value.wrapping_add(plan.section_addr_delta(shndx)),
-                );
-            }
-        }
+        let fix = |sym: &mut [u8]| fix_symbol(sym, input, plan, shdrs, moved);
+        for_each_entry(out, base, n, SYM_SIZE, fix)?;
     }
     Ok(())
+}
+
+/// Symbols read a batch at a time: a symbol table is as long as the
+/// binary has symbols, and only the few that change are written back.
+const ENTRY_BATCH: u64 = 16 << 10;
+
+/// Run `f` over each of the `n` entries of `size` bytes at `base` in the
+/// output; the entries it changes (it returns true) are written back.
+fn for_each_entry(
+    out: &mut Image,
+    base: u64,
+    n: u64,
+    size: usize,
+    mut f: impl FnMut(&mut [u8]) -> Result<bool, TransformError>,
+) -> Result<(), TransformError> {
+    let mut first = 0;
+    while first < n {
+        let count = (n - first).min(ENTRY_BATCH);
+        let at = base + first * size as u64;
+        let mut batch = out
+            .read(at, count * size as u64)
+            .map_err(outside("symbol table"))?;
+        for (k, entry) in batch.chunks_exact_mut(size).enumerate() {
+            if f(entry)? {
+                let entry_at = at + (k * size) as u64;
+                out.write(entry_at, entry).map_err(outside("symbol"))?;
+            }
+        }
+        first += count;
+    }
+    Ok(())
+}
+
+/// One symbol (its bytes): moved with its section or its payload; whether
+/// it changed.
+fn fix_symbol(
+    sym: &mut [u8],
+    input: &Input,
+    plan: &Plan,
+    shdrs: &[SectionHeader],
+    moved: &[usize],
+) -> Result<bool, TransformError> {
+    let shndx = usize::from(u16_at(sym, 6).expect("a whole symbol"));
+    let value = u64_at(sym, 8).expect("a whole symbol");
+    if let Some((index, new)) = symbol_target(input, plan, shdrs, shndx, value)? {
+        put_u16(sym, 6, index);
+        put_u64(sym, 8, new);
+        Ok(true)
+    } else if moved.contains(&shndx) {
+        put_u64(sym, 8, value.wrapping_add(plan.section_addr_delta(shndx)));
+        Ok(true)
+    } else {
+        Ok(false)
+    }
 }
 
 /// The new section index and value of a symbol of section `shndx` at
@@ -365,13 +430,13 @@ fn symbol_target(
 
 /// Section header table offset and counts in the file header.
 fn write_file_header(
-    out: &mut [u8],
+    out: &mut Image,
     input: &Input,
     plan: &Plan,
     shnum: usize,
 ) -> Result<(), TransformError> {
     let mut fh = *input.elf.header();
-    let shoff = (out.len() - shnum * SHDR_SIZE) as u64;
+    let shoff = out.len() - (shnum * SHDR_SIZE) as u64;
     fh.e_shoff.set(LE, shoff);
     fh.e_shnum.set(
         LE,
@@ -382,6 +447,6 @@ fn write_file_header(
         u16::try_from(plan.phdrs.len())
             .map_err(|_| ElfError::Malformed("too many segments".into()))?,
     );
-    out[..std::mem::size_of_val(&fh)].copy_from_slice(object::pod::bytes_of(&fh));
-    Ok(())
+    out.write(0, object::pod::bytes_of(&fh))
+        .map_err(outside("the file header"))
 }
