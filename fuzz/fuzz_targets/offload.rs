@@ -17,7 +17,10 @@
 //!   binary. Set `KPACK_FUZZ_STRICT=1` to require that every output
 //!   verifies.
 //! - the output is recognized as offloaded, and transforming it again is
-//!   refused with an error (never a second rewrite).
+//!   refused with an error (never a second rewrite);
+//! - restoring the output with the input's own bundles (the rewrite of
+//!   `kpack restore`) never panics, and what it writes is a fat binary
+//!   the fat-binary verifier reads without panicking.
 #![no_main]
 
 use std::path::Path;
@@ -25,8 +28,10 @@ use std::sync::OnceLock;
 
 use kpack_format::hipk::HipkMetadata;
 use kpack_host::offload::verify::VerifyError;
-use kpack_host::binary::{classify, Class};
-use kpack_host::offload::{code_objects, transform, verify_elf};
+use kpack_bundle::parse_fatbin;
+use kpack_host::binary::{classify, Class, HostBinary};
+use kpack_host::elf::ElfView;
+use kpack_host::offload::{code_objects, transform, verify_elf, verify_fat};
 use libfuzzer_sys::fuzz_target;
 
 fn metadata() -> &'static [u8] {
@@ -118,4 +123,36 @@ fuzz_target!(|data: &[u8]| {
         transform::transform(&t_bytes, metadata()).is_err(),
         "rewrote an offloaded binary"
     );
+    restore_again(data, &t_bytes);
 });
+
+/// The offloaded binary `out` of `input` restored with the input's
+/// bundles.
+fn restore_again(input: &[u8], out: &[u8]) {
+    let Some(section) = HostBinary::parse(input)
+        .ok()
+        .and_then(|b| b.fatbin().ok().flatten())
+    else {
+        return;
+    };
+    let Ok(bundles) = parse_fatbin(section.data) else {
+        return;
+    };
+    let starts = bundles
+        .iter()
+        .map(|b| (b.index as u32, b.range.start as u64))
+        .collect();
+    let request = transform::Request::Restore {
+        bundles: transform::Payload::Bytes(section.data),
+        starts,
+        align: 4096,
+    };
+    let Ok(elf) = ElfView::parse(out) else {
+        return;
+    };
+    if let Ok(r) = transform::rewrite(elf, &request) {
+        let restored = r.to_vec();
+        let _ = verify_fat(&restored);
+        assert_eq!(restored.len() as u64, r.len());
+    }
+}

@@ -16,7 +16,7 @@
 
 use crate::bytes;
 use crate::elf::{
-    ElfError, ElfType, ElfView, Pointer, Relocations, FATBIN_SECTION, METADATA_SECTION,
+    ElfError, ElfType, ElfView, Pointer, RelocAt, Relocations, FATBIN_SECTION, METADATA_SECTION,
     WRAPPER_SECTION,
 };
 use crate::hipk::{record_offsets, Wrapper, HIPF_MAGIC, HIPK_MAGIC, WRAPPER_SIZE};
@@ -434,13 +434,22 @@ impl<'a> HostBinary<'a> {
                 ..WrapperTable::default()
             },
         };
+        // ELF: the relocation of every record's pointer, in one pass.
+        let found = match self {
+            HostBinary::Elf(e) => {
+                let addrs: Vec<u64> = offsets.iter().map(|&at| sec.addr + at as u64 + 8).collect();
+                table.relocs.find(e, &addrs)
+            }
+            HostBinary::Pe(_) => vec![RelocAt::None; offsets.len()],
+        };
         table.slots = offsets
             .iter()
+            .zip(found)
             .enumerate()
-            .map(|(index, &at)| self.slot(&sec, &table, index, at as u64))
+            .map(|(index, (&at, reloc))| self.slot(&sec, &table, index, at as u64, reloc))
             .collect();
         table.padding = sec.size - (offsets.len() * WRAPPER_SIZE) as u64;
-        if let Some(at) = table.stray_relocation(sec.addr, sec.size) {
+        if let Some(at) = table.stray_relocation(self, sec.addr, sec.size) {
             return Err(bad(format!(
                 "a relocation applies at +{:#x}, between wrapper records (a record zeroed in the file?)",
                 at - sec.addr
@@ -455,12 +464,13 @@ impl<'a> HostBinary<'a> {
         table: &WrapperTable,
         index: usize,
         at: u64,
+        reloc: RelocAt,
     ) -> WrapperSlot {
         let raw = bytes::array_at(sec.data, at).expect("inside the section");
         let (offset, addr) = (sec.offset + at, sec.addr + at);
         let pointer = match self {
             HostBinary::Elf(e) => e
-                .pointer_at(&table.relocs, addr + 8, offset + 8)
+                .pointer_with(reloc, addr + 8, offset + 8)
                 .map_err(Into::into),
             HostBinary::Pe(p) => p
                 .pointer_at(&table.base_relocs, addr + 8)
@@ -672,22 +682,20 @@ impl WrapperTable {
 
     /// The address of a relocation that applies inside the table
     /// `[addr, addr + size)` but not to a record's pointer field, if any.
-    fn stray_relocation(&self, addr: u64, size: u64) -> Option<u64> {
+    fn stray_relocation(&self, bin: &HostBinary, addr: u64, size: u64) -> Option<u64> {
         let inside = |a: u64| a.wrapping_sub(addr) < size;
         let pointer_field = |a: u64| self.slots.iter().any(|s| s.addr + 8 == a);
-        let elf = self
-            .relocs
-            .relas
-            .iter()
-            .map(|r| r.r_offset)
-            .chain(self.relocs.relr.iter().copied());
-        // PE: IMAGE_REL_BASED_ABSOLUTE (0) entries only pad a block.
-        let pe = self
-            .base_relocs
-            .iter()
-            .filter(|r| r.typ != 0)
-            .map(|r| r.rva);
-        elf.chain(pe).find(|&a| inside(a) && !pointer_field(a))
+        let stray = |a: &u64| inside(*a) && !pointer_field(*a);
+        match bin {
+            HostBinary::Elf(e) => self.relocs.addresses(e).find(stray),
+            // PE: IMAGE_REL_BASED_ABSOLUTE (0) entries only pad a block.
+            HostBinary::Pe(_) => self
+                .base_relocs
+                .iter()
+                .filter(|r| r.typ != 0)
+                .map(|r| r.rva)
+                .find(stray),
+        }
     }
 }
 

@@ -244,6 +244,18 @@ impl<'a> ElfView<'a> {
 
     /// Every entry of every allocated `SHT_RELA` section.
     pub fn relas(&self) -> Result<Vec<RelaEntry>, ElfError> {
+        Ok(Relocations::read(self)?.relas(self).collect())
+    }
+
+    /// The addresses relocated by every `SHT_RELR` section (packed relative
+    /// relocations: the value stays in the file and the base is added).
+    pub fn relr(&self) -> Result<Vec<u64>, ElfError> {
+        Ok(Relocations::read(self)?.relr(self).collect())
+    }
+
+    /// The indices of the allocated `SHT_RELA` sections, their bounds
+    /// checked.
+    fn rela_tables(&self) -> Result<Vec<usize>, ElfError> {
         let mut out = Vec::new();
         for (i, sh) in self.shdrs.iter().enumerate() {
             if sh.sh_type(LE) != elf::SHT_RELA || sh.sh_flags(LE) & u64::from(elf::SHF_ALLOC) == 0 {
@@ -256,43 +268,36 @@ impl<'a> ElfView<'a> {
             if sh.sh_size(LE) % RELA_SIZE as u64 != 0 {
                 return Err(bad());
             }
-            let entries: &[Rela] = sh.data_as_array(LE, self.data).map_err(|_| bad())?;
-            let base = sh.sh_offset(LE);
-            out.extend(entries.iter().enumerate().map(|(k, r)| RelaEntry {
-                entry_offset: base + (k * RELA_SIZE) as u64,
-                r_offset: r.r_offset(LE),
-                r_type: r.r_type(LE, false),
-                r_sym: r.r_sym(LE, false),
-                r_addend: r.r_addend(LE),
-            }));
+            let _: &[Rela] = sh.data_as_array(LE, self.data).map_err(|_| bad())?;
+            out.push(i);
         }
         Ok(out)
     }
 
-    /// The addresses relocated by every `SHT_RELR` section (packed relative
-    /// relocations: the value stays in the file and the base is added).
-    pub fn relr(&self) -> Result<Vec<u64>, ElfError> {
+    /// The indices of the `SHT_RELR` sections, their bounds and addresses
+    /// checked.
+    fn relr_tables(&self) -> Result<Vec<usize>, ElfError> {
         let mut out = Vec::new();
         for (i, sh) in self.shdrs.iter().enumerate() {
             if sh.sh_type(LE) != elf::SHT_RELR {
                 continue;
             }
-            let bad = || ElfError::BadSection {
+            let bad = |problem: &str| ElfError::BadSection {
                 name: self.section_name(i).unwrap_or_default(),
-                problem: "bad RELR table bounds".into(),
+                problem: problem.into(),
             };
             if sh.sh_size(LE) % 8 != 0 {
-                return Err(bad());
+                return Err(bad("bad RELR table bounds"));
             }
-            let words = sh.data(LE, self.data).map_err(|_| bad())?;
+            let words = sh
+                .data(LE, self.data)
+                .map_err(|_| bad("bad RELR table bounds"))?;
             if !relr_fits(words) {
-                return Err(ElfError::BadSection {
-                    name: self.section_name(i).unwrap_or_default(),
-                    problem: "RELR entries run past the end of the address space".into(),
-                });
+                return Err(bad("RELR entries run past the end of the address space"));
             }
-            let relr = sh.relr(LE, self.data).map_err(|_| bad())?;
-            out.extend(relr.into_iter().flatten());
+            sh.relr(LE, self.data)
+                .map_err(|_| bad("bad RELR table bounds"))?;
+            out.push(i);
         }
         Ok(out)
     }
@@ -320,23 +325,23 @@ impl<'a> ElfView<'a> {
     }
 
     /// Resolve the pointer field at virtual address `addr` (file offset
-    /// `off`): its value at load time, relative to the load base.
-    pub(crate) fn pointer_at(
+    /// `off`), relocated as `at` says ([`Relocations::find`]): its value at
+    /// load time, relative to the load base.
+    pub(crate) fn pointer_with(
         &self,
-        relocs: &Relocations,
+        at: RelocAt,
         addr: u64,
         off: u64,
     ) -> Result<Pointer, ElfError> {
-        if let Some(ri) = relocs.relas.iter().position(|r| r.r_offset == addr) {
-            return self.rela_pointer(relocs, ri, addr);
+        if let RelocAt::Rela(ri, r) = at {
+            return self.rela_pointer(r, ri, addr);
         }
         let value = crate::bytes::u64_at(self.data, off).ok_or_else(|| {
             ElfError::Malformed(format!("pointer at {addr:#x} lies outside the file"))
         })?;
-        let kind = if relocs.relr.contains(&addr) {
-            PointerKind::Relr
-        } else {
-            PointerKind::Absolute
+        let kind = match at {
+            RelocAt::Relr => PointerKind::Relr,
+            _ => PointerKind::Absolute,
         };
         Ok(Pointer {
             value,
@@ -345,13 +350,7 @@ impl<'a> ElfView<'a> {
         })
     }
 
-    fn rela_pointer(
-        &self,
-        relocs: &Relocations,
-        ri: usize,
-        addr: u64,
-    ) -> Result<Pointer, ElfError> {
-        let r = relocs.relas[ri];
+    fn rela_pointer(&self, r: RelaEntry, ri: usize, addr: u64) -> Result<Pointer, ElfError> {
         let kinds = RelocKinds::for_machine(self.machine());
         let (value, kind) = match kinds {
             Some(k) if r.r_type == k.relative => (r.r_addend as u64, PointerKind::RelaRelative),
@@ -390,6 +389,16 @@ pub struct RelaEntry {
 }
 
 impl RelaEntry {
+    fn decode(r: &Rela, entry_offset: u64) -> RelaEntry {
+        RelaEntry {
+            entry_offset,
+            r_offset: r.r_offset(LE),
+            r_type: r.r_type(LE, false),
+            r_sym: r.r_sym(LE, false),
+            r_addend: r.r_addend(LE),
+        }
+    }
+
     /// The entry in the file's form.
     pub fn to_rela(&self) -> Rela {
         let mut r = Rela {
@@ -402,20 +411,98 @@ impl RelaEntry {
     }
 }
 
-/// The dynamic relocations of a file, read once.
+/// The dynamic relocations of a file: which sections hold them, their
+/// bounds checked once. Entries are decoded from the file's bytes as they
+/// are walked, never copied: a large binary has millions of them.
 #[derive(Debug, Clone, Default)]
 pub struct Relocations {
-    pub relas: Vec<RelaEntry>,
-    /// Addresses of packed relative relocations.
-    pub relr: Vec<u64>,
+    /// Allocated `SHT_RELA` sections.
+    rela: Vec<usize>,
+    /// `SHT_RELR` sections.
+    relr: Vec<usize>,
+}
+
+/// How one address is relocated ([`Relocations::find`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RelocAt {
+    /// The first RELA entry at it, and its index in [`Relocations::relas`].
+    Rela(usize, RelaEntry),
+    /// A packed relative relocation (and no RELA entry).
+    Relr,
+    None,
 }
 
 impl Relocations {
     pub fn read(elf: &ElfView) -> Result<Relocations, ElfError> {
         Ok(Relocations {
-            relas: elf.relas()?,
-            relr: elf.relr()?,
+            rela: elf.rela_tables()?,
+            relr: elf.relr_tables()?,
         })
+    }
+
+    /// Every RELA entry, in section and table order.
+    pub fn relas<'e>(&'e self, elf: &'e ElfView<'e>) -> impl Iterator<Item = RelaEntry> + 'e {
+        self.rela.iter().flat_map(move |&i| {
+            let sh = &elf.shdrs()[i];
+            let entries: &[Rela] = sh.data_as_array(LE, elf.bytes()).unwrap_or(&[]);
+            let base = sh.sh_offset(LE);
+            entries
+                .iter()
+                .enumerate()
+                .map(move |(k, r)| RelaEntry::decode(r, base + (k * RELA_SIZE) as u64))
+        })
+    }
+
+    /// RELA entry `index` (as [`Relocations::relas`] counts).
+    pub fn rela(&self, elf: &ElfView, index: usize) -> Option<RelaEntry> {
+        let mut index = index;
+        for &i in &self.rela {
+            let sh = &elf.shdrs()[i];
+            let entries: &[Rela] = sh.data_as_array(LE, elf.bytes()).unwrap_or(&[]);
+            if index < entries.len() {
+                let at = sh.sh_offset(LE) + (index * RELA_SIZE) as u64;
+                return Some(RelaEntry::decode(&entries[index], at));
+            }
+            index -= entries.len();
+        }
+        None
+    }
+
+    /// Every address a packed relative relocation relocates.
+    pub fn relr<'e>(&'e self, elf: &'e ElfView<'e>) -> impl Iterator<Item = u64> + 'e {
+        self.relr.iter().flat_map(move |&i| {
+            let relr = elf.shdrs()[i].relr(LE, elf.bytes()).ok().flatten();
+            relr.into_iter().flatten()
+        })
+    }
+
+    /// How each of `addrs` is relocated, in one pass over the tables.
+    pub(crate) fn find(&self, elf: &ElfView, addrs: &[u64]) -> Vec<RelocAt> {
+        let mut out = vec![RelocAt::None; addrs.len()];
+        let mut wanted: std::collections::HashMap<u64, Vec<usize>> = Default::default();
+        for (k, &a) in addrs.iter().enumerate() {
+            wanted.entry(a).or_default().push(k);
+        }
+        for (ri, r) in self.relas(elf).enumerate() {
+            for &k in wanted.get(&r.r_offset).into_iter().flatten() {
+                if out[k] == RelocAt::None {
+                    out[k] = RelocAt::Rela(ri, r);
+                }
+            }
+        }
+        for a in self.relr(elf) {
+            for &k in wanted.get(&a).into_iter().flatten() {
+                if out[k] == RelocAt::None {
+                    out[k] = RelocAt::Relr;
+                }
+            }
+        }
+        out
+    }
+
+    /// The address of every relocation, RELA then RELR.
+    pub(crate) fn addresses<'e>(&'e self, elf: &'e ElfView<'e>) -> impl Iterator<Item = u64> + 'e {
+        self.relas(elf).map(|r| r.r_offset).chain(self.relr(elf))
     }
 }
 

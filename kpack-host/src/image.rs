@@ -379,8 +379,13 @@ fn flush(out: &mut File, buf: &mut Vec<u8>) -> io::Result<()> {
 /// left alone) where the system can, else through a bounded buffer.
 fn copy_range(from: &File, offset: u64, len: u64, out: &mut File) -> io::Result<()> {
     let done = kernel_copy(from, offset, len, out)?;
-    let mut buf = vec![0u8; CHUNK.min((len - done) as usize)];
-    let mut pos = done;
+    copy_buffered(from, offset + done, len - done, out)
+}
+
+/// [`copy_range`] through a buffer of at most [`CHUNK`] bytes.
+fn copy_buffered(from: &File, offset: u64, len: u64, out: &mut impl Write) -> io::Result<()> {
+    let mut buf = vec![0u8; CHUNK.min(len as usize)];
+    let mut pos = 0u64;
     while pos < len {
         let n = ((len - pos) as usize).min(buf.len());
         read_exact_at(from, &mut buf[..n], offset + pos)?;
@@ -464,6 +469,99 @@ mod tests {
         assert_eq!(img.len(), v.len() as u64);
         assert_eq!(img.to_vec(), v);
         assert_eq!(img.read(17, 4000).unwrap(), v[17..4017]);
+    }
+
+    /// A small deterministic generator (xorshift64*).
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n.max(1)
+        }
+
+        fn range(&mut self, len: u64) -> Range<u64> {
+            let start = self.below(len + 1);
+            start..start + self.below(len - start + 1)
+        }
+    }
+
+    /// One random operation on both the image and its model.
+    fn random_op(rng: &mut Rng, img: &mut Image, v: &mut Vec<u8>, input_len: u64) {
+        let len = v.len() as u64;
+        match rng.below(6) {
+            0 => {
+                let r = rng.range(len);
+                let bytes: Vec<u8> = (0..r.end - r.start).map(|_| rng.below(256) as u8).collect();
+                img.write(r.start, &bytes).unwrap();
+                v[r.start as usize..r.end as usize].copy_from_slice(&bytes);
+            }
+            1 => {
+                let r = rng.range(len);
+                img.fill_zero(r.clone()).unwrap();
+                v[r.start as usize..r.end as usize].fill(0);
+            }
+            2 => {
+                let r = rng.range(len);
+                let to = rng.below(len - (r.end - r.start) + 1);
+                img.copy_within(r.clone(), to).unwrap();
+                v.copy_within(r.start as usize..r.end as usize, to as usize);
+            }
+            3 => {
+                let n = rng.below(len / 2 + 64);
+                let grow = len + n;
+                let new_len = if rng.below(2) == 0 {
+                    grow
+                } else {
+                    len - n.min(len)
+                };
+                img.resize(new_len);
+                v.resize(new_len as usize, 0);
+            }
+            4 => {
+                let src = rng.range(input_len);
+                let at = rng.below(len.saturating_sub(src.end - src.start) + 1);
+                if at + (src.end - src.start) <= len {
+                    img.write_input(at, src.clone()).unwrap();
+                    let from = &img.input[src.start as usize..src.end as usize];
+                    v[at as usize..(at + src.end - src.start) as usize].copy_from_slice(from);
+                }
+            }
+            _ => {
+                let r = rng.range(input_len);
+                img.push_input(r.clone()).unwrap();
+                v.extend_from_slice(&img.input[r.start as usize..r.end as usize]);
+            }
+        }
+    }
+
+    #[test]
+    fn random_operations_match_a_byte_buffer() {
+        let input: Vec<u8> = (0..5000u32).map(|i| (i * 7 + 3) as u8).collect();
+        for seed in 1..=200u64 {
+            let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            let (mut img, mut v) = model(&input);
+            for step in 0..40 {
+                random_op(&mut rng, &mut img, &mut v, input.len() as u64);
+                assert_eq!(img.len(), v.len() as u64, "seed {seed} step {step}");
+            }
+            assert_eq!(img.to_vec(), v, "seed {seed}");
+        }
+    }
+
+    #[test]
+    fn the_buffered_copy_copies_any_range() {
+        let dir = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..CHUNK as u32 * 2 + 5).map(|i| (i % 251) as u8).collect();
+        std::fs::write(dir.path().join("in"), &data).unwrap();
+        let from = File::open(dir.path().join("in")).unwrap();
+        let mut out = Vec::new();
+        copy_buffered(&from, 3, CHUNK as u64 + 9, &mut out).unwrap();
+        assert_eq!(out, data[3..CHUNK + 12]);
+        let short = copy_buffered(&from, data.len() as u64 - 2, 4, &mut Vec::new());
+        assert_eq!(short.unwrap_err().kind(), io::ErrorKind::UnexpectedEof);
     }
 
     #[test]

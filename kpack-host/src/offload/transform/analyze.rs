@@ -311,7 +311,7 @@ fn check_relocations(
         end: f.end(),
     };
     let in_headers = in_headers(elf);
-    for r in &relocs.relas {
+    for r in relocs.relas(elf) {
         if f.contains(r.r_offset) {
             return Err(hit(r.r_offset, "applies to bytes"));
         }
@@ -325,7 +325,7 @@ fn check_relocations(
             return Err(hit(r.r_offset, "points"));
         }
     }
-    for &a in &relocs.relr {
+    for a in relocs.relr(elf) {
         if f.contains(a) {
             return Err(hit(a, "applies to bytes"));
         }

@@ -815,7 +815,7 @@ fn check_block_relocations(input: &Input, plan: &Plan) -> Result<(), TransformEr
     let refuse = |at: u64| TransformError::CannotGrowPhdrs {
         why: format!("relocation at {at:#x} refers to a section that must move"),
     };
-    for r in &input.relocs.relas {
+    for r in input.relocs.relas(&input.elf) {
         let points_in = r.r_type == input.kinds.relative && plan.in_block(r.r_addend as u64);
         if plan.in_block(r.r_offset) || points_in {
             return Err(refuse(r.r_offset));
@@ -823,7 +823,7 @@ fn check_block_relocations(input: &Input, plan: &Plan) -> Result<(), TransformEr
     }
     // Packed relative relocations: the address is the word's own value.
     let elf = &input.elf;
-    for &a in &input.relocs.relr {
+    for a in input.relocs.relr(&input.elf) {
         let value = elf.relr_value(a);
         if plan.in_block(a) || value.is_some_and(|v| plan.in_block(v)) {
             return Err(refuse(a));

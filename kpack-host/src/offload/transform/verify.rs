@@ -378,7 +378,7 @@ fn check_relocations_into(
     bad: &mut Vec<String>,
 ) {
     let kinds = RelocKinds::for_machine(elf.machine());
-    for x in &relocs.relas {
+    for x in relocs.relas(elf) {
         if removed.contains(&x.r_offset) {
             bad.push(format!(
                 "relocation at {:#x} applies to bytes of {what}",
@@ -392,7 +392,7 @@ fn check_relocations_into(
             ));
         }
     }
-    for &a in &relocs.relr {
+    for a in relocs.relr(elf) {
         if removed.contains(&a) {
             bad.push(format!(
                 "packed relocation at {a:#x} applies to bytes of {what}"

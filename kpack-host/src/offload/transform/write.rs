@@ -141,7 +141,10 @@ fn write_wrappers(out: &mut Image, input: &Input, plan: &Plan) -> Result<(), Tra
         let Some(ri) = *rela else {
             continue;
         };
-        let mut r = input.relocs.relas[ri];
+        let mut r = input
+            .relocs
+            .rela(&input.elf, ri)
+            .ok_or_else(|| ElfError::Malformed(format!("no relocation {ri}")))?;
         r.r_type = input.kinds.relative;
         r.r_sym = 0;
         r.r_addend = new.pointer as i64;
