@@ -13,11 +13,13 @@
 //!   of an existing one in a chosen order); the directory they went into is
 //!   fsynced after the renames.
 //! - **Leftovers.** Every hidden working directory kpack creates
-//!   (`.kpack-staging-*`, and `.kpack-scratch-*` from [`ScratchDir`]) is held
-//!   under an advisory lock (`flock`) by the process using it. A run killed
+//!   (`.kpack-staging-*`, and `.kpack-scratch-*` from [`ScratchDir`]), and
+//!   every temporary file ([`Pending`], `.kpack-tmp-*`), is held under an
+//!   advisory lock (`flock`) by the process using it. A run killed
 //!   part-way leaves its directory behind, but the kernel releases the lock
 //!   with the process; the next run that stages or scratches in the same
-//!   directory takes the lock and removes the leftover ([`sweep_stale`]),
+//!   directory (or offloads into it) takes the lock and removes the
+//!   leftover ([`sweep_stale`]),
 //!   while a directory of a run still in progress stays locked and is left
 //!   alone (on a file system without locks, nothing is swept). The artifact
 //!   tools skip hidden entries, so a leftover is never mistaken for output.
@@ -104,6 +106,10 @@ impl Pending {
         if let Some(mode) = mode {
             fs::set_permissions(tmp.path(), fs::Permissions::from_mode(mode)).with_path(path)?;
         }
+        // Held while it is written, so that a sweep ([`sweep_stale`]) tells
+        // it from a killed run's leftover. Only a hint where there are no
+        // locks.
+        let _ = tmp.as_file().try_lock();
         Ok(Pending {
             tmp,
             path: path.to_path_buf(),
@@ -388,23 +394,39 @@ fn is_work_dir_name(name: &OsStr) -> bool {
     name.starts_with(STAGING_PREFIX) || name.starts_with(SCRATCH_PREFIX)
 }
 
-/// Remove the staging and scratch directories in `dir` that no live process
-/// holds (left by killed runs). Returns those removed. Best effort: what
-/// cannot be read or removed is left as it is.
-pub(crate) fn sweep_stale(dir: &Path) -> Vec<PathBuf> {
+/// Whether a directory entry is a working directory or a temporary file
+/// of [`Pending`] (a file kept by a killed run can be as large as the
+/// binary it was becoming).
+fn is_leftover_kind(e: &fs::DirEntry) -> bool {
+    let Ok(t) = e.file_type() else {
+        return false;
+    };
+    let name = e.file_name();
+    (t.is_dir() && is_work_dir_name(&name))
+        || (t.is_file() && name.to_string_lossy().starts_with(TEMP_FILE_PREFIX))
+}
+
+/// Remove the staging and scratch directories and the temporary files in
+/// `dir` that no live process holds (left by killed runs). Returns those
+/// removed. Best effort: what cannot be read or removed is left as it is.
+pub fn sweep_stale(dir: &Path) -> Vec<PathBuf> {
     let Ok(entries) = fs::read_dir(dir) else {
         return Vec::new();
     };
     let mut removed = Vec::new();
     for e in entries.flatten() {
-        let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
-        if !is_dir || !is_work_dir_name(&e.file_name()) {
+        if !is_leftover_kind(&e) {
             continue;
         }
         let path = e.path();
+        let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
         // Removed while holding the lock, so that no run can take it over.
         if let Ok(Claim::Locked(_lock)) = claim(&path) {
-            if remove_tree(&path).is_ok() {
+            let gone = match is_dir {
+                true => remove_tree(&path),
+                false => fs::remove_file(&path),
+            };
+            if gone.is_ok() {
                 removed.push(path);
             }
         }
@@ -741,5 +763,23 @@ mod tests {
         drop(scratch);
         assert_eq!(hidden(d), [".kpack-staging-a-file", ".other"]);
         assert!(d.join("visible").is_dir());
+    }
+
+    #[test]
+    fn sweeping_removes_a_killed_runs_temporary_file_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let mut live = Pending::create(&d.join("out.so"), Some(0o755)).unwrap();
+        live.file().write_all(b"being written").unwrap();
+        let stale = d.join(format!("{TEMP_FILE_PREFIX}killed"));
+        fs::write(&stale, b"left by a killed run").unwrap();
+        assert_eq!(sweep_stale(d), [stale]);
+        live.commit().unwrap();
+        assert_eq!(fs::read(d.join("out.so")).unwrap(), b"being written");
+        assert_eq!(
+            fs::metadata(d.join("out.so")).unwrap().permissions().mode() & 0o777,
+            0o755
+        );
+        assert!(hidden(d).is_empty(), "{:?}", hidden(d));
     }
 }

@@ -4,9 +4,10 @@
 //!
 //! [`offload`] is the engine behind `kpack offload`, and behind split,
 //! pack-tree and CMake's `kpack_offload_target()`: it reads the input
-//! through a memory map, writes archives first and the binary last (each to
-//! a temporary file renamed into place), and checks its own output with
-//! [`verify_binary`] before renaming it. ELF binaries go through
+//! through a memory map, rewrites the binary as pieces of it
+//! ([`crate::image::Image`]), streams that into a temporary file beside the
+//! output and checks the file as written ([`write_checked`]), writes the
+//! archives, and renames the binary into place last. ELF binaries go through
 //! [`transform`] and [`verify::verify_elf`], PE images through [`pe`]; the
 //! rest (archives, metadata, atomic output, re-runs) is the same for both.
 
@@ -265,6 +266,8 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
     let clock = std::time::Instant::now();
     let t = rewrite_binary(input, &bin, &metadata)?;
     let out_dirs = NewDirs::create(parent_dir(output))?;
+    // A killed run's temporary binary, if any, goes first.
+    crate::output::sweep_stale(parent_dir(output));
     let mut pending = Pending::create(output, Some(mode))?;
     let source = File::open(input).with_path(input)?;
     write_rewritten(input, &t, Some(&source), pending.file())?;
@@ -553,7 +556,7 @@ pub fn rewrite_binary<'a>(
 }
 
 /// Write the rewritten binary `t` of `path` into `out` and check what was
-/// written ([`verify_binary`], every wrapper naming one of its bundles):
+/// written ([`verify_written`]):
 /// [`write_checked`].
 pub fn write_rewritten(
     path: &Path,
@@ -562,7 +565,7 @@ pub fn write_rewritten(
     out: &mut File,
 ) -> Result<Verified> {
     write_checked(path, "rewritten", t, input, out, |b| {
-        verify_binary(b, Some(t.bundles))
+        verify_written(b, t.bundles)
     })
 }
 
@@ -594,14 +597,15 @@ pub fn write_checked<T>(
     })
 }
 
-/// Check an offloaded host binary, ELF ([`verify_elf`]) or PE
-/// ([`pe::verify_pe`]). With `bundles`, also that every wrapper's code
-/// object index names one of that many bundles.
-pub(crate) fn verify_binary(b: &[u8], bundles: Option<usize>) -> Result<Verified, VerifyError> {
+/// Check a binary kpack has just rewritten and written, ELF
+/// ([`verify_elf`]) or PE ([`pe::verify_pe`]; its checksum is the one
+/// [`write_checked`] computed over this file, so not summed again), and
+/// that every wrapper's code object index names one of `bundles` bundles.
+fn verify_written(b: &[u8], bundles: usize) -> Result<Verified, VerifyError> {
     if crate::pe::is_pe(b) {
-        pe::verify_pe(b, bundles)
+        pe::verify::verify_pe_with(b, Some(bundles), pe::verify::Checksum::Trust)
     } else {
-        verify_elf(b, bundles)
+        verify_elf(b, Some(bundles))
     }
 }
 

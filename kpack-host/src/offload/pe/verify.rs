@@ -21,10 +21,32 @@ use crate::pe::{
 /// Check an offloaded PE image. With `bundles`, also that every wrapper's
 /// code object index names one of that many bundles.
 pub fn verify_pe(b: &[u8], bundles: Option<usize>) -> Result<Verified, VerifyError> {
+    verify_pe_with(b, bundles, Checksum::Verify)
+}
+
+/// Whether [`verify_pe_with`] sums the whole image to check a non-zero
+/// `CheckSum`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Checksum {
+    Verify,
+    /// The writer has just computed it over this very file (the self-check
+    /// of a rewrite): summing it again would read every page of the file.
+    Trust,
+}
+
+/// [`verify_pe`], the checksum checked or not.
+pub(crate) fn verify_pe_with(
+    b: &[u8],
+    bundles: Option<usize>,
+    checksum: Checksum,
+) -> Result<Verified, VerifyError> {
     let pe = PeView::parse(b)?;
     let sections = pe.sections()?;
     let mut bad = Vec::new();
     check_headers(&pe, &sections, &mut bad);
+    if checksum == Checksum::Verify {
+        check_checksum(&pe, &mut bad);
+    }
     check_sections(&pe, &sections, &mut bad);
     check_directories(&pe, &sections, &mut bad);
     let relocs = pe.base_relocations().unwrap_or_else(|e| {
@@ -46,8 +68,8 @@ pub fn verify_pe(b: &[u8], bundles: Option<usize>) -> Result<Verified, VerifyErr
     }
 }
 
-/// The section table fits below `SizeOfHeaders`, `SizeOfImage` covers
-/// every section, and a non-zero `CheckSum` is right.
+/// The section table fits below `SizeOfHeaders` and `SizeOfImage` covers
+/// every section.
 fn check_headers(pe: &PeView, sections: &[PeSection], bad: &mut Vec<String>) {
     let (fa, sa) = (pe.file_alignment(), pe.section_alignment());
     if !fa.is_power_of_two() || !sa.is_power_of_two() || fa > sa {
@@ -74,6 +96,10 @@ fn check_headers(pe: &PeView, sections: &[PeSection], bad: &mut Vec<String>) {
             "SizeOfImage {size_of_image:#x} does not cover the sections (end {image_end:#x}) in whole SectionAlignment units"
         ));
     }
+}
+
+/// A non-zero `CheckSum` is the image's.
+fn check_checksum(pe: &PeView, bad: &mut Vec<String>) {
     let stored = pe.optional_header().check_sum.get(LE);
     if stored != 0 && stored != pe.checksum_of(pe.bytes()) {
         bad.push(format!(
