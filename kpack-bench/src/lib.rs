@@ -80,6 +80,7 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
         kpack: root.join("target/release/kpack"),
         work: work.clone(),
         reps: args.reps,
+        keep_work: args.keep_work,
     };
     if !ctx.kpack.is_file() {
         bail!(

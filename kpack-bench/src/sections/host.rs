@@ -46,13 +46,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
         std::fs::create_dir_all(&dir)?;
         let mut jobs = library_jobs(ctx, size, &lib.path, &dir)?;
         warm(&[&lib.path])?;
-        for rep in 0..ctx.reps {
-            eprintln!("  {} host, rep {}/{}", size.label, rep + 1, ctx.reps);
-            for job in &mut jobs {
-                job.run(ctx)?;
-            }
-        }
-        remove(&dir)?;
+        Job::run_all(ctx, &mut jobs, &format!("{} host", size.label), &dir)?;
         measured.push((*size, jobs));
     }
     let mut rows = library_rows(&measured);
@@ -241,13 +235,7 @@ fn wheel_rows(ctx: &Ctx, size: &Size) -> Result<Vec<Row>> {
     std::fs::create_dir_all(&dir)?;
     let mut jobs = wheel_jobs(ctx, size, &wheel, &dir);
     warm(&[&wheel])?;
-    for rep in 0..ctx.reps {
-        eprintln!("  wheel, rep {}/{}", rep + 1, ctx.reps);
-        for job in &mut jobs {
-            job.run(ctx)?;
-        }
-    }
-    remove(&dir)?;
+    Job::run_all(ctx, &mut jobs, "wheel", &dir)?;
     let [split, unzip, zip] = &jobs;
     let mut row = split.row(SECTION);
     let floor = unzip.median() + zip.median();

@@ -71,8 +71,9 @@ impl Job {
         self
     }
 
-    /// One run: its output removed first, then timed.
-    pub(super) fn run(&mut self, ctx: &Ctx) -> Result<()> {
+    /// One run: its output removed first, then timed; what it removes
+    /// afterwards kept when `keep` is set.
+    fn run(&mut self, ctx: &Ctx, keep: bool) -> Result<()> {
         remove(&self.out)?;
         let r = resident(&[&self.input]);
         self.in_bytes = tree_size(&self.input);
@@ -80,8 +81,27 @@ impl Job {
             .push(timed(&self.program, &self.args, &ctx.work)?, r);
         self.out_bytes = tree_size(&self.out);
         self.archive_bytes = self.archives.as_deref().map_or(0, tree_size);
-        for p in &self.then_remove {
-            remove(p)?;
+        if !keep {
+            for p in &self.then_remove {
+                remove(p)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every repetition of `jobs`, in order (`what` names them in the
+    /// progress lines); then `dir`, where they write, removed. With
+    /// `--keep-work`, the last repetition's outputs and `dir` are kept.
+    pub(super) fn run_all(ctx: &Ctx, jobs: &mut [Job], what: &str, dir: &Path) -> Result<()> {
+        for rep in 0..ctx.reps {
+            eprintln!("  {what}, rep {}/{}", rep + 1, ctx.reps);
+            let keep = ctx.keep_work && rep + 1 == ctx.reps;
+            for job in jobs.iter_mut() {
+                job.run(ctx, keep)?;
+            }
+        }
+        if !ctx.keep_work {
+            remove(dir)?;
         }
         Ok(())
     }

@@ -61,13 +61,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
     inputs.extend(payloads.files.iter().map(PathBuf::as_path));
     warm(&inputs)?;
     let before = load_average();
-    for rep in 0..ctx.reps {
-        eprintln!("  rep {}/{}", rep + 1, ctx.reps);
-        for job in &mut jobs {
-            job.run(ctx)?;
-        }
-    }
-    remove(&dir)?;
+    Job::run_all(ctx, &mut jobs, SECTION, &dir)?;
     let mut rows = rows(&jobs, &payloads);
     note_load(&mut rows, before, load_average());
     Ok(rows)
