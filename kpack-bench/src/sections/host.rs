@@ -37,10 +37,25 @@ const GROWTH: f64 = 1.25;
 const PRUNE_TARGET: &str = "gfx942";
 
 pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
+    let mut libs = Vec::new();
+    for size in &SIZES {
+        match large_host::library(ctx, size) {
+            Ok(lib) => libs.push(lib),
+            Err(e) => {
+                eprintln!("host: not measured: {e:#}");
+                let work = format!("offload and the others, {}-host library", size.label);
+                return Ok(vec![Row::unavailable(
+                    SECTION,
+                    "offload",
+                    work,
+                    format!("{e:#}"),
+                )]);
+            }
+        }
+    }
     let before = load_average();
     let mut measured = Vec::new();
-    for size in &SIZES {
-        let lib = large_host::library(ctx, size)?;
+    for (size, lib) in SIZES.iter().zip(&libs) {
         let dir = ctx.work.join(format!("{SECTION}-{}", size.id));
         remove(&dir)?;
         std::fs::create_dir_all(&dir)?;
@@ -50,7 +65,15 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
         measured.push((*size, jobs));
     }
     let mut rows = library_rows(&measured);
-    rows.extend(wheel_rows(ctx, &SIZES[1])?);
+    match wheel_rows(ctx, &SIZES[1]) {
+        Ok(r) => rows.extend(r),
+        Err(e) => rows.push(Row::unavailable(
+            SECTION,
+            "split_wheels",
+            "split-wheels -j 2, torch-like wheel",
+            format!("{e:#}"),
+        )),
+    }
     note_load(&mut rows, before, load_average());
     Ok(rows)
 }
