@@ -12,4 +12,6 @@ pub struct Ctx {
     pub work: PathBuf,
     /// Repetitions of every measured process.
     pub reps: usize,
+    /// Keep the outputs of the last repetition in `work` (`--keep-work`).
+    pub keep_work: bool,
 }

@@ -20,11 +20,14 @@
 //! - [`inputs`]: the ROCm libraries measured, laid out as inputs;
 //! - [`compressed`]: librocsparse re-bundled into compressed bundles (CCOB
 //!   v3) inside a linked library, the input of the `compressed` section;
+//! - [`large_host`]: fat libraries with a large host part, built by the
+//!   test kit, and a wheel holding one: the inputs of the `host` section;
 //! - [`sections`]: one module per section of the table.
 
 pub mod compressed;
 pub mod context;
 pub mod inputs;
+pub mod large_host;
 pub mod measure;
 pub mod report;
 pub mod sections;
@@ -47,8 +50,9 @@ pub struct BenchArgs {
     pub reps: usize,
     /// Measure only these sections (comma-separated): rocrand, rocsparse,
     /// pipeline, runtime, large, rewrite (prune and restore of
-    /// librocsparse), wheels, compressed (librocsparse in compressed
-    /// bundles). Default: all.
+    /// librocsparse), wheels, python, compressed (librocsparse in compressed
+    /// bundles), host (libraries with 256 MiB and 1 GiB of host code), xla
+    /// (JAX's ROCm plugin, downloaded from PyPI). Default: all.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Keep target/bench/work (the large intermediate files) afterwards.
@@ -76,6 +80,7 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
         kpack: root.join("target/release/kpack"),
         work: work.clone(),
         reps: args.reps,
+        keep_work: args.keep_work,
     };
     if !ctx.kpack.is_file() {
         bail!(

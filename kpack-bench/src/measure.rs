@@ -179,3 +179,24 @@ pub fn tree_size(path: &Path) -> u64 {
         .map(|m| m.len())
         .sum()
 }
+
+/// The 1-minute load average.
+pub fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Record in every row's details the load average before and after its
+/// section ran (the machine's 2 cores are shared).
+pub fn note_load(rows: &mut [Row], before: Option<f64>, after: Option<f64>) {
+    for r in rows {
+        if r.details.is_null() {
+            r.details = serde_json::json!({});
+        }
+        r.details["load_average_before_after"] = serde_json::json!([before, after]);
+    }
+}

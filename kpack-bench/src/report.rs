@@ -382,6 +382,8 @@ fn short_floor(id: &str) -> String {
         "zstd_t2" => "zstd -T2".into(),
         "zstd_files_t1" => "zstd -T1 per file".into(),
         "cp" => "cp".into(),
+        // A section's `cp` of one of its inputs (`host.cp_1g`).
+        d if d.starts_with("cp_") => "cp".into(),
         d if d.starts_with("decompress") => "bundled zstd".into(),
         "libzstd_same_process" => "system libzstd (same process)".into(),
         d if d.starts_with("libzstd") => "system libzstd".into(),
@@ -444,5 +446,6 @@ mod tests {
         assert_eq!(fmt_time(0.000_789), "789 µs");
         assert_eq!(fmt_bytes(1.5e9), "1.50 GB");
         assert_eq!(short_floor("rocsparse.zstd_t1"), "zstd -T1");
+        assert_eq!(short_floor("host.cp_1g"), "cp");
     }
 }

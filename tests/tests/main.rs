@@ -18,6 +18,7 @@ mod bad_input;
 mod bundle_formats;
 mod golden;
 mod ground_truth;
+mod large_host;
 mod ls;
 mod malformed;
 mod offload;

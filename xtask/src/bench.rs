@@ -25,6 +25,9 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "unzip",
     "python3-venv",
 ];
+/// What the sections that build libraries from source need besides
+/// (`compressed`, `host`: clang-19, lld-19, the HIP runtime to link).
+const COMPILER_PACKAGES: &[&str] = &["clang-19", "lld-19", "libamdhip64-dev"];
 
 /// `kpack-bench`'s flags, passed on as they are.
 #[derive(Debug, Clone, clap::Args)]
@@ -37,7 +40,9 @@ pub struct BenchArgs {
     /// pipeline, runtime, large, rewrite (prune and restore of
     /// librocsparse, verify --tree over it), wheels, python, compressed
     /// (librocsparse re-bundled into compressed bundles: needs clang-19 and
-    /// lld-19). Default: all.
+    /// lld-19), host (libraries with 256 MiB and 1 GiB of host code, built
+    /// with clang-19 and lld-19), xla (JAX's ROCm plugin, downloaded from
+    /// PyPI). Default: all.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Keep target/bench/work (the large intermediate files) afterwards.
@@ -63,7 +68,11 @@ impl BenchArgs {
 }
 
 pub fn run(sh: &Shell, root: &Path, args: &BenchArgs) -> Result<()> {
-    test::ensure_debian_packages(sh, DEBIAN_PACKAGES, "bench")?;
+    let mut packages = DEBIAN_PACKAGES.to_vec();
+    if args.wants("compressed") || args.wants("host") {
+        packages.extend(COMPILER_PACKAGES);
+    }
+    test::ensure_debian_packages(sh, &packages, "bench")?;
     if args.wants("pipeline") {
         // A failure is the fixture rows' to report.
         if let Err(e) = fixtures::build_all(sh, root, false) {
@@ -73,7 +82,8 @@ pub fn run(sh: &Shell, root: &Path, args: &BenchArgs) -> Result<()> {
     let cargo = cargo();
     let flags = args.flags();
     let mut bench = cmd!(sh, "{cargo} run --release -p kpack-bench -- {flags...}");
-    if args.wants("wheels") || args.wants("python") || args.wants("compressed") {
+    let venv = ["wheels", "python", "compressed", "host", "xla"];
+    if venv.iter().any(|s| args.wants(s)) {
         bench = bench.env("KPACK_PY_VENV", wheel::py_env(sh, root)?);
     }
     if args.wants("python") {

@@ -25,7 +25,7 @@ use crate::args;
 use crate::compressed::{library, plain_twin, CompressedLib};
 use crate::context::Ctx;
 use crate::inputs::{link_or_copy, remove, ROCSPARSE};
-use crate::measure::{resident, timed, tree_size, warm, Runs};
+use crate::measure::{load_average, note_load, resident, timed, tree_size, warm, Runs};
 use crate::report::{FloorRatio, Row, Stats, Target};
 
 const SECTION: &str = "compressed";
@@ -62,23 +62,8 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
     let load_after = load_average();
     remove(&dir)?;
     let mut rows = rows(&libs, &wheel, &m, identical)?;
-    for r in &mut rows {
-        if r.details.is_null() {
-            r.details = json!({});
-        }
-        r.details["load_average_before_after"] = json!([load_before, load_after]);
-    }
+    note_load(&mut rows, load_before, load_after);
     Ok(rows)
-}
-
-/// The 1-minute load average.
-fn load_average() -> Option<f64> {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
 }
 
 /// The runs of every measured process.

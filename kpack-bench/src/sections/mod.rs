@@ -17,9 +17,19 @@
 //!   gfx1030 code objects, against the command and pure Python;
 //! - `compressed`: offload, split, extract, pack-tree, restore, ls and
 //!   split-wheels of librocsparse re-bundled into compressed bundles, and
-//!   the floor `zstd -d | zstd -3 -T1` of the same bytes.
+//!   the floor `zstd -d | zstd -3 -T1` of the same bytes;
+//! - `host`: offload, restore, split, pack-tree and prune of fat libraries
+//!   with 256 MiB and 1 GiB of host `.rodata` (built by the test kit),
+//!   against `cp`, and split-wheels of a wheel holding one;
+//! - `xla`: offload and split-wheels of `xla_rocm_plugin.so` from PyPI's
+//!   jax-rocm7-pjrt 0.12.0 wheel, against `zstd -d | zstd -3 -T1` of its
+//!   bundles plus `cp`.
+//!
+//! `job` is the measured process the `host` and `xla` sections share.
 
 mod compressed;
+mod host;
+mod job;
 pub mod large;
 mod libs;
 mod pipeline;
@@ -27,6 +37,9 @@ mod python;
 mod rewrite;
 mod runtime;
 mod wheels;
+mod xla;
+
+pub(crate) use wheels::python;
 
 use anyhow::Result;
 
@@ -44,6 +57,8 @@ pub const SECTIONS: &[&str] = &[
     "wheels",
     "python",
     "compressed",
+    "host",
+    "xla",
 ];
 
 /// A section measured by one function (the libraries' sections aside).
@@ -59,7 +74,7 @@ pub fn run(ctx: &Ctx, only: &[String]) -> Result<Vec<Row>> {
             rows.extend(libs::run(ctx, lib)?);
         }
     }
-    let sections: [Section; 7] = [
+    let sections: [Section; 9] = [
         ("pipeline", pipeline::run),
         ("runtime", runtime::run),
         ("large", large::run),
@@ -67,6 +82,8 @@ pub fn run(ctx: &Ctx, only: &[String]) -> Result<Vec<Row>> {
         ("wheels", wheels::run),
         ("python", python::run),
         ("compressed", compressed::run),
+        ("host", host::run),
+        ("xla", xla::run),
     ];
     for (section, run) in sections {
         if wanted(section) {

@@ -521,7 +521,7 @@ fn build_wheel(ctx: &Ctx, lib: &Path, cache: &Path, copies: usize) -> Result<()>
 /// The Python of the wheel tests' virtual environment (PyPI's `wheel`):
 /// `$KPACK_PY_VENV`, else `target/py-venv` (`cargo xtask bench` and
 /// `cargo xtask py-env` make it).
-pub(super) fn python(ctx: &Ctx) -> Result<PathBuf> {
+pub(crate) fn python(ctx: &Ctx) -> Result<PathBuf> {
     let venv = std::env::var_os("KPACK_PY_VENV")
         .map_or_else(|| ctx.root.join("target/py-venv"), PathBuf::from);
     let python = venv.join("bin/python");

@@ -9,6 +9,8 @@
 //!   clang-offload-bundler, the ground truth for device code;
 //! - [`shards`]: the tutorial's shard tree, for the pipeline tests and the
 //!   pipeline benchmark; [`tree`]: laying out and comparing trees;
+//! - [`large_host`]: a fat library with a large, incompressible host part
+//!   (`.rodata`), built at any size, for tests and the benchmarks;
 //! - [`cprog`]: C/C++ test programs through the `cc` crate, and the native
 //!   libraries of the static runtime library;
 //! - [`workspace`]: the workspace root, cargo builds in the running test's
@@ -16,6 +18,7 @@
 
 pub mod cprog;
 pub mod fixtures;
+pub mod large_host;
 pub mod malformed;
 pub mod manifest;
 pub mod oracle;
