@@ -17,7 +17,8 @@
 //!    the same steps (analyze, plan, write, verify). [`prune`] and
 //!    [`restore`] rewrite fat binaries; [`why`] traces the loader's search
 //!    for each wrapper.
-//! 4. Every file is written atomically and durably ([`output`]).
+//! 4. Every file is written atomically, and durably when the command asks
+//!    for it ([`output::Durability`]).
 //!
 //! Nothing here prints or exits; every failure is an [`Error`] that names
 //! the file and what was wrong.

@@ -155,18 +155,22 @@ impl ArchiveBuilder {
     }
 
     /// Write the finalized archive to `path` (atomically: a temporary file
-    /// renamed into place; parent directories created).
-    fn write(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+    /// renamed into place; parent directories created), fsynced when
+    /// `durable` (`None`: when `KPACK_DURABLE=1`).
+    #[pyo3(signature = (path, durable=None))]
+    fn write(&self, py: Python<'_>, path: PathBuf, durable: Option<bool>) -> PyResult<()> {
         let bytes = self.bytes.as_deref().ok_or_else(|| {
             PyRuntimeError::new_err("Archive not finalized. Call finalize_archive() first.")
         })?;
-        py.detach(|| -> Result<(), Failure> {
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir)
-                    .map_err(|e| Failure::from(kpack_host::Error::io(dir, e)))?;
-            }
-            kpack_host::output::write_atomically(&path, |f| f.write_all(bytes))?;
-            Ok(())
+        py.detach(|| {
+            crate::durably(durable, || {
+                if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir)
+                        .map_err(|e| Failure::from(kpack_host::Error::io(dir, e)))?;
+                }
+                kpack_host::output::write_atomically(&path, |f| f.write_all(bytes))?;
+                Ok(())
+            })
         })?;
         Ok(())
     }

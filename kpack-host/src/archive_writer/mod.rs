@@ -349,7 +349,7 @@ impl<'a> ArchiveWriter<'a> {
     }
 
     /// Write the archive to `path`: into a temporary file in the same
-    /// directory, renamed over `path` only once complete and on disk
+    /// directory, renamed over `path` only once complete
     /// ([`crate::output::write_atomically_as`]: nothing is left behind on
     /// error).
     pub fn write(&self, path: impl AsRef<Path>) -> crate::Result<WriteSummary> {
