@@ -468,37 +468,64 @@ impl<'a> ArchiveWriter<'a> {
 
     /// The frames of `batch`, compressed in parallel, in order. A kernel
     /// read from a file is read by the thread compressing it: a batch holds
-    /// its frames, and only as many inputs as there are threads.
+    /// its frames, and only as many inputs as there are threads. With at
+    /// most one kernel to compress (frames made ahead only, as from the
+    /// Python API): on this thread, without waking the pool.
     fn compress<'b>(&self, batch: &'b [Pending<'a>]) -> Vec<Result<Cow<'b, [u8]>, ArchiveError>> {
+        let raw = batch
+            .iter()
+            .filter(|k| matches!(k.data, Stored::Raw(_)))
+            .count();
+        if raw <= 1 {
+            let mut c = self.compressor();
+            return batch.iter().map(|k| self.frame_of(&mut c, k)).collect();
+        }
         batch
             .par_iter()
-            .map_init(
-                || self.compressor(),
-                |c, k| {
-                    let data = match &k.data {
-                        Stored::Raw(d) => d,
-                        Stored::Frame { frame, .. } => return Ok(Cow::Borrowed(&frame[..])),
-                    };
-                    // A kernel compressed already with these parameters is
-                    // the same frame: copied.
-                    if let Some(frame) = data.frame_for(self.frame_params())? {
-                        return Ok(Cow::Owned(frame));
-                    }
-                    let c = c.as_mut().map_err(|e| compress_err(k, &e.to_string()))?;
-                    let data = data.load()?;
-                    c.compress(&data)
-                        .map(Cow::Owned)
-                        .map_err(|e| compress_err(k, &e.to_string()))
-                },
-            )
+            .map_init(|| self.compressor(), |c, k| self.frame_of(c, k))
             .collect()
+    }
+
+    /// The frame of one kernel: made ahead, or compressed with `c`.
+    fn frame_of<'b>(
+        &self,
+        c: &mut std::io::Result<FrameCompressor>,
+        k: &'b Pending<'a>,
+    ) -> Result<Cow<'b, [u8]>, ArchiveError> {
+        let data = match &k.data {
+            Stored::Raw(d) => d,
+            Stored::Frame { frame, .. } => return Ok(Cow::Borrowed(&frame[..])),
+        };
+        // A kernel compressed already with these parameters is the same
+        // frame: copied.
+        if let Some(frame) = data.frame_for(self.frame_params())? {
+            return Ok(Cow::Owned(frame));
+        }
+        let c = c.as_mut().map_err(|e| compress_err(k, &e.to_string()))?;
+        let data = data.load()?;
+        c.compress(&data)
+            .map(Cow::Owned)
+            .map_err(|e| compress_err(k, &e.to_string()))
     }
 
     /// The archive as bytes in memory.
     pub fn to_vec(&self) -> Result<Vec<u8>, ArchiveError> {
-        let mut cur = std::io::Cursor::new(Vec::new());
+        let mut cur = std::io::Cursor::new(Vec::with_capacity(self.size_hint()));
         self.write_to(&mut cur)?;
         Ok(cur.into_inner())
+    }
+
+    /// About the size of the archive when its kernels are frames made ahead
+    /// or stored as they are (a compressed size is not known before).
+    fn size_hint(&self) -> usize {
+        let blob: usize = (self.kernels.iter())
+            .map(|k| match &k.data {
+                Stored::Frame { frame, .. } => frame.len() + 4,
+                Stored::Raw(d) if self.scheme == Scheme::None => d.len(),
+                Stored::Raw(d) => d.len() / 4,
+            })
+            .sum();
+        HEADER_SIZE as usize + blob + 64 * self.entries.len() + 256
     }
 
     /// Consecutive runs of kernels of about `batch_bytes` input each.
