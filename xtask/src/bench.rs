@@ -35,7 +35,9 @@ pub struct BenchArgs {
     reps: usize,
     /// Measure only these sections (comma-separated): rocrand, rocsparse,
     /// pipeline, runtime, large, rewrite (prune and restore of
-    /// librocsparse, verify --tree over it), wheels, python, compressed
+    /// librocsparse, verify --tree over it), wheels, python,
+    /// python-upstream (the reference API: kpack's wheel against upstream's
+    /// package, `../shared/vendor/rocm-kpack-e348328/python`), compressed
     /// (librocsparse re-bundled into compressed bundles: needs clang-19 and
     /// lld-19). Default: all.
     #[arg(long, value_delimiter = ',')]
@@ -73,13 +75,20 @@ pub fn run(sh: &Shell, root: &Path, args: &BenchArgs) -> Result<()> {
     let cargo = cargo();
     let flags = args.flags();
     let mut bench = cmd!(sh, "{cargo} run --release -p kpack-bench -- {flags...}");
-    if args.wants("wheels") || args.wants("python") || args.wants("compressed") {
+    let python = args.wants("python") || args.wants("python-upstream");
+    if args.wants("wheels") || python || args.wants("compressed") {
         bench = bench.env("KPACK_PY_VENV", wheel::py_env(sh, root)?);
     }
-    if args.wants("python") {
+    if python {
         let dir = root.join("target/bench/python-wheel");
         let _ = std::fs::remove_dir_all(&dir);
         bench = bench.env("KPACK_PY_WHEEL", wheel::build(sh, root, &dir, false)?);
+    }
+    // Upstream's pure-Python package (not on PyPI), vendored beside the
+    // repository; the section reports it missing otherwise.
+    let upstream = root.join("../shared/vendor/rocm-kpack-e348328/python");
+    if args.wants("python-upstream") && upstream.join("rocm_kpack").is_dir() {
+        bench = bench.env("KPACK_UPSTREAM_PYTHON", std::path::absolute(&upstream)?);
     }
     cmd!(sh, "{cargo} build --release -p kpack-cli -p kpack-cxx")
         .run()

@@ -15,6 +15,8 @@
 //! - `wheels`: `kpack split-wheels` over a torch-like wheel;
 //! - `python`: kpack's Python API packing and reading librocsparse's
 //!   gfx1030 code objects, against the command and pure Python;
+//! - [`python_upstream`]: the reference `rocm_kpack` API on a library
+//!   build's job, kpack's wheel against upstream's pure-Python package;
 //! - `compressed`: offload, split, extract, pack-tree, restore, ls and
 //!   split-wheels of librocsparse re-bundled into compressed bundles, and
 //!   the floor `zstd -d | zstd -3 -T1` of the same bytes.
@@ -24,6 +26,7 @@ pub mod large;
 mod libs;
 mod pipeline;
 mod python;
+pub mod python_upstream;
 mod rewrite;
 mod runtime;
 mod wheels;
@@ -43,6 +46,7 @@ pub const SECTIONS: &[&str] = &[
     "rewrite",
     "wheels",
     "python",
+    "python-upstream",
     "compressed",
 ];
 
@@ -59,13 +63,14 @@ pub fn run(ctx: &Ctx, only: &[String]) -> Result<Vec<Row>> {
             rows.extend(libs::run(ctx, lib)?);
         }
     }
-    let sections: [Section; 7] = [
+    let sections: [Section; 8] = [
         ("pipeline", pipeline::run),
         ("runtime", runtime::run),
         ("large", large::run),
         ("rewrite", rewrite::run),
         ("wheels", wheels::run),
         ("python", python::run),
+        ("python-upstream", python_upstream::run),
         ("compressed", compressed::run),
     ];
     for (section, run) in sections {
