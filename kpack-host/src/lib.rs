@@ -46,7 +46,7 @@ use kpack_loader::{self as loader, input};
 
 pub use archive_writer::{
     zstd_frame, ArchiveWriter, FileRange, Frame, FrameCompressor, FrameParams, KernelData,
-    WriteSummary, DEFAULT_BATCH_BYTES,
+    SharedBytes, WriteSummary, DEFAULT_BATCH_BYTES,
 };
 pub use error::{Error, Result, WithPath};
 pub use kpack_loader::report;

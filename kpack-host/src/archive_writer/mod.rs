@@ -29,7 +29,7 @@ use rayon::prelude::*;
 mod source;
 
 use source::same_bytes;
-pub use source::{FileRange, Frame, FrameCompressor, FrameParams, KernelData};
+pub use source::{FileRange, Frame, FrameCompressor, FrameParams, KernelData, SharedBytes};
 
 use crate::archive::{
     ArchiveError, Metadata, Scheme, DEFAULT_ZSTD_LEVEL, FORMAT_VERSION, HEADER_SIZE, MAGIC,
@@ -69,7 +69,10 @@ struct Pending<'a> {
 /// A stored kernel's bytes: as given, or already a zstd frame.
 enum Stored<'a> {
     Raw(KernelData<'a>),
-    Frame { frame: Vec<u8>, original_size: u64 },
+    Frame {
+        frame: SharedBytes,
+        original_size: u64,
+    },
 }
 
 impl Stored<'_> {
@@ -246,12 +249,12 @@ impl<'a> ArchiveWriter<'a> {
         &mut self,
         key: impl Into<String>,
         target: impl Into<String>,
-        frame: Vec<u8>,
+        frame: impl Into<SharedBytes>,
         original_size: u64,
         metadata: Option<Metadata>,
     ) -> Result<u32, ArchiveError> {
         let data = Stored::Frame {
-            frame,
+            frame: frame.into(),
             original_size,
         };
         self.add_stored(key.into(), target.into(), data, metadata)
@@ -316,7 +319,7 @@ impl<'a> ArchiveWriter<'a> {
         for &o in same_size {
             let same = match (&self.kernels[o].data, data) {
                 (Stored::Raw(a), Stored::Raw(b)) => same_bytes(a, b)?,
-                (Stored::Frame { frame: a, .. }, Stored::Frame { frame: b, .. }) => a == b,
+                (Stored::Frame { frame: a, .. }, Stored::Frame { frame: b, .. }) => a[..] == b[..],
                 // Not compared: stored again.
                 _ => false,
             };
@@ -398,8 +401,9 @@ impl<'a> ArchiveWriter<'a> {
     }
 
     /// The checks a `zstd-per-kernel` archive needs before anything is
-    /// written: a valid level and not too many frames.
-    fn check_writable(&self) -> Result<(), ArchiveError> {
+    /// written: a valid level and not too many frames (what `write` would
+    /// refuse before writing anything).
+    pub fn check_writable(&self) -> Result<(), ArchiveError> {
         if self.scheme != Scheme::ZstdPerKernel {
             return Ok(());
         }
@@ -686,6 +690,31 @@ mod tests {
         );
         // Only the archive is left in the directory.
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    /// Kernels and frames shared with their owner ([`SharedBytes`]) make
+    /// the archive that copies of them make, in both schemes.
+    #[test]
+    fn shared_bytes_make_the_same_archive() {
+        let kernels = noop_kernels();
+        let arches = vec!["gfx900".to_string(), "gfx906".to_string()];
+        let shared = |scheme: Scheme| {
+            let mut w = ArchiveWriter::new("test", "gfx900X", arches.clone()).scheme(scheme);
+            for (k, t, b) in &kernels {
+                w.add(*k, *t, SharedBytes::new(b.clone()), None).unwrap();
+            }
+            w.to_vec().unwrap()
+        };
+        let none = writer_for("gfx900X", &["gfx900", "gfx906"], &kernels).scheme(Scheme::None);
+        assert_eq!(shared(Scheme::None), none.to_vec().unwrap());
+        let zstd = writer_for("gfx900X", &["gfx900", "gfx906"], &kernels);
+        assert_eq!(shared(Scheme::ZstdPerKernel), zstd.to_vec().unwrap());
+        let mut frames = ArchiveWriter::new("test", "gfx900X", arches.clone());
+        for (k, t, b) in &kernels {
+            let f = SharedBytes::new(zstd_frame(b, DEFAULT_ZSTD_LEVEL).unwrap());
+            frames.add_frame(*k, *t, f, b.len() as u64, None).unwrap();
+        }
+        assert_eq!(frames.to_vec().unwrap(), zstd.to_vec().unwrap());
     }
 
     #[test]

@@ -25,12 +25,45 @@ const CHUNK: usize = 1 << 20;
 pub enum KernelData<'a> {
     /// In memory (or in a map the caller manages).
     Bytes(Cow<'a, [u8]>),
+    /// In memory owned elsewhere, shared without a copy.
+    Shared(SharedBytes),
     /// A range of a file, read when the kernel is compared or written.
     File(FileRange),
     /// A range of a file holding the kernel's zstd frame, made by a
     /// [`FrameCompressor`]: copied as it is by a writer with the same
     /// [`FrameParams`], decompressed otherwise.
     Frame(Frame),
+}
+
+/// Bytes in memory that the writer shares with their owner instead of
+/// copying (kpack's Python API hands it the `bytes` objects it is given):
+/// kept alive as long as the writer holds them.
+#[derive(Clone)]
+pub struct SharedBytes(Arc<dyn AsRef<[u8]> + Send + Sync>);
+
+impl SharedBytes {
+    pub fn new(bytes: impl AsRef<[u8]> + Send + Sync + 'static) -> Self {
+        SharedBytes(Arc::new(bytes))
+    }
+}
+
+impl std::ops::Deref for SharedBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        (*self.0).as_ref()
+    }
+}
+
+impl std::fmt::Debug for SharedBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SharedBytes({} bytes)", self.len())
+    }
+}
+
+impl From<Vec<u8>> for SharedBytes {
+    fn from(v: Vec<u8>) -> Self {
+        SharedBytes::new(v)
+    }
 }
 
 /// A kernel compressed already.
@@ -133,6 +166,12 @@ impl<'a> From<Cow<'a, [u8]>> for KernelData<'a> {
     }
 }
 
+impl From<SharedBytes> for KernelData<'_> {
+    fn from(b: SharedBytes) -> Self {
+        KernelData::Shared(b)
+    }
+}
+
 impl From<FileRange> for KernelData<'_> {
     fn from(r: FileRange) -> Self {
         KernelData::File(r)
@@ -150,6 +189,7 @@ impl KernelData<'_> {
     pub fn len(&self) -> usize {
         match self {
             KernelData::Bytes(b) => b.len(),
+            KernelData::Shared(b) => b.len(),
             KernelData::File(r) => r.len,
             KernelData::Frame(f) => f.len,
         }
@@ -159,11 +199,21 @@ impl KernelData<'_> {
         self.len() == 0
     }
 
+    /// The bytes, when they are in memory.
+    fn in_memory(&self) -> Option<&[u8]> {
+        match self {
+            KernelData::Bytes(b) => Some(b),
+            KernelData::Shared(b) => Some(b),
+            KernelData::File(_) | KernelData::Frame(_) => None,
+        }
+    }
+
     /// The bytes: borrowed when in memory, read (and decompressed)
     /// otherwise.
     pub(super) fn load(&self) -> Result<Cow<'_, [u8]>, ArchiveError> {
         match self {
             KernelData::Bytes(b) => Ok(Cow::Borrowed(b)),
+            KernelData::Shared(b) => Ok(Cow::Borrowed(b)),
             KernelData::File(r) => Ok(Cow::Owned(r.read_all()?)),
             KernelData::Frame(f) => Ok(Cow::Owned(f.decompress()?)),
         }
@@ -201,8 +251,10 @@ pub(super) fn same_bytes(a: &KernelData<'_>, b: &KernelData<'_>) -> Result<bool,
     if a.len() != b.len() {
         return Ok(false);
     }
+    if let (Some(x), Some(y)) = (a.in_memory(), b.in_memory()) {
+        return Ok(x == y);
+    }
     match (a, b) {
-        (KernelData::Bytes(x), KernelData::Bytes(y)) => return Ok(x == y),
         // Same parameters: the same bytes make the same frame.
         (KernelData::Frame(x), KernelData::Frame(y)) if x.params == y.params => {
             return same_bytes(
@@ -319,6 +371,7 @@ impl<'d> Chunks<'d> {
                 Ok(Some(&self.buf))
             }
             (KernelData::Bytes(b), _) => Ok(Some(&b[at..at + n])),
+            (KernelData::Shared(b), _) => Ok(Some(&b[at..at + n])),
             (KernelData::File(_), None) | (KernelData::Frame(_), _) => Ok(None),
         }
     }
