@@ -1,5 +1,5 @@
 """kpack's Python API against the kpack command and pure Python
-(`cargo xtask bench --only python`; xtask/src/bench_python.rs runs it in a
+(`cargo xtask bench --only python`; kpack-bench/src/sections/python.rs runs it in a
 fresh environment holding the release wheel, PyPI's zstandard and msgpack).
 
 argv: KPACK FAT_BINARY TARGET WORKDIR REPS. Prints one JSON object."""

@@ -29,6 +29,7 @@ use clap::{Parser, Subcommand};
 use kpack_format::archive::Scheme;
 use kpack_host::inspect::{self, Listing};
 use kpack_host::offload::{self, OffloadOptions};
+use kpack_host::output::{self, Durability};
 
 #[derive(Parser)]
 #[command(
@@ -37,6 +38,11 @@ use kpack_host::offload::{self, OffloadOptions};
     about = "Split GPU device code out of HIP fat binaries into .kpack archives, and inspect them"
 )]
 struct Cli {
+    /// fsync every output before exiting (once, at the end of the command),
+    /// so that it survives a power failure; off by default, as with build
+    /// tools. `KPACK_DURABLE=1` does the same. Outputs are atomic either way.
+    #[arg(long, global = true)]
+    durable: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -309,12 +315,20 @@ where
     Captured { json, result }
 }
 
+/// Run the command; with `--durable` (or `KPACK_DURABLE=1`), the outputs
+/// it wrote are fsynced at the end, all at once (those of a batch that
+/// failed part-way too).
 fn dispatch(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
-    match cli.command {
+    let durable = Durability::begin(cli.durable || output::durable_from_env());
+    let result = match cli.command {
         Command::Artifact(c) => artifacts::run(c),
         Command::SplitWheels(a) => wheels::split_wheels(*a),
-        command => run(Cli { command }).map_err(Into::into),
-    }
+        command => run(command).map_err(Into::into),
+    };
+    let synced = durable.commit();
+    result?;
+    synced?;
+    Ok(())
 }
 
 thread_local! {
@@ -344,8 +358,8 @@ fn write_stdout_line(args: std::fmt::Arguments) {
 
 /// Run a subcommand other than `artifact` and `split-wheels` (dispatched in
 /// [`main`]).
-fn run(cli: Cli) -> kpack_host::Result<()> {
-    match cli.command {
+fn run(command: Command) -> kpack_host::Result<()> {
+    match command {
         c @ (Command::Offload { .. } | Command::Prune { .. } | Command::Restore { .. }) => {
             run_rewrite(c)
         }
@@ -1052,6 +1066,7 @@ mod tests {
     fn repeated_inputs_are_all_kept() {
         let Cli {
             command: Command::SplitWheels(a),
+            ..
         } = Cli::try_parse_from([
             "kpack",
             "split-wheels",

@@ -17,7 +17,8 @@
 //!    the same steps (analyze, plan, write, verify). [`prune`] and
 //!    [`restore`] rewrite fat binaries; [`why`] traces the loader's search
 //!    for each wrapper.
-//! 4. Every file is written atomically and durably ([`output`]).
+//! 4. Every file is written atomically, and durably when the command asks
+//!    for it ([`output::Durability`]).
 //!
 //! Nothing here prints or exits; every failure is an [`Error`] that names
 //! the file and what was wrong.
@@ -46,7 +47,7 @@ use kpack_loader::{self as loader, input};
 
 pub use archive_writer::{
     zstd_frame, ArchiveWriter, FileRange, Frame, FrameCompressor, FrameParams, KernelData,
-    WriteSummary, DEFAULT_BATCH_BYTES,
+    SharedBytes, WriteSummary, DEFAULT_BATCH_BYTES,
 };
 pub use error::{Error, Result, WithPath};
 pub use kpack_loader::report;

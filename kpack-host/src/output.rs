@@ -1,17 +1,26 @@
-//! Crash-safe, durable output.
+//! Crash-safe output, durable on request.
 //!
 //! - **Files** ([`write_atomically`]) are written to a temporary file in the
-//!   destination directory, fsynced, renamed into place, and the directory
-//!   is fsynced: an error or an interrupted run never leaves a partial file
-//!   under the final name, and a file that has its name survives a power
-//!   failure. Renaming also replaces the destination's directory entry
+//!   destination directory and renamed into place: an error or an
+//!   interrupted run (killed included) never leaves a partial file under the
+//!   final name. Renaming also replaces the destination's directory entry
 //!   instead of writing through it, so a hard-linked destination is never
 //!   modified.
 //! - **Directories** ([`StagedDir`]) are assembled under a hidden staging
-//!   name (`.kpack-staging-*`) on the same file system, everything in them is
-//!   fsynced, and they are renamed into place (a whole directory, or entries
-//!   of an existing one in a chosen order); the directory they went into is
-//!   fsynced after the renames.
+//!   name (`.kpack-staging-*`) on the same file system and renamed into
+//!   place (a whole directory, or entries of an existing one in a chosen
+//!   order).
+//! - **Durability** is off by default, as with build tools (cargo, ninja,
+//!   pip): nothing is fsynced, and after a power failure (not after a crash
+//!   of kpack) an output may be missing or incomplete. A command that wants
+//!   its outputs to survive one opens a [`Durability`] (the `kpack`
+//!   command's `--durable` flag, or `KPACK_DURABLE=1` for the command, the
+//!   Python API and CMake's `kpack_offload_target`, [`DURABLE_ENV`]): every
+//!   output file and directory renamed into place while it is open is
+//!   recorded, and [`Durability::commit`], at the end of the command,
+//!   fsyncs them all at once: the files in parallel, then each distinct
+//!   directory they are in once. An output is durable once the command that
+//!   wrote it has returned.
 //! - **Leftovers.** Every hidden working directory kpack creates
 //!   (`.kpack-staging-*`, and `.kpack-scratch-*` from [`ScratchDir`]), and
 //!   every temporary file ([`Pending`], `.kpack-tmp-*`), is held under an
@@ -33,9 +42,12 @@ use std::io::{self, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use rayon::prelude::*;
-
 use crate::error::{Error, Result, WithPath};
+
+mod durability;
+
+pub use durability::{durable_from_env, sync_calls, Durability, DURABLE_ENV};
+use durability::{record_file, record_tree, recording};
 
 /// Name prefix of staging directories ([`StagedDir`]).
 pub const STAGING_PREFIX: &str = ".kpack-staging-";
@@ -53,9 +65,9 @@ pub fn parent_dir(path: &Path) -> &Path {
 }
 
 /// Write `path` atomically: `f` fills a temporary file beside it, which is
-/// flushed, fsynced and renamed over `path` only if `f` succeeds; then the
-/// directory is fsynced. The file gets mode 0666 less the umask, like any
-/// newly created file.
+/// renamed over `path` only if `f` succeeds (and recorded for an open
+/// [`Durability`]). The file gets mode 0666 less the umask, like any newly
+/// created file.
 pub fn write_atomically(path: &Path, f: impl FnOnce(&mut File) -> io::Result<()>) -> Result<()> {
     write_atomically_with_mode(path, None, f)
 }
@@ -70,10 +82,10 @@ pub fn write_atomically_with_mode(
     write_atomically_as(path, mode, |file| f(file).with_path(path))
 }
 
-/// The one atomic, durable write: `f` fills a temporary file beside `path`
-/// (mode `mode`, or 0666 less the umask) and returns what it wants to; the
-/// file is flushed, fsynced and renamed over `path`, and the directory
-/// fsynced, only if `f` succeeds.
+/// The one atomic write: `f` fills a temporary file beside `path` (mode
+/// `mode`, or 0666 less the umask) and returns what it wants to; the file
+/// is flushed and renamed over `path` only if `f` succeeds, then recorded
+/// for an open [`Durability`].
 pub(crate) fn write_atomically_as<T>(
     path: &Path,
     mode: Option<u32>,
@@ -126,18 +138,16 @@ impl Pending {
         &self.path
     }
 
-    /// Flush, fsync, rename over the path, fsync the directory.
+    /// Flush and rename over the path; with durability on, the file is
+    /// recorded, to be fsynced with its directory when the command's
+    /// [`Durability`] commits.
     pub fn commit(mut self) -> Result<()> {
         let path = self.path;
         self.tmp.as_file_mut().flush().with_path(&path)?;
-        // The bytes are on disk before the name points at them...
-        self.tmp.as_file().sync_all().with_path(&path)?;
         self.tmp
             .persist(&path)
             .map_err(|e| Error::io(&path, e.error))?;
-        // ...and the name itself survives a crash.
-        let dir = parent_dir(&path);
-        sync_dir(dir).with_path(dir)?;
+        record_file(&path);
         Ok(())
     }
 }
@@ -232,11 +242,10 @@ impl StagedDir {
     /// staged entry is renamed in turn (replacing files of the same name,
     /// merging directories).
     pub fn commit(mut self) -> Result<PathBuf> {
-        sync_tree(self.path())?;
         if !self.dest.exists() {
             fs::rename(&self.work.path, &self.dest).with_path(&self.dest)?;
             self.work.moved = true;
-            sync_dir(&self.home).with_path(&self.home)?;
+            record_tree(&self.dest);
         } else {
             merge_into(&self.work.path, &self.dest)?;
         }
@@ -246,14 +255,13 @@ impl StagedDir {
     /// Move the staged contents to the destination, replacing whatever is
     /// there (moved aside first, deleted after the rename).
     pub fn commit_replace(mut self) -> Result<PathBuf> {
-        sync_tree(self.path())?;
         if self.dest.symlink_metadata().is_ok() {
             let old = self.trash()?.join("old");
             fs::rename(&self.dest, &old).with_path(&self.dest)?;
         }
         fs::rename(&self.work.path, &self.dest).with_path(&self.dest)?;
         self.work.moved = true;
-        sync_dir(&self.home).with_path(&self.home)?;
+        record_tree(&self.dest);
         Ok(self.dest.clone())
     }
 
@@ -261,12 +269,12 @@ impl StagedDir {
     /// this order (none of them may exist there: [`retire`](Self::retire)
     /// them first). Staged entries not named are deleted.
     pub fn commit_entries<S: AsRef<OsStr>>(self, names: &[S]) -> Result<()> {
-        sync_tree(self.path())?;
         for name in names {
             let dest = self.dest.join(name.as_ref());
             fs::rename(self.work.path.join(name.as_ref()), &dest).with_path(&dest)?;
+            record_entry(&dest);
         }
-        sync_dir(&self.dest).with_path(&self.dest)
+        Ok(())
     }
 }
 
@@ -279,9 +287,23 @@ fn merge_into(from: &Path, to: &Path) -> Result<()> {
             merge_into(&entry.path(), &target)?;
         } else {
             fs::rename(entry.path(), &target).with_path(&target)?;
+            record_entry(&target);
         }
     }
-    sync_dir(to).with_path(to)
+    Ok(())
+}
+
+/// Record an entry renamed into place (a file, or a directory tree) for an
+/// open [`Durability`].
+fn record_entry(path: &Path) {
+    if !recording() {
+        return;
+    }
+    if path.symlink_metadata().is_ok_and(|m| m.is_dir()) {
+        record_tree(path);
+    } else {
+        record_file(path);
+    }
 }
 
 /// A hidden scratch directory (`.kpack-scratch-*`) for intermediate files:
@@ -485,31 +507,8 @@ fn open_for_sync(path: &Path) -> io::Result<Option<File>> {
     }
 }
 
-/// fsync a directory, so that the entries created in it or renamed into it
-/// survive a crash.
-pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
-    match open_for_sync(dir)? {
-        Some(d) => d.sync_all(),
-        None => Ok(()),
-    }
-}
-
-/// fsync every file and directory below `root`, and `root` itself (in
-/// parallel: the file system batches them). Symlinks are recorded in their
-/// directories.
-pub(crate) fn sync_tree(root: &Path) -> Result<()> {
-    let mut files = Vec::new();
-    let mut dirs = vec![root.to_path_buf()];
-    collect_tree(root, &mut files, &mut dirs)?;
-    files.par_iter().try_for_each(|f| -> Result<()> {
-        if let Some(file) = open_for_sync(f).with_path(f)? {
-            file.sync_data().with_path(f)?;
-        }
-        Ok(())
-    })?;
-    dirs.par_iter().try_for_each(|d| sync_dir(d).with_path(d))
-}
-
+/// The files and directories below `dir` (symlinks are recorded in their
+/// directories).
 fn collect_tree(dir: &Path, files: &mut Vec<PathBuf>, dirs: &mut Vec<PathBuf>) -> Result<()> {
     for e in fs::read_dir(dir).with_path(dir)? {
         let e = e.with_path(dir)?;
@@ -638,6 +637,83 @@ mod tests {
         assert_eq!(names, ["a", "b"]);
         assert_eq!(fs::read(out.join("a/new")).unwrap(), b"a");
         assert!(!out.join("a/old").exists());
+    }
+
+    /// Set in the child process of `durability_fsyncs_only_when_on`.
+    const DURABILITY_CHILD: &str = "KPACK_TEST_DURABILITY_DIR";
+
+    /// Files, a staged tree and entries merged into an existing directory:
+    /// with durability off none is fsynced; on, each file and each distinct
+    /// directory once, at the commit; a durability dropped without commit
+    /// syncs nothing. (In a child process: the fsync count is the
+    /// process's.)
+    #[test]
+    fn durability_fsyncs_only_when_on() {
+        if let Some(dir) = std::env::var_os(DURABILITY_CHILD) {
+            durability_child(Path::new(&dir));
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "output::tests::durability_fsyncs_only_when_on",
+                "--test-threads=1",
+                "--nocapture",
+            ])
+            .env(DURABILITY_CHILD, dir.path())
+            .env_remove(DURABLE_ENV)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&status.stderr);
+        let out = String::from_utf8_lossy(&status.stdout);
+        assert!(status.status.success(), "{out}\n{err}");
+        assert!(out.contains("1 passed"), "{out}");
+    }
+
+    /// Writes the outputs of one command into `root/<name>`.
+    fn write_outputs(root: &Path, name: &str) {
+        let dir = root.join(name);
+        fs::create_dir_all(dir.join("b")).unwrap();
+        for f in ["a/1", "a/2", "b/3"] {
+            let p = dir.join(f);
+            fs::create_dir_all(parent_dir(&p)).unwrap();
+            write_file_atomically(&p, f.as_bytes()).unwrap();
+        }
+        let s = StagedDir::new(&dir.join("tree")).unwrap();
+        fs::create_dir(s.path().join("sub")).unwrap();
+        fs::write(s.path().join("x"), b"x").unwrap();
+        fs::write(s.path().join("sub/y"), b"y").unwrap();
+        s.commit().unwrap();
+        let mut s = StagedDir::in_dir(&dir.join("b")).unwrap();
+        fs::write(s.path().join("4"), b"4").unwrap();
+        s.retire("3").unwrap();
+        fs::write(s.path().join("3"), b"new").unwrap();
+        s.commit_entries(&["3", "4"]).unwrap();
+    }
+
+    fn durability_child(root: &Path) {
+        let before = sync_calls();
+        let off = Durability::begin(false);
+        write_outputs(root, "off");
+        assert_eq!(off.commit().unwrap(), 0);
+        write_outputs(root, "none-open");
+        assert_eq!(sync_calls(), before, "fsync with durability off");
+
+        let on = Durability::begin(true);
+        write_outputs(root, "on");
+        // Files a/1 a/2 b/3 b/4 tree/x tree/sub/y; directories a, b, on
+        // (tree's parent), tree, tree/sub.
+        assert_eq!(on.commit().unwrap(), 11);
+        assert_eq!(sync_calls(), before + 11);
+        assert_eq!(fs::read(root.join("on/b/3")).unwrap(), b"new");
+
+        let dropped = Durability::begin(true);
+        write_outputs(root, "failed");
+        drop(dropped);
+        let again = Durability::begin(true);
+        assert_eq!(again.commit().unwrap(), 0, "a dropped durability's outputs");
+        assert_eq!(sync_calls(), before + 11);
     }
 
     /// Set in the child process of

@@ -10,6 +10,10 @@ use pyo3::types::{PyBytes, PyList, PyTuple};
 use crate::convert::metadata_to_py;
 use crate::errors::{Failure, Kind};
 
+/// Archives up to this size are read into memory when opened; larger ones
+/// are mapped (their kernels then read only when asked for).
+const READ_WHOLE: u64 = 4 << 20;
+
 /// An open archive. The TOC is validated when opened; kernels are read
 /// (and decompressed) only when asked for, with the GIL released.
 #[pyclass(frozen, module = "kpack._native")]
@@ -48,6 +52,24 @@ impl NativeArchive {
         }
     }
 
+    /// The archive at `path`, read into memory (one read: cheaper than
+    /// mapping a small file and faulting its pages in one by one).
+    fn read_whole(path: PathBuf) -> Result<Self, Failure> {
+        let bytes = std::fs::read(&path).map_err(|e| kpack_loader::OpenError::io(&path, e))?;
+        let boxed: Box<[u8]> = bytes.into_boxed_slice();
+        let base = boxed.as_ptr() as usize;
+        let archive =
+            Archive::from_bytes(boxed).map_err(|source| kpack_loader::OpenError::Archive {
+                path: path.clone(),
+                source,
+            })?;
+        Ok(NativeArchive {
+            archive,
+            base,
+            path: Some(path),
+        })
+    }
+
     pub fn from_bytes(bytes: Vec<u8>) -> Result<Self, Failure> {
         let boxed: Box<[u8]> = bytes.into_boxed_slice();
         let base = boxed.as_ptr() as usize;
@@ -62,10 +84,16 @@ impl NativeArchive {
 
 #[pymethods]
 impl NativeArchive {
-    /// Open and validate the archive at `path` (memory-mapped).
+    /// Open and validate the archive at `path`: read into memory when it
+    /// is small ([`READ_WHOLE`]), memory-mapped otherwise.
     #[staticmethod]
     fn open(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
         let opened = py.detach(|| -> Result<NativeArchive, Failure> {
+            let small =
+                std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() <= READ_WHOLE);
+            if small {
+                return NativeArchive::read_whole(path.clone());
+            }
             let mapped = kpack_loader::map_file_with_handle(&path)?;
             let base = mapped.as_ptr() as usize;
             let archive = Archive::from_source(mapped).map_err(|source| {

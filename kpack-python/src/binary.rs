@@ -24,15 +24,18 @@ struct Rewritten {
 /// Rewrite the fat binary `input` into `output` (may be the same path): a
 /// host-only binary whose wrappers point (HIPK) at metadata naming
 /// `search_paths` and `kernel_name`, checked before it is written
-/// (atomically, with the input's mode). Writes no archive. Returns
+/// (atomically, with the input's mode; fsynced when `durable`, `None`: when
+/// `KPACK_DURABLE=1`). Writes no archive. Returns
 /// `(format, original_size, new_size, metadata_address)`.
 #[pyfunction]
+#[pyo3(signature = (input, output, search_paths, kernel_name, durable=None))]
 pub fn rewrite_binary(
     py: Python<'_>,
     input: PathBuf,
     output: PathBuf,
     search_paths: Vec<String>,
     kernel_name: String,
+    durable: Option<bool>,
 ) -> PyResult<(&'static str, u64, u64, u64)> {
     let r = py.detach(|| -> Result<Rewritten, Failure> {
         let mapped = kpack_loader::map_file(&input)?;
@@ -56,7 +59,7 @@ pub fn rewrite_binary(
         kpack_host::offload::write_rewritten(&input, &t, Some(&source), pending.file())?;
         drop(t);
         drop(mapped);
-        pending.commit()?;
+        crate::durably(durable, || Ok(pending.commit()?))?;
         Ok(r)
     })?;
     let format = if r.pe { "coff" } else { "elf" };

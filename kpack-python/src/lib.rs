@@ -16,6 +16,29 @@ mod writer;
 
 use pyo3::prelude::*;
 
+use crate::errors::Failure;
+
+/// Run `f`, one command's worth of writes, then fsync its outputs at once
+/// when `durable` says so (`None`: as `KPACK_DURABLE` says; see
+/// kpack-host's `output::Durability`).
+pub(crate) fn durably<T>(
+    durable: Option<bool>,
+    f: impl FnOnce() -> Result<T, Failure>,
+) -> Result<T, Failure> {
+    use kpack_host::output;
+    let d = output::Durability::begin(durable.unwrap_or_else(output::durable_from_env));
+    let value = f()?;
+    d.commit()?;
+    Ok(value)
+}
+
+/// The fsync calls kpack made for durability in this process so far (for
+/// tests: none unless durable).
+#[pyfunction]
+fn sync_calls() -> usize {
+    kpack_host::output::sync_calls()
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -31,5 +54,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(binary::fatbin_section_name, m)?)?;
     m.add_function(wrap_pyfunction!(cli::cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(cli::run_captured, m)?)?;
+    m.add_function(wrap_pyfunction!(sync_calls, m)?)?;
     Ok(())
 }

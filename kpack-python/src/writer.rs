@@ -7,9 +7,10 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use kpack_format::archive::{Scheme, HEADER_SIZE};
-use kpack_host::ArchiveWriter;
+use kpack_host::{ArchiveWriter, KernelData, SharedBytes};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::archive::NativeArchive;
@@ -60,11 +61,20 @@ pub fn blob_offset() -> u64 {
 }
 
 /// An archive being built: kernels added in order (each gets its ordinal
-/// then), then finalized into the archive's bytes, then written.
+/// then), then finalized, then written. The kernels' `bytes` objects are
+/// shared with the writer, not copied: `write` writes them from where
+/// Python holds them straight into the file (the archive's bytes are made
+/// in memory only when asked for: `reader`, `to_bytes`).
 #[pyclass(module = "kpack._native")]
 pub struct ArchiveBuilder {
     writer: Option<ArchiveWriter<'static>>,
-    bytes: Option<Vec<u8>>,
+    finalized: Option<Finalized>,
+}
+
+/// A finalized archive: its writer, and its bytes once made.
+struct Finalized {
+    writer: ArchiveWriter<'static>,
+    bytes: std::sync::OnceLock<Vec<u8>>,
 }
 
 impl ArchiveBuilder {
@@ -72,6 +82,22 @@ impl ArchiveBuilder {
         self.writer
             .as_mut()
             .ok_or_else(|| PyRuntimeError::new_err("Archive already finalized"))
+    }
+
+    fn finalized(&self) -> PyResult<&Finalized> {
+        self.finalized.as_ref().ok_or_else(|| {
+            PyRuntimeError::new_err("Archive not finalized. Call finalize_archive() first.")
+        })
+    }
+
+    /// The finalized archive's bytes (made on first use, without the GIL).
+    fn bytes<'s>(&'s self, py: Python<'_>) -> PyResult<&'s [u8]> {
+        let f = self.finalized()?;
+        if let Some(b) = f.bytes.get() {
+            return Ok(b);
+        }
+        let made = py.detach(|| f.writer.to_vec().map_err(Failure::from))?;
+        Ok(f.bytes.get_or_init(|| made))
     }
 }
 
@@ -102,7 +128,7 @@ impl ArchiveBuilder {
             .free_form_keys(true);
         Ok(ArchiveBuilder {
             writer: Some(writer),
-            bytes: None,
+            finalized: None,
         })
     }
 
@@ -113,11 +139,11 @@ impl ArchiveBuilder {
         &mut self,
         key: String,
         target: String,
-        data: &[u8],
+        data: PyBackedBytes,
         metadata: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<u32> {
         let md = self::metadata(metadata)?;
-        let data = data.to_vec();
+        let data = KernelData::from(SharedBytes::new(data));
         Ok(self
             .writer()?
             .add(key, target, data, md)
@@ -130,60 +156,67 @@ impl ArchiveBuilder {
         &mut self,
         key: String,
         target: String,
-        frame: &[u8],
+        frame: PyBackedBytes,
         original_size: u64,
         metadata: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<u32> {
         let md = self::metadata(metadata)?;
-        let frame = frame.to_vec();
+        let frame = SharedBytes::new(frame);
         Ok(self
             .writer()?
             .add_frame(key, target, frame, original_size, md)
             .map_err(Failure::from)?)
     }
 
-    /// Make the archive's bytes (compressing what is not compressed yet,
-    /// in parallel, with the GIL released). No kernel may be added after.
-    fn finalize(&mut self, py: Python<'_>) -> PyResult<()> {
+    /// End the archive: no kernel may be added after. Checks what writing
+    /// needs (the zstd level, the number of frames); kernels added as
+    /// bytes to a compressing archive are compressed when it is written.
+    fn finalize(&mut self) -> PyResult<()> {
         let writer = self
             .writer
             .take()
             .ok_or_else(|| PyRuntimeError::new_err("Archive already finalized"))?;
-        let bytes = py.detach(|| writer.to_vec().map_err(Failure::from))?;
-        self.bytes = Some(bytes);
+        writer.check_writable().map_err(Failure::from)?;
+        self.finalized = Some(Finalized {
+            writer,
+            bytes: std::sync::OnceLock::new(),
+        });
         Ok(())
     }
 
     /// Write the finalized archive to `path` (atomically: a temporary file
-    /// renamed into place; parent directories created).
-    fn write(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
-        let bytes = self.bytes.as_deref().ok_or_else(|| {
-            PyRuntimeError::new_err("Archive not finalized. Call finalize_archive() first.")
-        })?;
-        py.detach(|| -> Result<(), Failure> {
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir)
-                    .map_err(|e| Failure::from(kpack_host::Error::io(dir, e)))?;
-            }
-            kpack_host::output::write_atomically(&path, |f| f.write_all(bytes))?;
-            Ok(())
+    /// renamed into place; parent directories created), fsynced when
+    /// `durable` (`None`: when `KPACK_DURABLE=1`).
+    #[pyo3(signature = (path, durable=None))]
+    fn write(&self, py: Python<'_>, path: PathBuf, durable: Option<bool>) -> PyResult<()> {
+        let f = self.finalized()?;
+        py.detach(|| {
+            crate::durably(durable, || {
+                if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir)
+                        .map_err(|e| Failure::from(kpack_host::Error::io(dir, e)))?;
+                }
+                match f.bytes.get() {
+                    Some(bytes) => {
+                        kpack_host::output::write_atomically(&path, |out| out.write_all(bytes))?
+                    }
+                    None => drop(f.writer.write(&path)?),
+                }
+                Ok(())
+            })
         })?;
         Ok(())
     }
 
     /// The finalized archive, for reading back.
-    fn reader(&self) -> PyResult<NativeArchive> {
-        let bytes = self.bytes.clone().ok_or_else(|| {
-            PyRuntimeError::new_err("Archive not finalized. Call finalize_archive() first.")
-        })?;
+    fn reader(&self, py: Python<'_>) -> PyResult<NativeArchive> {
+        let bytes = self.bytes(py)?.to_vec();
         Ok(NativeArchive::from_bytes(bytes)?)
     }
 
     /// The finalized archive's bytes.
     fn to_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let bytes = self.bytes.as_deref().ok_or_else(|| {
-            PyRuntimeError::new_err("Archive not finalized. Call finalize_archive() first.")
-        })?;
+        let bytes = self.bytes(py)?;
         Ok(PyBytes::new(py, bytes))
     }
 }

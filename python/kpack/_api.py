@@ -3,7 +3,9 @@ keyword arguments, its ``--json`` summary as the result.
 
 Each function runs the command in-process (kpack-cli, with the GIL
 released) and returns a :class:`Summary`; a failure raises the
-:class:`kpack.Error` subclass for it, with the command's message.
+:class:`kpack.Error` subclass for it, with the command's message. Outputs
+are atomic; ``durable=True`` (or ``KPACK_DURABLE=1`` in the environment)
+also fsyncs them all before the function returns (``--durable``).
 """
 
 from __future__ import annotations
@@ -179,6 +181,7 @@ def offload(
     group: Optional[str] = None,
     compression: str = "zstd",
     compression_level: int = 3,
+    durable: bool = False,
 ) -> OffloadSummary:
     """Move the device code of the fat binary ``input`` into
     ``archive_dir/<group>_<target>.kpack`` archives and write the host-only
@@ -196,6 +199,7 @@ def offload(
         .opt("--group", group)
         .opt("--compression", compression)
         .opt("--compression-level", compression_level)
+        .flag("--durable", durable)
     )
     return run(a.argv, OffloadSummary)  # type: ignore[return-value]
 
@@ -215,6 +219,7 @@ def split(
     overwrite: bool = False,
     tmp_dir: Optional[PathLike] = None,
     verbose: bool = False,
+    durable: bool = False,
 ) -> SplitSummary:
     """Split TheRock build artifacts into ``<prefix>_generic`` and
     ``<prefix>_<target>`` artifacts (``kpack split``); give ``artifact_dir``
@@ -237,6 +242,7 @@ def split(
         .flag("--keep-going", keep_going)
         .flag("--overwrite", overwrite)
         .opt("--tmp-dir", tmp_dir)
+        .flag("--durable", durable)
     )
     return run(a.argv, SplitSummary)  # type: ignore[return-value]
 
@@ -254,6 +260,7 @@ def pack_tree(
     overwrite: bool = False,
     tmp_dir: Optional[PathLike] = None,
     verbose: bool = False,
+    durable: bool = False,
 ) -> PackTreeSummary:
     """Pack a whole install tree into a host-only tree plus
     ``.kpack/<group_name>_<target>.kpack`` archives (``kpack pack-tree``)::
@@ -269,6 +276,7 @@ def pack_tree(
         .common(jobs, compression, compression_level, verbose)
         .flag("--overwrite", overwrite)
         .opt("--tmp-dir", tmp_dir)
+        .flag("--durable", durable)
     )
     return run(a.argv, PackTreeSummary)  # type: ignore[return-value]
 
@@ -290,6 +298,7 @@ def split_wheels(
     generate_variant_wheel: bool = False,
     variant_label: Optional[str] = None,
     verbose: bool = False,
+    durable: bool = False,
 ) -> WheelSummary:
     """Split a wheel whose package carries fat binaries into a host wheel
     and one device wheel per GPU bundle (``kpack split-wheels``)::
@@ -323,6 +332,7 @@ def split_wheels(
         .flag("--generate-variant-wheel", generate_variant_wheel)
         .opt("--variant-label", variant_label)
         .flag("--verbose", verbose)
+        .flag("--durable", durable)
     )
     return run(a.argv, WheelSummary)  # type: ignore[return-value]
 

@@ -170,13 +170,15 @@ class PackedKernelArchive:
         self._ensure_builder().finalize()
         self._archive_finalized = True
 
-    def write(self, output_path: PathLike) -> None:
+    def write(self, output_path: PathLike, *, durable: Optional[bool] = None) -> None:
         """Write the finalized archive to ``output_path`` (parent directories
-        created; the file appears complete or not at all). ``RuntimeError``
-        before :meth:`finalize_archive`."""
+        created; the file appears complete or not at all). Not fsynced, as
+        the reference does not, unless ``durable`` (default: when
+        ``KPACK_DURABLE=1``): then the file and its directory are fsynced
+        before it returns. ``RuntimeError`` before :meth:`finalize_archive`."""
         if not self._archive_finalized or self._builder is None:
             raise RuntimeError("Archive not finalized. Call finalize_archive() first.")
-        self._builder.write(os.fspath(output_path))
+        self._builder.write(os.fspath(output_path), durable)
 
     @staticmethod
     def read(input_path: PathLike) -> "PackedKernelArchive":

@@ -31,6 +31,8 @@ def kpack_offload_binary(
     kpack_search_paths: Optional[List[str]] = None,
     kernel_name: Optional[str] = None,
     verbose: bool = False,
+    *,
+    durable: Optional[bool] = None,
 ) -> Dict[str, Any]:
     """Rewrite the fat binary ``input_path`` (ELF or PE) into the host-only
     ``output_path`` (may be the same path): its wrappers point (``HIPK``) at
@@ -41,6 +43,9 @@ def kpack_offload_binary(
     Returns ``format`` (``"elf"`` or ``"coff"``), ``removed``,
     ``original_size``, ``new_size`` and the metadata's address
     (``kpack_ref_vaddr`` for ELF, ``kpack_ref_rva`` for PE).
+
+    The output is atomic; with ``durable`` (default: when
+    ``KPACK_DURABLE=1``) it is also fsynced before this returns.
 
     Raises :class:`NotFatBinaryError` for a binary without device code,
     :class:`UnsupportedBinaryFormat` for neither ELF nor PE, ``ValueError``
@@ -58,7 +63,7 @@ def kpack_offload_binary(
             "Cannot add kpack marker to binary without device code."
         )
     fmt, original_size, new_size, address = _native.rewrite_binary(
-        os.fspath(input_path), os.fspath(output_path), [str(p) for p in kpack_search_paths], kernel_name
+        os.fspath(input_path), os.fspath(output_path), [str(p) for p in kpack_search_paths], kernel_name, durable
     )
     result: Dict[str, Any] = {
         "removed": original_size - new_size,

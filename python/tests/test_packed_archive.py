@@ -169,3 +169,35 @@ def test_same_bytes_as_the_kpack_command(tmp_path, fixtures, kpack_cli, compress
             out = tmp_path / ("py-" + path.name)
             a.write(out)
         assert out.read_bytes() == path.read_bytes(), path.name
+
+
+@pytest.mark.parametrize("make", COMPRESSORS)
+def test_kernels_are_shared_not_copied_and_written_the_same_way(tmp_path, make):
+    """The writer holds the kernels' bytes objects (not copies) until the
+    archive goes: dropping the caller's references changes nothing; reading
+    back before writing, writing twice and ``to_bytes`` all give the same
+    archive."""
+    import gc
+
+    def build():
+        a = PackedKernelArchive("g", "gfx942", ["gfx942"], compressor=make())
+        data = [bytes([i]) * (1000 + 7 * i) + b"tail" for i in range(5)]
+        for i, d in enumerate(data):
+            a.add_kernel(a.prepare_kernel(f"lib/lib{i}.so", "gfx942", bytearray(d) if i == 2 else d))
+        a.finalize_archive()
+        return a, data
+
+    a, data = build()
+    expected = list(data)
+    del data
+    gc.collect()
+    assert a.get_kernel("lib/lib3.so", "gfx942") == expected[3]
+    a.write(tmp_path / "one.kpack")
+    a.write(tmp_path / "two.kpack")
+    b, _ = build()
+    b.write(tmp_path / "fresh.kpack")
+    one = (tmp_path / "one.kpack").read_bytes()
+    assert one == (tmp_path / "two.kpack").read_bytes() == (tmp_path / "fresh.kpack").read_bytes()
+    assert one == a._builder.to_bytes()
+    r = PackedKernelArchive.read(tmp_path / "fresh.kpack")
+    assert [r.get_kernel(f"lib/lib{i}.so", "gfx942") for i in range(5)] == expected

@@ -54,6 +54,7 @@ mod wheel_variants;
 mod wheels;
 
 // Crash safety, determinism, hostile paths, regressions, threads.
+mod durability;
 mod robustness_crash;
 mod robustness_determinism;
 mod robustness_paths;

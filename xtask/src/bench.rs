@@ -38,7 +38,9 @@ pub struct BenchArgs {
     reps: usize,
     /// Measure only these sections (comma-separated): rocrand, rocsparse,
     /// pipeline, runtime, large, rewrite (prune and restore of
-    /// librocsparse, verify --tree over it), wheels, python, compressed
+    /// librocsparse, verify --tree over it), wheels, python,
+    /// python-upstream (the reference API: kpack's wheel against upstream's
+    /// package, named by KPACK_UPSTREAM_PYTHON), compressed
     /// (librocsparse re-bundled into compressed bundles: needs clang-19 and
     /// lld-19), host (libraries with 256 MiB and 1 GiB of host code, built
     /// with clang-19 and lld-19), xla (JAX's ROCm plugin, downloaded from
@@ -82,14 +84,30 @@ pub fn run(sh: &Shell, root: &Path, args: &BenchArgs) -> Result<()> {
     let cargo = cargo();
     let flags = args.flags();
     let mut bench = cmd!(sh, "{cargo} run --release -p kpack-bench -- {flags...}");
-    let venv = ["wheels", "python", "compressed", "host", "xla"];
+    let venv = [
+        "wheels",
+        "python",
+        "python-upstream",
+        "compressed",
+        "host",
+        "xla",
+    ];
     if venv.iter().any(|s| args.wants(s)) {
         bench = bench.env("KPACK_PY_VENV", wheel::py_env(sh, root)?);
     }
-    if args.wants("python") {
+    if args.wants("python") || args.wants("python-upstream") {
         let dir = root.join("target/bench/python-wheel");
         let _ = std::fs::remove_dir_all(&dir);
         bench = bench.env("KPACK_PY_WHEEL", wheel::build(sh, root, &dir, false)?);
+    }
+    // Upstream's pure-Python package (not on PyPI): a source tree named by
+    // KPACK_UPSTREAM_PYTHON (relative to the workspace); the section
+    // reports it missing otherwise.
+    if let Some(dir) = std::env::var_os("KPACK_UPSTREAM_PYTHON").filter(|d| !d.is_empty()) {
+        let upstream = root.join(dir);
+        if args.wants("python-upstream") && upstream.join("rocm_kpack").is_dir() {
+            bench = bench.env("KPACK_UPSTREAM_PYTHON", std::path::absolute(&upstream)?);
+        }
     }
     cmd!(sh, "{cargo} build --release -p kpack-cli -p kpack-cxx")
         .run()

@@ -24,6 +24,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "cmake",
     "patchelf",
     "valgrind",
+    // Counts the fsync calls of `kpack --durable` (tests/tests/durability.rs).
+    "strace",
     "binutils",
     "g++",
     // Foreign hosts: AArch64 and ppc64le fixtures, linked by GNU ld and run

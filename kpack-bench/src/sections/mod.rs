@@ -15,6 +15,8 @@
 //! - `wheels`: `kpack split-wheels` over a torch-like wheel;
 //! - `python`: kpack's Python API packing and reading librocsparse's
 //!   gfx1030 code objects, against the command and pure Python;
+//! - [`python_upstream`]: the reference `rocm_kpack` API on a library
+//!   build's job, kpack's wheel against upstream's pure-Python package;
 //! - `compressed`: offload, split, extract, pack-tree, restore, ls and
 //!   split-wheels of librocsparse re-bundled into compressed bundles, and
 //!   the floor `zstd -d | zstd -3 -T1` of the same bytes;
@@ -34,6 +36,7 @@ pub mod large;
 mod libs;
 mod pipeline;
 mod python;
+pub mod python_upstream;
 mod rewrite;
 mod runtime;
 mod wheels;
@@ -56,6 +59,7 @@ pub const SECTIONS: &[&str] = &[
     "rewrite",
     "wheels",
     "python",
+    "python-upstream",
     "compressed",
     "host",
     "xla",
@@ -74,13 +78,14 @@ pub fn run(ctx: &Ctx, only: &[String]) -> Result<Vec<Row>> {
             rows.extend(libs::run(ctx, lib)?);
         }
     }
-    let sections: [Section; 9] = [
+    let sections: [Section; 10] = [
         ("pipeline", pipeline::run),
         ("runtime", runtime::run),
         ("large", large::run),
         ("rewrite", rewrite::run),
         ("wheels", wheels::run),
         ("python", python::run),
+        ("python-upstream", python_upstream::run),
         ("compressed", compressed::run),
         ("host", host::run),
         ("xla", xla::run),

@@ -29,7 +29,7 @@ use rayon::prelude::*;
 mod source;
 
 use source::same_bytes;
-pub use source::{FileRange, Frame, FrameCompressor, FrameParams, KernelData};
+pub use source::{FileRange, Frame, FrameCompressor, FrameParams, KernelData, SharedBytes};
 
 use crate::archive::{
     ArchiveError, Metadata, Scheme, DEFAULT_ZSTD_LEVEL, FORMAT_VERSION, HEADER_SIZE, MAGIC,
@@ -69,7 +69,10 @@ struct Pending<'a> {
 /// A stored kernel's bytes: as given, or already a zstd frame.
 enum Stored<'a> {
     Raw(KernelData<'a>),
-    Frame { frame: Vec<u8>, original_size: u64 },
+    Frame {
+        frame: SharedBytes,
+        original_size: u64,
+    },
 }
 
 impl Stored<'_> {
@@ -246,12 +249,12 @@ impl<'a> ArchiveWriter<'a> {
         &mut self,
         key: impl Into<String>,
         target: impl Into<String>,
-        frame: Vec<u8>,
+        frame: impl Into<SharedBytes>,
         original_size: u64,
         metadata: Option<Metadata>,
     ) -> Result<u32, ArchiveError> {
         let data = Stored::Frame {
-            frame,
+            frame: frame.into(),
             original_size,
         };
         self.add_stored(key.into(), target.into(), data, metadata)
@@ -316,7 +319,7 @@ impl<'a> ArchiveWriter<'a> {
         for &o in same_size {
             let same = match (&self.kernels[o].data, data) {
                 (Stored::Raw(a), Stored::Raw(b)) => same_bytes(a, b)?,
-                (Stored::Frame { frame: a, .. }, Stored::Frame { frame: b, .. }) => a == b,
+                (Stored::Frame { frame: a, .. }, Stored::Frame { frame: b, .. }) => a[..] == b[..],
                 // Not compared: stored again.
                 _ => false,
             };
@@ -349,7 +352,7 @@ impl<'a> ArchiveWriter<'a> {
     }
 
     /// Write the archive to `path`: into a temporary file in the same
-    /// directory, renamed over `path` only once complete and on disk
+    /// directory, renamed over `path` only once complete
     /// ([`crate::output::write_atomically_as`]: nothing is left behind on
     /// error).
     pub fn write(&self, path: impl AsRef<Path>) -> crate::Result<WriteSummary> {
@@ -398,8 +401,9 @@ impl<'a> ArchiveWriter<'a> {
     }
 
     /// The checks a `zstd-per-kernel` archive needs before anything is
-    /// written: a valid level and not too many frames.
-    fn check_writable(&self) -> Result<(), ArchiveError> {
+    /// written: a valid level and not too many frames (what `write` would
+    /// refuse before writing anything).
+    pub fn check_writable(&self) -> Result<(), ArchiveError> {
         if self.scheme != Scheme::ZstdPerKernel {
             return Ok(());
         }
@@ -468,37 +472,64 @@ impl<'a> ArchiveWriter<'a> {
 
     /// The frames of `batch`, compressed in parallel, in order. A kernel
     /// read from a file is read by the thread compressing it: a batch holds
-    /// its frames, and only as many inputs as there are threads.
+    /// its frames, and only as many inputs as there are threads. With at
+    /// most one kernel to compress (frames made ahead only, as from the
+    /// Python API): on this thread, without waking the pool.
     fn compress<'b>(&self, batch: &'b [Pending<'a>]) -> Vec<Result<Cow<'b, [u8]>, ArchiveError>> {
+        let raw = batch
+            .iter()
+            .filter(|k| matches!(k.data, Stored::Raw(_)))
+            .count();
+        if raw <= 1 {
+            let mut c = self.compressor();
+            return batch.iter().map(|k| self.frame_of(&mut c, k)).collect();
+        }
         batch
             .par_iter()
-            .map_init(
-                || self.compressor(),
-                |c, k| {
-                    let data = match &k.data {
-                        Stored::Raw(d) => d,
-                        Stored::Frame { frame, .. } => return Ok(Cow::Borrowed(&frame[..])),
-                    };
-                    // A kernel compressed already with these parameters is
-                    // the same frame: copied.
-                    if let Some(frame) = data.frame_for(self.frame_params())? {
-                        return Ok(Cow::Owned(frame));
-                    }
-                    let c = c.as_mut().map_err(|e| compress_err(k, &e.to_string()))?;
-                    let data = data.load()?;
-                    c.compress(&data)
-                        .map(Cow::Owned)
-                        .map_err(|e| compress_err(k, &e.to_string()))
-                },
-            )
+            .map_init(|| self.compressor(), |c, k| self.frame_of(c, k))
             .collect()
+    }
+
+    /// The frame of one kernel: made ahead, or compressed with `c`.
+    fn frame_of<'b>(
+        &self,
+        c: &mut std::io::Result<FrameCompressor>,
+        k: &'b Pending<'a>,
+    ) -> Result<Cow<'b, [u8]>, ArchiveError> {
+        let data = match &k.data {
+            Stored::Raw(d) => d,
+            Stored::Frame { frame, .. } => return Ok(Cow::Borrowed(&frame[..])),
+        };
+        // A kernel compressed already with these parameters is the same
+        // frame: copied.
+        if let Some(frame) = data.frame_for(self.frame_params())? {
+            return Ok(Cow::Owned(frame));
+        }
+        let c = c.as_mut().map_err(|e| compress_err(k, &e.to_string()))?;
+        let data = data.load()?;
+        c.compress(&data)
+            .map(Cow::Owned)
+            .map_err(|e| compress_err(k, &e.to_string()))
     }
 
     /// The archive as bytes in memory.
     pub fn to_vec(&self) -> Result<Vec<u8>, ArchiveError> {
-        let mut cur = std::io::Cursor::new(Vec::new());
+        let mut cur = std::io::Cursor::new(Vec::with_capacity(self.size_hint()));
         self.write_to(&mut cur)?;
         Ok(cur.into_inner())
+    }
+
+    /// About the size of the archive when its kernels are frames made ahead
+    /// or stored as they are (a compressed size is not known before).
+    fn size_hint(&self) -> usize {
+        let blob: usize = (self.kernels.iter())
+            .map(|k| match &k.data {
+                Stored::Frame { frame, .. } => frame.len() + 4,
+                Stored::Raw(d) if self.scheme == Scheme::None => d.len(),
+                Stored::Raw(d) => d.len() / 4,
+            })
+            .sum();
+        HEADER_SIZE as usize + blob + 64 * self.entries.len() + 256
     }
 
     /// Consecutive runs of kernels of about `batch_bytes` input each.
@@ -659,6 +690,31 @@ mod tests {
         );
         // Only the archive is left in the directory.
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    /// Kernels and frames shared with their owner ([`SharedBytes`]) make
+    /// the archive that copies of them make, in both schemes.
+    #[test]
+    fn shared_bytes_make_the_same_archive() {
+        let kernels = noop_kernels();
+        let arches = vec!["gfx900".to_string(), "gfx906".to_string()];
+        let shared = |scheme: Scheme| {
+            let mut w = ArchiveWriter::new("test", "gfx900X", arches.clone()).scheme(scheme);
+            for (k, t, b) in &kernels {
+                w.add(*k, *t, SharedBytes::new(b.clone()), None).unwrap();
+            }
+            w.to_vec().unwrap()
+        };
+        let none = writer_for("gfx900X", &["gfx900", "gfx906"], &kernels).scheme(Scheme::None);
+        assert_eq!(shared(Scheme::None), none.to_vec().unwrap());
+        let zstd = writer_for("gfx900X", &["gfx900", "gfx906"], &kernels);
+        assert_eq!(shared(Scheme::ZstdPerKernel), zstd.to_vec().unwrap());
+        let mut frames = ArchiveWriter::new("test", "gfx900X", arches.clone());
+        for (k, t, b) in &kernels {
+            let f = SharedBytes::new(zstd_frame(b, DEFAULT_ZSTD_LEVEL).unwrap());
+            frames.add_frame(*k, *t, f, b.len() as u64, None).unwrap();
+        }
+        assert_eq!(frames.to_vec().unwrap(), zstd.to_vec().unwrap());
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! neighbours too, which other archives may not write for a long time.)
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -24,12 +25,45 @@ const CHUNK: usize = 1 << 20;
 pub enum KernelData<'a> {
     /// In memory (or in a map the caller manages).
     Bytes(Cow<'a, [u8]>),
+    /// In memory owned elsewhere, shared without a copy.
+    Shared(SharedBytes),
     /// A range of a file, read when the kernel is compared or written.
     File(FileRange),
     /// A range of a file holding the kernel's zstd frame, made by a
     /// [`FrameCompressor`]: copied as it is by a writer with the same
     /// [`FrameParams`], decompressed otherwise.
     Frame(Frame),
+}
+
+/// Bytes in memory that the writer shares with their owner instead of
+/// copying (kpack's Python API hands it the `bytes` objects it is given):
+/// kept alive as long as the writer holds them.
+#[derive(Clone)]
+pub struct SharedBytes(Arc<dyn AsRef<[u8]> + Send + Sync>);
+
+impl SharedBytes {
+    pub fn new(bytes: impl AsRef<[u8]> + Send + Sync + 'static) -> Self {
+        SharedBytes(Arc::new(bytes))
+    }
+}
+
+impl std::ops::Deref for SharedBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        (*self.0).as_ref()
+    }
+}
+
+impl std::fmt::Debug for SharedBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SharedBytes({} bytes)", self.len())
+    }
+}
+
+impl From<Vec<u8>> for SharedBytes {
+    fn from(v: Vec<u8>) -> Self {
+        SharedBytes::new(v)
+    }
 }
 
 /// A kernel compressed already.
@@ -55,22 +89,55 @@ pub struct FrameParams {
 
 /// Compresses kernels into frames exactly as an [`super::ArchiveWriter`]
 /// with the same [`FrameParams`] does.
+///
+/// The zstd context is the calling thread's, kept from one frame to the
+/// next ([`with_context`]): making a context costs as much as compressing
+/// 20 kB, and zstd's output does not depend on what a context compressed
+/// before.
 pub struct FrameCompressor {
-    zstd: zstd::bulk::Compressor<'static>,
+    params: FrameParams,
 }
 
 impl FrameCompressor {
+    /// A compressor with these parameters (an invalid level is an error).
     pub fn new(params: FrameParams) -> std::io::Result<Self> {
-        let mut zstd = zstd::bulk::Compressor::new(params.level)?;
-        zstd.include_checksum(params.checksum)?;
-        zstd.include_contentsize(true)?;
-        zstd.include_dictid(false)?;
-        Ok(FrameCompressor { zstd })
+        with_context(params, |_| Ok(()))?;
+        Ok(FrameCompressor { params })
     }
 
     pub fn compress(&mut self, data: &[u8]) -> std::io::Result<Vec<u8>> {
-        self.zstd.compress(data)
+        with_context(self.params, |z| z.compress(data))
     }
+}
+
+thread_local! {
+    /// This thread's zstd context and the parameters it is set up with.
+    static CONTEXT: RefCell<Option<(FrameParams, zstd::bulk::Compressor<'static>)>> =
+        const { RefCell::new(None) };
+}
+
+/// Run `f` with this thread's zstd context, set up for `params` (made, or
+/// set up again, when it was for other parameters).
+fn with_context<T>(
+    params: FrameParams,
+    f: impl FnOnce(&mut zstd::bulk::Compressor<'static>) -> std::io::Result<T>,
+) -> std::io::Result<T> {
+    CONTEXT.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let z = match &mut *slot {
+            Some((p, z)) if *p == params => z,
+            other => &mut other.insert((params, zstd_context(params)?)).1,
+        };
+        f(z)
+    })
+}
+
+fn zstd_context(params: FrameParams) -> std::io::Result<zstd::bulk::Compressor<'static>> {
+    let mut zstd = zstd::bulk::Compressor::new(params.level)?;
+    zstd.include_checksum(params.checksum)?;
+    zstd.include_contentsize(true)?;
+    zstd.include_dictid(false)?;
+    Ok(zstd)
 }
 
 /// `len` bytes at `offset` of the file at `path`.
@@ -99,6 +166,12 @@ impl<'a> From<Cow<'a, [u8]>> for KernelData<'a> {
     }
 }
 
+impl From<SharedBytes> for KernelData<'_> {
+    fn from(b: SharedBytes) -> Self {
+        KernelData::Shared(b)
+    }
+}
+
 impl From<FileRange> for KernelData<'_> {
     fn from(r: FileRange) -> Self {
         KernelData::File(r)
@@ -116,6 +189,7 @@ impl KernelData<'_> {
     pub fn len(&self) -> usize {
         match self {
             KernelData::Bytes(b) => b.len(),
+            KernelData::Shared(b) => b.len(),
             KernelData::File(r) => r.len,
             KernelData::Frame(f) => f.len,
         }
@@ -125,11 +199,21 @@ impl KernelData<'_> {
         self.len() == 0
     }
 
+    /// The bytes, when they are in memory.
+    fn in_memory(&self) -> Option<&[u8]> {
+        match self {
+            KernelData::Bytes(b) => Some(b),
+            KernelData::Shared(b) => Some(b),
+            KernelData::File(_) | KernelData::Frame(_) => None,
+        }
+    }
+
     /// The bytes: borrowed when in memory, read (and decompressed)
     /// otherwise.
     pub(super) fn load(&self) -> Result<Cow<'_, [u8]>, ArchiveError> {
         match self {
             KernelData::Bytes(b) => Ok(Cow::Borrowed(b)),
+            KernelData::Shared(b) => Ok(Cow::Borrowed(b)),
             KernelData::File(r) => Ok(Cow::Owned(r.read_all()?)),
             KernelData::Frame(f) => Ok(Cow::Owned(f.decompress()?)),
         }
@@ -167,8 +251,10 @@ pub(super) fn same_bytes(a: &KernelData<'_>, b: &KernelData<'_>) -> Result<bool,
     if a.len() != b.len() {
         return Ok(false);
     }
+    if let (Some(x), Some(y)) = (a.in_memory(), b.in_memory()) {
+        return Ok(x == y);
+    }
     match (a, b) {
-        (KernelData::Bytes(x), KernelData::Bytes(y)) => return Ok(x == y),
         // Same parameters: the same bytes make the same frame.
         (KernelData::Frame(x), KernelData::Frame(y)) if x.params == y.params => {
             return same_bytes(
@@ -285,6 +371,7 @@ impl<'d> Chunks<'d> {
                 Ok(Some(&self.buf))
             }
             (KernelData::Bytes(b), _) => Ok(Some(&b[at..at + n])),
+            (KernelData::Shared(b), _) => Ok(Some(&b[at..at + n])),
             (KernelData::File(_), None) | (KernelData::Frame(_), _) => Ok(None),
         }
     }
@@ -353,6 +440,36 @@ mod tests {
         let other_mem = KernelData::from(&other[5..5 + 2 * CHUNK + 3]);
         assert!(!same_bytes(&r, &other_mem).unwrap());
         assert!(same_bytes(&range(0, 0), &KernelData::from(&[][..])).unwrap());
+    }
+
+    /// A thread's context kept across frames of all sizes, in any order
+    /// and with other parameters in between, makes the frames a fresh
+    /// context makes.
+    #[test]
+    fn a_kept_context_makes_the_frames_of_a_fresh_one() {
+        let data: Vec<u8> = (0..3_000_000u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 27) as u8 & (i as u8 | 0x0f))
+            .collect();
+        let fresh = |p: FrameParams, d: &[u8]| zstd_context(p).unwrap().compress(d).unwrap();
+        let a = FrameParams {
+            level: 3,
+            checksum: true,
+        };
+        let b = FrameParams {
+            level: 19,
+            checksum: false,
+        };
+        let sizes = [2_500_000, 10, 70_000, 0, 1_200_000, 5_000, 300_000, 131_073];
+        let mut kept = FrameCompressor::new(a).unwrap();
+        for (i, &n) in sizes.iter().chain(sizes.iter().rev()).enumerate() {
+            let d = &data[i * 1000..i * 1000 + n];
+            assert_eq!(kept.compress(d).unwrap(), fresh(a, d), "{n} bytes");
+            if i % 3 == 0 {
+                let small = &d[..n.min(9_000)];
+                let got = FrameCompressor::new(b).unwrap().compress(small).unwrap();
+                assert_eq!(got, fresh(b, small));
+            }
+        }
     }
 
     #[test]
