@@ -199,7 +199,7 @@ class PackedKernelArchive:
                 entry["metadata"] = metadata
             toc.setdefault(key, {})[target] = entry
         archive.toc = toc
-        archive._file_path = Path(input_path)
+        archive._file_path = input_path if isinstance(input_path, Path) else Path(input_path)
         archive._reader = native
         archive._archive_finalized = True
         if native.scheme == ZstdCompressor.SCHEME_NAME:

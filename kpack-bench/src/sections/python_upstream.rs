@@ -63,7 +63,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
         }
         None => {
             let why = format!(
-                "upstream's package is missing: ${UPSTREAM_ENV} is not set (to upstream's python/ directory, e.g. KPACK_UPSTREAM_PYTHON=../shared/vendor/rocm-kpack-e348328/python cargo xtask bench)"
+                "upstream's package is missing: ${UPSTREAM_ENV} is not set (set it to the python/ directory of upstream's rocm-kpack, e.g. the copy vendored beside the repository)"
             );
             return Ok(vec![Row::unavailable(SECTION, "all", work, why)]);
         }
