@@ -708,3 +708,73 @@ mod tests {
         assert!(view.section(".text").unwrap().is_some());
     }
 }
+
+/// What is wrong with the segment a section is mapped to by its file
+/// offset, as eu-elflint (and other readers that map sections by offset)
+/// sees it ([`offset_mapping_problems`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum MappingProblem {
+    /// Its offset falls in no `PT_LOAD` (`PT_TLS` for a TLS section).
+    NotLoaded,
+    /// The first segment whose file window holds its offset ends before it
+    /// does: a NOBITS section's offset landing in another segment's
+    /// zero-filled window.
+    NotContained,
+    /// Not NOBITS, but its offset lies past the file bytes of that segment.
+    NotInFile,
+}
+
+impl MappingProblem {
+    pub(crate) fn describe(self) -> &'static str {
+        match self {
+            MappingProblem::NotLoaded => "its file offset lies in no loaded segment",
+            MappingProblem::NotContained => {
+                "its file offset lands in a segment that does not contain it (eu-elflint: not fully contained in segment)"
+            }
+            MappingProblem::NotInFile => "it has bytes, but not in the file part of its segment",
+        }
+    }
+}
+
+/// The problems of every allocated section (index 0 and non-allocated ones
+/// aside) with the segment its file offset maps it to, as eu-elflint maps
+/// them: the first `PT_LOAD` (`PT_TLS` for a TLS section) in table order
+/// whose file window holds the offset, the window being the segment's file
+/// bytes, or for a NOBITS section its memory size. (A NOBITS section whose
+/// offset lies among a segment's file bytes is not reported: eu-elflint
+/// accepts it where those bytes are zero, as GNU ld writes them.)
+pub(crate) fn offset_mapping_problems(
+    phdrs: &[ProgramHeader],
+    shdrs: &[SectionHeader],
+) -> Vec<(usize, MappingProblem)> {
+    let mut out = Vec::new();
+    for (i, s) in shdrs.iter().enumerate().skip(1) {
+        let flags = s.sh_flags(LE);
+        if flags & u64::from(elf::SHF_ALLOC) == 0 {
+            continue;
+        }
+        let tls = flags & u64::from(elf::SHF_TLS) != 0;
+        let nobits = s.sh_type(LE) == elf::SHT_NOBITS;
+        let (off, size) = (s.sh_offset(LE), s.sh_size(LE));
+        let seg = phdrs.iter().find(|p| {
+            let kind = p.p_type(LE) == if tls { elf::PT_TLS } else { elf::PT_LOAD };
+            let (p_off, filesz, memsz) = (p.p_offset(LE), p.p_filesz(LE), p.p_memsz(LE));
+            let rel = off.wrapping_sub(p_off);
+            kind && p_off <= off
+                && ((rel <= filesz && (rel < filesz || size == 0)) || (rel < memsz && nobits))
+        });
+        let Some(p) = seg else {
+            out.push((i, MappingProblem::NotLoaded));
+            continue;
+        };
+        let (p_off, filesz, memsz) = (p.p_offset(LE), p.p_filesz(LE), p.p_memsz(LE));
+        if p_off.saturating_add(memsz) < off.saturating_add(size) {
+            out.push((i, MappingProblem::NotContained));
+        }
+        let end = p_off + filesz;
+        if !nobits && (off > end || (off == end && size != 0)) {
+            out.push((i, MappingProblem::NotInFile));
+        }
+    }
+    out
+}

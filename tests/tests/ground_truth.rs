@@ -70,6 +70,13 @@ ground_truth! {
     libwide => "libwide.so",
     libvadd_relr => "libvadd_relr.so",
     libvadd_dwarf4 => "libvadd_dwarf4.so",
+    libvadd_after_bss_bfd => "libvadd_after_bss_bfd.so",
+    libvadd_after_bss_lld => "libvadd_after_bss_lld.so",
+    libvadd_fatbin_after_bss_bfd => "libvadd_fatbin_after_bss_bfd.so",
+    libvadd_fatbin_after_bss_lld => "libvadd_fatbin_after_bss_lld.so",
+    libvadd_before_data_bfd => "libvadd_before_data_bfd.so",
+    libvadd_before_data_lld => "libvadd_before_data_lld.so",
+    libvadd_two_loads_bfd => "libvadd_two_loads_bfd.so",
 }
 
 #[test]

@@ -137,6 +137,13 @@ prune_tests! {
     prune_libwide => "libwide.so",
     prune_libvadd_relr => "libvadd_relr.so",
     prune_libvadd_dwarf4 => "libvadd_dwarf4.so",
+    prune_libvadd_after_bss_bfd => "libvadd_after_bss_bfd.so",
+    prune_libvadd_after_bss_lld => "libvadd_after_bss_lld.so",
+    prune_libvadd_fatbin_after_bss_bfd => "libvadd_fatbin_after_bss_bfd.so",
+    prune_libvadd_fatbin_after_bss_lld => "libvadd_fatbin_after_bss_lld.so",
+    prune_libvadd_before_data_bfd => "libvadd_before_data_bfd.so",
+    prune_libvadd_before_data_lld => "libvadd_before_data_lld.so",
+    prune_libvadd_two_loads_bfd => "libvadd_two_loads_bfd.so",
 }
 
 /// Offload into `dir/lib`, archives in `dir/.kpack`.
@@ -193,6 +200,13 @@ restore_tests! {
     restore_libwide => "libwide.so",
     restore_libvadd_relr => "libvadd_relr.so",
     restore_libvadd_dwarf4 => "libvadd_dwarf4.so",
+    restore_libvadd_after_bss_bfd => "libvadd_after_bss_bfd.so",
+    restore_libvadd_after_bss_lld => "libvadd_after_bss_lld.so",
+    restore_libvadd_fatbin_after_bss_bfd => "libvadd_fatbin_after_bss_bfd.so",
+    restore_libvadd_fatbin_after_bss_lld => "libvadd_fatbin_after_bss_lld.so",
+    restore_libvadd_before_data_bfd => "libvadd_before_data_bfd.so",
+    restore_libvadd_before_data_lld => "libvadd_before_data_lld.so",
+    restore_libvadd_two_loads_bfd => "libvadd_two_loads_bfd.so",
 }
 
 /// Restore of chosen targets, archives found through ROCM_KPACK_PATH, and

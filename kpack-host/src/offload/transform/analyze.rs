@@ -20,9 +20,12 @@ pub struct Input<'a> {
     pub fatbin: Fatbin,
     /// Number of bundles in it.
     pub bundles: usize,
-    /// Index of the read-only `PT_LOAD` holding it (X), and X.
+    /// Index of the `PT_LOAD` holding it (X), and X.
     pub xi: usize,
     pub x: ProgramHeader,
+    /// X is writable: offload then splits the metadata's pages off into a
+    /// read-only segment of their own.
+    pub writable: bool,
     /// The page unit: the largest `PT_LOAD` alignment, at least 4 KiB.
     pub unit: u64,
     pub relocs: Relocations,
@@ -91,6 +94,8 @@ pub(crate) struct Hole {
     pub end: u64,
     /// X2: the segment that follows X1 in memory and in the file.
     pub x2: Option<usize>,
+    /// The removed range is an unmapped gap after X1 (offload left it so).
+    pub gap: bool,
 }
 
 pub fn analyze(elf: ElfView<'_>) -> Result<Input<'_>, TransformError> {
@@ -113,6 +118,7 @@ pub fn analyze(elf: ElfView<'_>) -> Result<Input<'_>, TransformError> {
         bundles: bundle_starts.len(),
         xi,
         x,
+        writable: x.p_flags(LE) & elf::PF_W != 0,
         unit,
         relocs,
         wrappers,
@@ -227,8 +233,8 @@ fn check_loads_after(elf: &ElfView, xi: usize, x: &ProgramHeader) -> Result<(), 
     }
 }
 
-/// The read-only `PT_LOAD` (X) whose file-backed part holds the section at
-/// its address.
+/// The `PT_LOAD` (X) whose file-backed part holds the section at its
+/// address.
 fn holding_segment(elf: &ElfView, f: &Fatbin) -> Result<(usize, ProgramHeader), TransformError> {
     let xi = elf
         .phdrs()
@@ -239,13 +245,7 @@ fn holding_segment(elf: &ElfView, f: &Fatbin) -> Result<(usize, ProgramHeader), 
                 && p.p_offset(LE).wrapping_sub(p.p_vaddr(LE)) == f.offset.wrapping_sub(f.addr)
         })
         .ok_or(TransformError::FatbinNotLoaded)?;
-    let x = elf.phdrs()[xi];
-    // The metadata goes where the section was (formats.md §4.2: in a read-only
-    // PT_LOAD); a writable segment (e.g. `ld -N`) cannot hold it.
-    if x.p_flags(LE) & elf::PF_W != 0 {
-        return Err(TransformError::FatbinWritable);
-    }
-    Ok((xi, x))
+    Ok((xi, elf.phdrs()[xi]))
 }
 
 fn page_unit(elf: &ElfView) -> Result<u64, TransformError> {
@@ -361,6 +361,14 @@ pub(crate) fn analyze_offloaded(elf: ElfView<'_>) -> Result<(Input<'_>, Hole), T
     let kinds = rewritable(&elf)?;
     let (fatbin, meta) = offloaded_sections(&elf)?;
     let (xi, x) = holding_segment(&elf, &meta)?;
+    let (x, gap) = with_gap_as_tail(&elf, x, &fatbin);
+    // The metadata is read-only (formats.md §4.2); kpack never writes it
+    // elsewhere.
+    if x.p_flags(LE) & elf::PF_W != 0 {
+        return Err(not_restorable(
+            "its metadata lies in a writable segment (not a binary kpack offloaded)",
+        ));
+    }
     let unit = page_unit(&elf)?;
     let x2 = segment_after_tail(&elf, &x, unit)?;
     let x_end = x.p_vaddr(LE) + x.p_memsz(LE);
@@ -374,6 +382,7 @@ pub(crate) fn analyze_offloaded(elf: ElfView<'_>) -> Result<(Input<'_>, Hole), T
         start,
         end,
         x2,
+        gap,
     };
     let input = Input {
         elf,
@@ -382,11 +391,39 @@ pub(crate) fn analyze_offloaded(elf: ElfView<'_>) -> Result<(Input<'_>, Hole), T
         bundles: 0,
         xi,
         x,
+        writable: false,
         unit,
         relocs: table.relocs,
         wrappers,
     };
     Ok((input, hole))
+}
+
+/// X1 (`x`) with the unmapped gap offload left after it as its tail (an
+/// empty NOBITS `.hip_fatbin` at its end marks one): up to the next
+/// `PT_LOAD`'s page, or, with none, to the next unit boundary; `x` as it is
+/// otherwise. Whether there was a gap.
+fn with_gap_as_tail(elf: &ElfView, x: ProgramHeader, fatbin: &Fatbin) -> (ProgramHeader, bool) {
+    let end = x.p_vaddr(LE) + x.p_memsz(LE);
+    // The empty section at X1's end, or over the zeroed end of the range
+    // after the gap.
+    if x.p_memsz(LE) != x.p_filesz(LE) || fatbin.addr < end || (fatbin.size == 0) != (fatbin.addr == end)
+    {
+        return (x, false);
+    }
+    let unit = x.p_align(LE).max(4096);
+    let next = elf
+        .phdrs()
+        .iter()
+        .filter(|p| p.is_load() && p.p_vaddr(LE) >= end)
+        .map(|p| p.p_vaddr(LE) / unit * unit)
+        .min();
+    let Some(gap_end) = next.filter(|&n| n > end) else {
+        return (x, false);
+    };
+    let mut joined = x;
+    joined.p_memsz.set(LE, gap_end - x.p_vaddr(LE));
+    (joined, true)
 }
 
 /// Why an offloaded binary cannot be restored.
@@ -510,12 +547,15 @@ fn free_range(
         .max()
         .unwrap_or(x_end)
         .max(x_end);
+    // Nor past the segments that hold the range: beyond them lies another
+    // segment's page, or none.
     let end = others
         .iter()
         .map(|s| s.sh_addr(LE))
         .filter(|&a| a >= nobits_end)
         .min()
-        .unwrap_or(limit);
+        .unwrap_or(limit)
+        .min(limit);
     let start = others
         .iter()
         .filter(|s| (meta.addr..nobits_end).contains(&s.sh_addr(LE)))

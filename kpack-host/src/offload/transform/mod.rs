@@ -76,8 +76,8 @@ pub enum TransformError {
     RelocationIntoHeaders(u64),
     #[error("{FATBIN_SECTION} is not inside the file-backed part of a PT_LOAD segment")]
     FatbinNotLoaded,
-    #[error("{FATBIN_SECTION} lies in a writable PT_LOAD segment: the HIPK metadata that replaces it must be read-only")]
-    FatbinWritable,
+    #[error("{FATBIN_SECTION} lies in a writable PT_LOAD segment {why}: the read-only segment the HIPK metadata needs cannot be split off")]
+    FatbinWritable { why: &'static str },
     #[error("segment {index} (type {p_type:#x}) spans the removed range of {FATBIN_SECTION}")]
     SegmentSpansRemoved { index: usize, p_type: u32 },
     #[error("section {name} lies inside the removed range of {FATBIN_SECTION}")]

@@ -16,7 +16,8 @@ use super::analyze::{Fatbin, Hole, Input};
 use super::{Request, TransformError};
 use crate::binary::{Address, WrapperError};
 use crate::elf::{
-    file_size, ElfView, PhdrExt, ProgramHeader, SectionHeader, FATBIN_SECTION, LE, PHDR_SIZE,
+    file_size, offset_mapping_problems, ElfView, MappingProblem, PhdrExt, ProgramHeader,
+    SectionHeader, FATBIN_SECTION, LE, PHDR_SIZE,
 };
 use crate::hipk::{HIPF_MAGIC, HIPK_MAGIC};
 
@@ -117,6 +118,9 @@ pub struct Plan {
     pub symbol_map: Vec<(u64, u64)>,
     /// Restore: the segment merged into X1 (and dropped from the table).
     pub joined: Option<usize>,
+    /// Restore: the removed range is an unmapped gap after X1 (offload's
+    /// [`Plan::gap`]): what does not go back into the file stays unmapped.
+    pub restores_gap: bool,
     /// Restore: the alignment of the restored section.
     pub align: u64,
     pub cut: Cut,
@@ -134,6 +138,11 @@ pub struct Plan {
     pub notes: Vec<NotePlace>,
     /// The new program header table.
     pub phdrs: Vec<ProgramHeader>,
+    /// The removed pages' address range is left unmapped, X1 ending with
+    /// its file bytes, instead of being X1's zero-filled tail (whose window
+    /// in file offsets would take in later sections' offsets); `.hip_fatbin`
+    /// is then an empty NOBITS section at the end of X1.
+    pub gap: bool,
 }
 
 impl Plan {
@@ -235,9 +244,64 @@ fn table_end(input: &Input, phnum: usize) -> u64 {
 /// Plan the output of offload or prune: `request`'s payload kept at the
 /// start of `.hip_fatbin`, whole pages after it removed.
 pub fn plan(input: &Input, request: &Request) -> Result<Plan, TransformError> {
+    let plan = plan_with(input, request, false)?;
+    if !plan.split || !maps_worse(input, &plan)? {
+        return Ok(plan);
+    }
+    // X1's zero-filled window holds another section's file offset (or the
+    // section's lands in an earlier segment's): the removed range is left
+    // unmapped instead, if that plan works and maps better.
+    match plan_with(input, request, true) {
+        Ok(d) if d.split && !maps_worse(input, &d)? => Ok(d),
+        _ => Ok(plan),
+    }
+}
+
+/// Whether `plan`'s headers map a section to a wrong segment by its file
+/// offset where the input's did not (what eu-elflint checks:
+/// [`offset_mapping_problems`]).
+fn maps_worse(input: &Input, plan: &Plan) -> Result<bool, TransformError> {
+    let elf = &input.elf;
+    let named = |list: Vec<(usize, MappingProblem)>| -> Result<Vec<_>, TransformError> {
+        let mut v = Vec::with_capacity(list.len());
+        for (i, p) in list {
+            v.push((elf.section_name(i)?, p));
+        }
+        Ok(v)
+    };
+    let before = named(offset_mapping_problems(elf.phdrs(), elf.shdrs()))?;
+    let (mut shdrs, _) = sections(input, plan)?;
+    if plan.form == Form::Offloaded {
+        shdrs.push(metadata_header(0, plan));
+    }
+    let after = named(offset_mapping_problems(&plan.phdrs, &shdrs))?;
+    Ok(after.iter().any(|p| !before.contains(p)))
+}
+
+/// The metadata's section header as [`plan`] places it, its name at
+/// `name_off` in the section name table.
+pub(super) fn metadata_header(name_off: u32, plan: &Plan) -> SectionHeader {
+    use object::{U32, U64};
+    SectionHeader {
+        sh_name: U32::new(LE, name_off),
+        sh_type: U32::new(LE, elf::SHT_PROGBITS),
+        sh_flags: U64::new(LE, u64::from(elf::SHF_ALLOC)),
+        sh_addr: U64::new(LE, plan.payload_addr),
+        sh_offset: U64::new(LE, plan.payload_off),
+        sh_size: U64::new(LE, plan.payload_len),
+        sh_link: U32::new(LE, 0),
+        sh_info: U32::new(LE, 0),
+        sh_addralign: U64::new(LE, 16),
+        sh_entsize: U64::new(LE, 0),
+    }
+}
+
+/// [`plan`], the removed range detached from X1 or not.
+fn plan_with(input: &Input, request: &Request, detach: bool) -> Result<Plan, TransformError> {
     let meta_len = request.payload().len();
     let f = input.fatbin;
-    let r = Removal::of(input);
+    let separate = input.writable && matches!(request, Request::Offload { .. });
+    let r = Removal::of(input, separate, detach)?;
     let block = if r.grow > 0 {
         block_with_room_for_notes(&input.elf, r.old_table_end, r.new_table_end)?
     } else {
@@ -245,6 +309,11 @@ pub fn plan(input: &Input, request: &Request) -> Result<Plan, TransformError> {
     };
     let (block, kept_len) = block_after_payload(f, block, meta_len);
     let (keep, split, cut) = kept_and_cut(input, &r, kept_len, meta_len)?;
+    if separate && !split {
+        return Err(TransformError::FatbinWritable {
+            why: "and has no whole page beside the metadata",
+        });
+    }
     let (form, wrappers, symbol_map) = wrappers_for(input, request)?;
     let mut plan = Plan {
         payload_addr: f.addr,
@@ -255,6 +324,7 @@ pub fn plan(input: &Input, request: &Request) -> Result<Plan, TransformError> {
         zero: Vec::new(),
         symbol_map,
         joined: None,
+        restores_gap: false,
         align: 0,
         cut,
         split,
@@ -264,12 +334,13 @@ pub fn plan(input: &Input, request: &Request) -> Result<Plan, TransformError> {
         block: if split { block } else { None },
         notes: Vec::new(),
         phdrs: Vec::new(),
+        gap: r.detach && split,
     };
     if let Some(bl) = plan.block {
         plan.notes = place_notes(&input.elf, &bl, r.new_table_end);
     }
     check_block_relocations(input, &plan)?;
-    plan.phdrs = segments(input, &plan, r.grow)?;
+    plan.phdrs = segments(input, &plan, &r)?;
     plan.zero = cleared(input, &plan);
     Ok(plan)
 }
@@ -281,8 +352,20 @@ struct Removal {
     cut_addr_end: u64,
     /// Its file offset.
     cut_end_if_split: u64,
-    /// Program headers the table would gain: 1 when X goes on in the file
-    /// after those pages (removing them splits it in two), else 0.
+    /// X goes on after those pages with sections of its own: removing them
+    /// splits it in two (X1 and X2).
+    x2: bool,
+    /// X goes on after those pages with nothing but the zeroed end of
+    /// `.hip_fatbin`: those bytes stay in the file, unmapped, as padding (a
+    /// segment without sections is laid out by strip and objcopy at an
+    /// offset that breaks it), and X1 ends with the removed pages.
+    tail_dropped: bool,
+    /// X is writable and holds bytes before `.hip_fatbin`: they stay in a
+    /// writable segment of their own (W1) ahead of X1, which is read-only.
+    w1: bool,
+    /// The removed pages' range is left unmapped rather than X1's tail.
+    detach: bool,
+    /// Program headers the table would gain (X2, W1).
     grow: usize,
     /// End of the program header table in the file, before it grows and
     /// after.
@@ -291,22 +374,36 @@ struct Removal {
 }
 
 impl Removal {
-    fn of(input: &Input) -> Removal {
+    /// The removal from X; `separate`: X1 is split off a writable X as a
+    /// read-only segment (the section must start on a page boundary).
+    fn of(input: &Input, separate: bool, detach: bool) -> Result<Removal, TransformError> {
         let (f, x, unit) = (input.fatbin, input.x, input.unit);
+        if separate && !f.addr.is_multiple_of(unit) {
+            return Err(TransformError::FatbinWritable {
+                why: "and does not start on a page boundary",
+            });
+        }
         // Removing pages from the middle of X splits it in two: one more
         // program header, which needs room after the table.
         let cut_addr_end = (f.end() / unit) * unit;
         let cut_end_if_split = f.offset + cut_addr_end.saturating_sub(f.addr);
         let x_file_end = x.p_offset(LE) + x.p_filesz(LE);
-        let grow = usize::from(x_file_end > cut_end_if_split);
+        let goes_on = x_file_end > cut_end_if_split;
+        let x2 = goes_on && holds_sections(input, cut_addr_end);
+        let w1 = separate && f.addr > x.p_vaddr(LE);
+        let grow = usize::from(x2) + usize::from(w1);
         let phnum = input.elf.phdrs().len();
-        Removal {
+        Ok(Removal {
             cut_addr_end,
             cut_end_if_split,
+            x2,
+            tail_dropped: goes_on && !x2,
+            w1,
+            detach,
             grow,
             old_table_end: table_end(input, phnum),
             new_table_end: table_end(input, phnum + grow),
-        }
+        })
     }
 }
 
@@ -496,6 +593,7 @@ pub(crate) fn plan_restore(
         zero: vec![(hole.meta.offset, hole.meta.offset + hole.meta.size)],
         symbol_map: Vec::new(),
         joined,
+        restores_gap: hole.gap,
         align,
         cut,
         split: false,
@@ -505,6 +603,7 @@ pub(crate) fn plan_restore(
         block: None,
         notes: Vec::new(),
         phdrs: Vec::new(),
+        gap: false,
     };
     plan.phdrs = joined_segments(input, &plan)?;
     // The program header slot freed by joining X1 and X2.
@@ -552,6 +651,8 @@ fn joined_segments(input: &Input, plan: &Plan) -> Result<Vec<ProgramHeader>, Tra
         if Some(i) == plan.joined {
             continue;
         }
+        // X1 with the gap after it as its tail, if offload left one.
+        let p = if i == input.xi { &input.x } else { p };
         let mut q = *p;
         if i == input.xi {
             let mut end_mem = p.p_vaddr(LE) + p.p_memsz(LE);
@@ -564,6 +665,10 @@ fn joined_segments(input: &Input, plan: &Plan) -> Result<Vec<ProgramHeader>, Tra
                 q.p_filesz.set(LE, p.p_filesz(LE) + plan.cut.inserted);
             }
             q.p_memsz.set(LE, end_mem - p.p_vaddr(LE));
+            if plan.restores_gap && plan.joined.is_none() {
+                // What does not go back stays unmapped.
+                q.p_memsz.set(LE, q.p_filesz(LE));
+            }
         } else if p.p_type(LE) == elf::PT_PHDR {
             let table = (n * PHDR_SIZE) as u64;
             q.p_filesz.set(LE, table);
@@ -834,12 +939,13 @@ fn check_block_relocations(input: &Input, plan: &Plan) -> Result<(), TransformEr
 
 /// The new program header table: X split in two (or shortened), `PT_PHDR`
 /// resized, segments in the moved block moved, later offsets shifted.
-fn segments(input: &Input, plan: &Plan, grow: usize) -> Result<Vec<ProgramHeader>, TransformError> {
+fn segments(input: &Input, plan: &Plan, r: &Removal) -> Result<Vec<ProgramHeader>, TransformError> {
     let phdrs = input.elf.phdrs();
-    let mut out = Vec::with_capacity(phdrs.len() + 1);
+    let grow = r.grow;
+    let mut out = Vec::with_capacity(phdrs.len() + grow);
     for (i, p) in phdrs.iter().enumerate() {
         if i == input.xi && plan.split {
-            out.extend(split_x(input, plan, grow));
+            out.extend(split_x(input, plan, r));
             continue;
         }
         let mut q = *p;
@@ -872,42 +978,95 @@ fn segments(input: &Input, plan: &Plan, grow: usize) -> Result<Vec<ProgramHeader
     Ok(out)
 }
 
-/// X1 (up to the end of the kept pages in the file, in memory up to the
-/// end of the removed pages) and, when X goes on after the removed pages,
-/// X2. A part that holds no code is not executable (GNU ld puts
-/// `.hip_fatbin` in the text segment; after the split, one part may hold
-/// only data such as `.eh_frame`).
-fn split_x(input: &Input, plan: &Plan, grow: usize) -> Vec<ProgramHeader> {
-    let x = input.x;
+/// W1 (a writable X's bytes before `.hip_fatbin`, when offload splits the
+/// metadata's pages off), X1 (up to the end of the kept pages in the file,
+/// in memory up to the end of the removed pages; read-only after W1) and,
+/// when X goes on after the removed pages, X2. A part that holds no code is
+/// not executable (GNU ld puts `.hip_fatbin` in the text segment; after the
+/// split, one part may hold only data such as `.eh_frame`).
+fn split_x(input: &Input, plan: &Plan, r: &Removal) -> Vec<ProgramHeader> {
+    let (x, f) = (input.x, input.fatbin);
     let (x_off, x_vaddr) = (x.p_offset(LE), x.p_vaddr(LE));
+    let mut parts = Vec::with_capacity(3);
     let mut x1 = x;
-    x1.p_filesz.set(LE, plan.cut.start - x_off);
-    if grow == 0 {
-        return vec![x1];
+    if input.writable && plan.form == Form::Offloaded {
+        if r.w1 {
+            let mut w1 = x;
+            w1.p_filesz.set(LE, f.offset - x_off);
+            w1.p_memsz.set(LE, f.addr - x_vaddr);
+            parts.push(w1);
+        }
+        x1 = part_from(&x, f.addr);
+        x1.p_flags.set(LE, x.p_flags(LE) & !elf::PF_W);
     }
-    let cut_addr_end = plan.cut_addr_end;
-    x1.p_memsz.set(LE, cut_addr_end - x_vaddr);
-    let mut x2 = x;
-    x2.p_offset.set(LE, plan.cut.end - plan.cut.removed);
-    x2.p_vaddr.set(LE, cut_addr_end);
-    x2.p_paddr
-        .set(LE, x.p_paddr(LE).wrapping_add(cut_addr_end - x_vaddr));
-    x2.p_filesz.set(LE, x_off + x.p_filesz(LE) - plan.cut.end);
-    x2.p_memsz.set(LE, x_vaddr + x.p_memsz(LE) - cut_addr_end);
-    for part in [&mut x1, &mut x2] {
+    x1.p_filesz.set(LE, plan.cut.start - x1.p_offset(LE));
+    let x_end = x_vaddr + x.p_memsz(LE);
+    let cut_addr_end = if r.x2 || r.tail_dropped {
+        plan.cut_addr_end
+    } else {
+        x_end
+    };
+    x1.p_memsz.set(LE, cut_addr_end - x1.p_vaddr(LE));
+    if r.detach {
+        // The removed range: unmapped.
+        x1.p_memsz.set(LE, x1.p_filesz(LE));
+    }
+    parts.push(x1);
+    if r.x2 {
+        let mut x2 = part_from(&x, cut_addr_end);
+        x2.p_offset.set(LE, plan.cut.end - plan.cut.removed);
+        x2.p_filesz.set(LE, x_off + x.p_filesz(LE) - plan.cut.end);
+        x2.p_memsz.set(LE, x_end - cut_addr_end);
+        parts.push(x2);
+    }
+    // A part that holds no code is not executable, one that holds no
+    // writable section not writable (eu-elflint checks both).
+    for part in &mut parts {
         let (start, end) = (part.p_vaddr(LE), part.p_vaddr(LE) + part.p_memsz(LE));
-        if !holds_code(&input.elf, start, end) {
-            part.p_flags.set(LE, part.p_flags(LE) & !elf::PF_X);
+        for (flag, section_flag) in [(elf::PF_X, elf::SHF_EXECINSTR), (elf::PF_W, elf::SHF_WRITE)] {
+            if !holds(&input.elf, start, end, section_flag) {
+                part.p_flags.set(LE, part.p_flags(LE) & !flag);
+            }
         }
     }
-    vec![x1, x2]
+    parts
 }
 
-/// Does an executable section lie in `[start, end)`?
-fn holds_code(elf: &ElfView, start: u64, end: u64) -> bool {
+/// The part of `x` from address `addr` on (its file offset following), to
+/// its end.
+fn part_from(x: &ProgramHeader, addr: u64) -> ProgramHeader {
+    let delta = addr - x.p_vaddr(LE);
+    let mut p = *x;
+    p.p_offset.set(LE, x.p_offset(LE) + delta);
+    p.p_vaddr.set(LE, addr);
+    p.p_paddr.set(LE, x.p_paddr(LE).wrapping_add(delta));
+    p.p_filesz.set(LE, x.p_filesz(LE).saturating_sub(delta));
+    p.p_memsz.set(LE, x.p_memsz(LE) - delta);
+    p
+}
+
+/// Does an allocated section other than `.hip_fatbin` lie in X from
+/// address `from` on?
+fn holds_sections(input: &Input, from: u64) -> bool {
+    let x_end = input.x.p_vaddr(LE) + input.x.p_memsz(LE);
+    input.elf.shdrs().iter().enumerate().skip(1).any(|(i, s)| {
+        i != input.fatbin.index
+            && s.sh_size(LE) > 0
+            && s.sh_flags(LE) & u64::from(elf::SHF_ALLOC) != 0
+            && s.sh_addr(LE) < x_end
+            && s.sh_addr(LE) + s.sh_size(LE) > from
+    })
+}
+
+/// Does an allocated section with `flag` lie in `[start, end)`?
+fn holds(elf: &ElfView, start: u64, end: u64, flag: u32) -> bool {
     elf.shdrs().iter().any(|s| {
         let (addr, size) = (s.sh_addr(LE), s.sh_size(LE));
-        s.sh_flags(LE) & u64::from(elf::SHF_EXECINSTR) != 0 && addr < end && addr + size > start
+        let flags = s.sh_flags(LE);
+        flags & u64::from(elf::SHF_ALLOC) != 0
+            && flags & u64::from(flag) != 0
+            && addr < end
+            && addr + size > start
     })
 }
 
@@ -985,9 +1144,10 @@ fn nobits_fatbin(input: &Input, plan: &Plan, mut t: SectionHeader) -> SectionHea
     t.sh_type.set(LE, elf::SHT_NOBITS);
     if plan.split {
         let addr = f.addr + plan.keep;
+        let end = if plan.gap { addr } else { plan.cut_addr_end };
         t.sh_addr.set(LE, addr);
         t.sh_offset.set(LE, plan.cut.end - plan.cut.removed);
-        t.sh_size.set(LE, plan.cut_addr_end - addr);
+        t.sh_size.set(LE, end - addr);
     } else {
         let start = align_up(plan.payload_len, 16).min(f.size);
         t.sh_addr.set(LE, f.addr + start);

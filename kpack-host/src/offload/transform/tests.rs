@@ -47,6 +47,9 @@ struct Spec {
     /// A GNU build-id note right after the program header table (with a
     /// PT_NOTE), as GNU ld and lld lay them out.
     note: bool,
+    /// A small read-only section `.trailer` right after `.hip_fatbin`, in
+    /// X: X goes on after the section (as when `.eh_frame` follows it).
+    trailer: bool,
 }
 
 impl Default for Spec {
@@ -60,6 +63,7 @@ impl Default for Spec {
             stray_reloc: false,
             align: PAGE,
             note: false,
+            trailer: true,
         }
     }
 }
@@ -132,6 +136,10 @@ fn build(spec: &Spec) -> Vec<u8> {
     if spec.note {
         w.reserve_section_index();
     }
+    let trailer_name = w.add_section_name(b".trailer");
+    if spec.trailer {
+        w.reserve_section_index();
+    }
     w.reserve_null_dynamic_symbol_index();
     let fatbin_sym = w.add_dynamic_string(b"__hip_fatbin");
     w.reserve_dynamic_symbol_index();
@@ -147,7 +155,9 @@ fn build(spec: &Spec) -> Vec<u8> {
     w.reserve_until(PAGE as usize);
     let fat_off = w.reserve(bundles.len(), 1) as u64;
     let fat_end = fat_off + bundles.len() as u64;
-    let rw_off = fat_end.div_ceil(PAGE) * PAGE;
+    let trailer_len = if spec.trailer { TRAILER.len() } else { 0 };
+    let x_end = w.reserve(trailer_len, 1) as u64 + trailer_len as u64;
+    let rw_off = x_end.div_ceil(PAGE) * PAGE;
     w.reserve_until(rw_off as usize);
     let wrap_off = w.reserve(24 * nw, 1) as u64;
     let data_off = w.reserve(8, 1) as u64;
@@ -173,7 +183,7 @@ fn build(spec: &Spec) -> Vec<u8> {
     let rw_flags = elf::PF_R | elf::PF_W;
     let a = spec.align;
     w.write_program_header(&segment(elf::PT_PHDR, elf::PF_R, phoff, phoff, table, 8));
-    w.write_program_header(&segment(elf::PT_LOAD, x_flags, 0, 0, fat_end, a));
+    w.write_program_header(&segment(elf::PT_LOAD, x_flags, 0, 0, x_end, a));
     w.write_program_header(&segment(
         elf::PT_LOAD,
         rw_flags,
@@ -221,6 +231,9 @@ fn build(spec: &Spec) -> Vec<u8> {
     }
     w.pad_until(fat_off as usize);
     w.write(&bundles);
+    if spec.trailer {
+        w.write(TRAILER);
+    }
     w.pad_until(rw_off as usize);
     for _ in 0..nw {
         let wrapper = Wrapper {
@@ -284,9 +297,16 @@ fn build(spec: &Spec) -> Vec<u8> {
             ..progbits(note_name, alloc, note_off, note_off, NOTE.len() as u64, 4)
         });
     }
+    if spec.trailer {
+        let len = TRAILER.len() as u64;
+        w.write_section_header(&progbits(trailer_name, alloc, fat_end, fat_end, len, 1));
+    }
     assert_eq!(w.reserved_len(), w.len());
     out
 }
+
+/// What `.trailer` holds.
+const TRAILER: &[u8] = b"after the bundles";
 
 /// A GNU build-id note: namesz 4, descsz 20, NT_GNU_BUILD_ID, "GNU\0".
 const NOTE: &[u8] = b"\x04\0\0\0\x14\0\0\0\x03\0\0\0GNU\0ABCDEFGHIJKLMNOPQRST";
@@ -328,16 +348,59 @@ fn analyze_derives_co_index_from_the_pointer() {
     assert_eq!(input.bundles, 2);
 }
 
+/// A writable segment holding `.hip_fatbin` (what `INSERT AFTER .bss`
+/// linker scripts make): its bytes before the section stay a writable
+/// segment of their own, the metadata's pages become a read-only one.
+#[test]
+fn a_writable_segment_is_split_around_the_metadata() {
+    let spec = Spec {
+        writable: true,
+        ..Spec::default()
+    };
+    let (b, t, t_bytes) = transformed(&spec);
+    let before = ElfView::parse(b).unwrap();
+    let out = ElfView::parse(&t_bytes).unwrap();
+    let loads: Vec<_> = out.phdrs().iter().filter(|p| p.is_load()).collect();
+    let holding = |addr: u64| {
+        loads
+            .iter()
+            .find(|p| p.mem_contains(addr, 1))
+            .map(|p| p.p_flags(LE))
+            .unwrap()
+    };
+    assert_eq!(holding(t.metadata_addr), elf::PF_R);
+    // W1 holds no writable section here (the synthetic binary's dynamic
+    // tables): it is not writable either (eu-elflint flags a writable
+    // segment without one); X2 (`.trailer`) neither.
+    assert_eq!(holding(0), elf::PF_R);
+    // W1, X1 (read-only) and X2.
+    assert_eq!(out.phdrs().len(), before.phdrs().len() + 2);
+    // Pages were removed, and every address the input had is still mapped.
+    assert!(t.removed > 0);
+    let end = |e: &ElfView| {
+        e.phdrs()
+            .iter()
+            .filter(|p| p.is_load())
+            .map(|p| p.p_vaddr(LE) + p.p_memsz(LE))
+            .max()
+    };
+    assert_eq!(end(&out), end(&before));
+    // A fat binary too small to spare a page beside the metadata is
+    // refused, saying why.
+    let small = build(&Spec {
+        writable: true,
+        bundles: vec![100],
+        ..Spec::default()
+    });
+    assert!(matches!(
+        super::transform(&small, META),
+        Err(TransformError::FatbinWritable { .. })
+    ));
+}
+
 #[test]
 fn analyze_refuses_what_cannot_be_rewritten() {
     let err = |spec: Spec| analyze(&build(&spec)).err().unwrap();
-    assert_eq!(
-        err(Spec {
-            writable: true,
-            ..Spec::default()
-        }),
-        TransformError::FatbinWritable
-    );
     assert!(matches!(
         err(Spec {
             wrappers: vec![None],
@@ -411,10 +474,33 @@ fn plan_cuts_whole_pages_and_moves_the_block_after_the_table() {
     assert_eq!(p.map_off(PAGE), Some(PAGE));
 }
 
+/// `.hip_fatbin` ends X, its last page partial: no segment is made of
+/// that page alone (strip and objcopy lay out a segment without sections
+/// at an offset that breaks it); its bytes stay in the file, zeroed and
+/// unmapped, and X1 ends with the removed pages.
+#[test]
+fn a_tail_of_nothing_but_the_section_makes_no_segment() {
+    let spec = Spec {
+        trailer: false,
+        ..Spec::default()
+    };
+    let (b, t, t_bytes) = transformed(&spec);
+    let before = ElfView::parse(b).unwrap();
+    let out = ElfView::parse(&t_bytes).unwrap();
+    assert_eq!(out.phdrs().len(), before.phdrs().len());
+    let x1 = out.phdrs()[1];
+    assert_eq!(x1.p_vaddr(LE) + x1.p_memsz(LE), 4 * PAGE);
+    assert_eq!(t.removed, 2 * PAGE);
+    // The last partial page: in the file, all zeros.
+    let tail = &t_bytes[2 * PAGE as usize..2 * PAGE as usize + 100];
+    assert!(tail.iter().all(|&c| c == 0));
+}
+
 #[test]
 fn plan_without_a_tail_needs_no_new_segment() {
     let b = build(&Spec {
         fatbin_ends_on_page: true,
+        trailer: false,
         ..Spec::default()
     });
     let input = analyze(&b).unwrap();
@@ -698,6 +784,7 @@ fn restore_puts_the_pages_back() {
     let spec = Spec {
         bundles: vec![PAGE as usize, 2 * PAGE as usize],
         wrappers: vec![Some(0), Some(1)],
+        trailer: false,
         ..Spec::default()
     };
     let b = build(&spec);

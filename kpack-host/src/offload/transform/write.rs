@@ -6,7 +6,7 @@ use object::elf;
 use object::read::elf::{FileHeader as _, SectionHeader as _};
 
 use super::analyze::Input;
-use super::plan::{align_up, sections, Form, Plan};
+use super::plan::{align_up, metadata_header, sections, Form, Plan};
 use super::{Payload, TransformError};
 use crate::bytes::{put_u16, put_u32, put_u64, u16_at, u64_at};
 use crate::elf::{
@@ -292,22 +292,6 @@ fn append_metadata_header(
     shdrs[stri].sh_size.set(LE, new_str_size);
     shdrs.push(metadata_header(name_off, plan));
     Ok(())
-}
-
-fn metadata_header(name_off: u32, plan: &Plan) -> SectionHeader {
-    use object::{U32, U64};
-    SectionHeader {
-        sh_name: U32::new(LE, name_off),
-        sh_type: U32::new(LE, elf::SHT_PROGBITS),
-        sh_flags: U64::new(LE, u64::from(elf::SHF_ALLOC)),
-        sh_addr: U64::new(LE, plan.payload_addr),
-        sh_offset: U64::new(LE, plan.payload_off),
-        sh_size: U64::new(LE, plan.payload_len),
-        sh_link: U32::new(LE, 0),
-        sh_info: U32::new(LE, 0),
-        sh_addralign: U64::new(LE, 16),
-        sh_entsize: U64::new(LE, 0),
-    }
 }
 
 /// Symbols in moved sections follow them; those in the section's range
