@@ -875,6 +875,21 @@ fn print_listing(listing: &Listing) {
         Listing::FatBinary(f) => print_fat_binary(f),
         Listing::Archive(a) => print_archive(a),
         Listing::Offloaded(o) => print_offloaded(o),
+        Listing::CodeObject(c) => print_code_object(c),
+    }
+}
+
+fn print_code_object(c: &inspect::CodeObjectListing) {
+    let target = c.target.as_deref().unwrap_or("an unrecorded target");
+    outln!(
+        "{}: AMDGPU code object for {}, {} bytes (device code on its own, not a host binary)",
+        c.file,
+        target,
+        c.file_size
+    );
+    outln!("kernels ({}):", c.kernels.len());
+    for k in &c.kernels {
+        outln!("  {k}");
     }
 }
 

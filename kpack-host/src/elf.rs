@@ -715,23 +715,23 @@ mod tests {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum MappingProblem {
     /// Its offset falls in no `PT_LOAD` (`PT_TLS` for a TLS section).
-    NotLoaded,
+    Unloaded,
     /// The first segment whose file window holds its offset ends before it
     /// does: a NOBITS section's offset landing in another segment's
     /// zero-filled window.
-    NotContained,
+    Uncontained,
     /// Not NOBITS, but its offset lies past the file bytes of that segment.
-    NotInFile,
+    OutsideFile,
 }
 
 impl MappingProblem {
     pub(crate) fn describe(self) -> &'static str {
         match self {
-            MappingProblem::NotLoaded => "its file offset lies in no loaded segment",
-            MappingProblem::NotContained => {
+            MappingProblem::Unloaded => "its file offset lies in no loaded segment",
+            MappingProblem::Uncontained => {
                 "its file offset lands in a segment that does not contain it (eu-elflint: not fully contained in segment)"
             }
-            MappingProblem::NotInFile => "it has bytes, but not in the file part of its segment",
+            MappingProblem::OutsideFile => "it has bytes, but not in the file part of its segment",
         }
     }
 }
@@ -764,16 +764,16 @@ pub(crate) fn offset_mapping_problems(
                 && ((rel <= filesz && (rel < filesz || size == 0)) || (rel < memsz && nobits))
         });
         let Some(p) = seg else {
-            out.push((i, MappingProblem::NotLoaded));
+            out.push((i, MappingProblem::Unloaded));
             continue;
         };
         let (p_off, filesz, memsz) = (p.p_offset(LE), p.p_filesz(LE), p.p_memsz(LE));
         if p_off.saturating_add(memsz) < off.saturating_add(size) {
-            out.push((i, MappingProblem::NotContained));
+            out.push((i, MappingProblem::Uncontained));
         }
         let end = p_off + filesz;
         if !nobits && (off > end || (off == end && size != 0)) {
-            out.push((i, MappingProblem::NotInFile));
+            out.push((i, MappingProblem::OutsideFile));
         }
     }
     out

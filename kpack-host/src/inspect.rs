@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::binary::{classify_parsed, BinaryKind, Class};
 use crate::bundle::Method;
 use crate::elf::ElfType;
-use crate::error::Result;
+use crate::error::{Result, WithPath};
 use crate::fatbin::{device_code, Container, DeviceCode, FatBinary};
 use crate::hipk::{Wrapper, HIPF_MAGIC, HIPK_MAGIC};
 use crate::input::map_file;
@@ -20,6 +20,19 @@ pub enum Listing {
     FatBinary(FatBinaryListing),
     Archive(ArchiveListing),
     Offloaded(OffloadedListing),
+    CodeObject(CodeObjectListing),
+}
+
+/// An AMDGPU code object on its own (device code, not a host binary: wheels
+/// such as amd-aiter ship thousands of `.co` files).
+#[derive(Debug, Serialize)]
+pub struct CodeObjectListing {
+    pub file: String,
+    pub file_size: u64,
+    /// The target ID its metadata note records; `None` without one.
+    pub target: Option<String>,
+    /// The kernels it defines (its `*.kd` symbols), sorted.
+    pub kernels: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -148,6 +161,15 @@ pub fn list(path: &Path) -> Result<Listing> {
     let classified = classify_parsed(&mapped);
     if classified.class == Class::Archive {
         return Ok(Listing::Archive(archive_listing(path, file, file_size)?));
+    }
+    if classified.class == Class::CodeObject {
+        let kernels = crate::kernels::defined_kernels(&mapped).with_path(path)?;
+        return Ok(Listing::CodeObject(CodeObjectListing {
+            file,
+            file_size,
+            target: crate::kernels::code_object_target(&mapped),
+            kernels: kernels.into_iter().collect(),
+        }));
     }
     Ok(match device_code(path, &classified)? {
         DeviceCode::Fat(fat) => Listing::FatBinary(fat_listing(&fat, file, file_size)),

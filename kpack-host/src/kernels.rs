@@ -32,6 +32,32 @@ pub fn defined_kernels(code_object: &[u8]) -> Result<BTreeSet<String>, ElfError>
     Ok(out)
 }
 
+/// The target ID a code object was built for, as its AMDGPU metadata note
+/// records it (`amdhsa.target`, e.g. `amdgcn-amd-amdhsa--gfx90a:xnack-`;
+/// the part after `--`); `None` when it has no such note (code object
+/// version 2 and older).
+pub fn code_object_target(code_object: &[u8]) -> Option<String> {
+    use object::read::elf::{FileHeader as _, SectionHeader as _};
+    let header = object::elf::FileHeader64::<LittleEndian>::parse(code_object).ok()?;
+    let sections = header.sections(LittleEndian, code_object).ok()?;
+    for section in sections.iter() {
+        let Ok(Some(mut notes)) = section.notes(LittleEndian, code_object) else {
+            continue;
+        };
+        while let Ok(Some(note)) = notes.next() {
+            if note.name() == b"AMDGPU" && note.n_type(LittleEndian) == NT_AMDGPU_METADATA {
+                let md = crate::msgpack::decode(note.desc()).ok()?;
+                let target = crate::msgpack::get(&md, "amdhsa.target")?.as_str()?;
+                return target.split_once("--").map(|(_, t)| t.to_owned());
+            }
+        }
+    }
+    None
+}
+
+/// The note type of an AMDGPU code object's metadata (MessagePack).
+const NT_AMDGPU_METADATA: u32 = 32;
+
 /// The names of `kernels` that `bin` does not carry as a NUL-terminated
 /// string in any allocated section with bytes in the file (ELF: every
 /// `SHF_ALLOC` section but the device code's own; PE: every section but

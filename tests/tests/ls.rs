@@ -135,3 +135,42 @@ fn closed_stdout_ends_quietly() {
         "{stderr}"
     );
 }
+
+/// A bare AMDGPU code object (what wheels such as amd-aiter ship as `.co`
+/// files) is described as one: the target its metadata note records and
+/// the kernels it defines, against clang-offload-bundler's extraction of
+/// the fixture's code objects and llvm-nm's `.kd` symbols.
+#[test]
+fn a_bare_code_object_says_what_it_is() {
+    let f = fixture("libwide.so");
+    let dir = tempfile::tempdir().unwrap();
+    for ((co, target), bytes) in code_objects(&f.path) {
+        let path = dir
+            .path()
+            .join(format!("k{co}-{}.co", target.replace(':', "_")));
+        std::fs::write(&path, &bytes).unwrap();
+        let v = ls_json(&path);
+        assert_eq!(v["kind"], "code_object", "{target}");
+        assert_eq!(v["target"].as_str().map(canon), Some(canon(&target)));
+        let nm = std::process::Command::new(kpack_testkit::oracle::llvm_bin().join("llvm-nm"))
+            .arg(&path)
+            .output()
+            .unwrap();
+        let mut kd: Vec<String> = String::from_utf8_lossy(&nm.stdout)
+            .lines()
+            .filter_map(|l| l.rsplit(' ').next()?.strip_suffix(".kd").map(String::from))
+            .collect();
+        kd.sort();
+        kd.dedup();
+        let listed: Vec<String> = v["kernels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k.as_str().unwrap().to_string())
+            .collect();
+        assert!(!kd.is_empty());
+        assert_eq!(listed, kd, "{target}");
+        let text = kpack_ok(&[&"ls", &path]);
+        assert!(text.contains("AMDGPU code object for"), "{text}");
+    }
+}

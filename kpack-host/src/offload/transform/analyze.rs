@@ -360,19 +360,27 @@ fn in_headers<'a>(elf: &'a ElfView) -> impl Fn(u64) -> bool + 'a {
 pub(crate) fn analyze_offloaded(elf: ElfView<'_>) -> Result<(Input<'_>, Hole), TransformError> {
     let kinds = rewritable(&elf)?;
     let (fatbin, meta) = offloaded_sections(&elf)?;
-    let (xi, x) = holding_segment(&elf, &meta)?;
-    let (x, gap) = with_gap_as_tail(&elf, x, &fatbin);
+    let (mi, m) = holding_segment(&elf, &meta)?;
     // The metadata is read-only (formats.md §4.2); kpack never writes it
     // elsewhere.
-    if x.p_flags(LE) & elf::PF_W != 0 {
+    if m.p_flags(LE) & elf::PF_W != 0 {
         return Err(not_restorable(
             "its metadata lies in a writable segment (not a binary kpack offloaded)",
         ));
     }
+    // The metadata in the section's first page, or in a segment of its own
+    // after the rest (the section was in the middle of a writable one):
+    // then the bundles go back where the section is, after that segment's
+    // file bytes.
+    let (xi, x, start_at) = match segment_ending_at(&elf, &fatbin, &m) {
+        Some((i, x)) => (i, x, Fatbin { size: 0, ..fatbin }),
+        None => (mi, m, meta),
+    };
+    let (x, gap) = with_gap_as_tail(&elf, x, &fatbin);
     let unit = page_unit(&elf)?;
     let x2 = segment_after_tail(&elf, &x, unit)?;
     let x_end = x.p_vaddr(LE) + x.p_memsz(LE);
-    let (start, end) = free_range(&elf, &fatbin, &meta, x_end)?;
+    let (start, end) = free_range(&elf, &fatbin, &start_at, x_end)?;
     let table = HostBinary::Elf(elf)
         .wrappers()
         .map_err(WrapperError::Table)?;
@@ -399,6 +407,24 @@ pub(crate) fn analyze_offloaded(elf: ElfView<'_>) -> Result<(Input<'_>, Hole), T
     Ok((input, hole))
 }
 
+/// The segment whose file bytes end where `.hip_fatbin` (NOBITS) starts,
+/// when that is not the metadata's segment `m`: offload put the metadata in
+/// a segment of its own.
+fn segment_ending_at(
+    elf: &ElfView,
+    fatbin: &Fatbin,
+    m: &ProgramHeader,
+) -> Option<(usize, ProgramHeader)> {
+    let ends_at = |p: &ProgramHeader| p.p_vaddr(LE) + p.p_filesz(LE) == fatbin.addr;
+    if ends_at(m) {
+        return None;
+    }
+    elf.phdrs()
+        .iter()
+        .position(|p| p.is_load() && ends_at(p))
+        .map(|i| (i, elf.phdrs()[i]))
+}
+
 /// X1 (`x`) with the unmapped gap offload left after it as its tail (an
 /// empty NOBITS `.hip_fatbin` at its end marks one): up to the next
 /// `PT_LOAD`'s page, or, with none, to the next unit boundary; `x` as it is
@@ -407,7 +433,9 @@ fn with_gap_as_tail(elf: &ElfView, x: ProgramHeader, fatbin: &Fatbin) -> (Progra
     let end = x.p_vaddr(LE) + x.p_memsz(LE);
     // The empty section at X1's end, or over the zeroed end of the range
     // after the gap.
-    if x.p_memsz(LE) != x.p_filesz(LE) || fatbin.addr < end || (fatbin.size == 0) != (fatbin.addr == end)
+    if x.p_memsz(LE) != x.p_filesz(LE)
+        || fatbin.addr < end
+        || (fatbin.size == 0) != (fatbin.addr == end)
     {
         return (x, false);
     }

@@ -143,6 +143,11 @@ pub struct Plan {
     /// in file offsets would take in later sections' offsets); `.hip_fatbin`
     /// is then an empty NOBITS section at the end of X1.
     pub gap: bool,
+    /// The payload (and the moved block) is in N, a read-only segment after
+    /// every other one, the section being in the middle of a writable
+    /// segment (a read-only segment there would sit among its data): N's
+    /// length.
+    pub at_end: Option<u64>,
 }
 
 impl Plan {
@@ -195,6 +200,15 @@ impl Plan {
         match self.notes.iter().find(|n| n.index == index) {
             Some(n) => n.new_addr.wrapping_sub(n.addr),
             None => self.block.map_or(0, |bl| bl.addr_delta),
+        }
+    }
+
+    /// Whether a symbol of `.hip_fatbin` at `value` (in `f`) names the
+    /// metadata afterwards: one in its kept part, or at its start.
+    pub(crate) fn names_metadata(&self, f: &Fatbin, value: u64) -> bool {
+        match self.at_end {
+            Some(_) => value == f.addr,
+            None => (f.addr..self.kept_end()).contains(&value),
         }
     }
 
@@ -307,17 +321,25 @@ fn plan_with(input: &Input, request: &Request, detach: bool) -> Result<Plan, Tra
     } else {
         None
     };
-    let (block, kept_len) = block_after_payload(f, block, meta_len);
+    // Where the payload goes: the section's first page(s), or, when the
+    // section lies in the middle of a writable segment, a read-only segment
+    // of its own after every other one (N).
+    let at = match r.at_end {
+        true => end_of_image(input, &r),
+        false => f,
+    };
+    let (block, used) = block_after_payload(at, block, meta_len);
+    let kept_len = if r.at_end { 0 } else { used };
     let (keep, split, cut) = kept_and_cut(input, &r, kept_len, meta_len)?;
     if separate && !split {
         return Err(TransformError::FatbinWritable {
             why: "and has no whole page beside the metadata",
         });
     }
-    let (form, wrappers, symbol_map) = wrappers_for(input, request)?;
+    let (form, wrappers, symbol_map) = wrappers_for(input, request, at.addr)?;
     let mut plan = Plan {
-        payload_addr: f.addr,
-        payload_off: f.offset,
+        payload_addr: at.addr,
+        payload_off: at.offset,
         payload_len: meta_len,
         form,
         wrappers,
@@ -335,6 +357,7 @@ fn plan_with(input: &Input, request: &Request, detach: bool) -> Result<Plan, Tra
         notes: Vec::new(),
         phdrs: Vec::new(),
         gap: r.detach && split,
+        at_end: (r.at_end && split).then_some(used),
     };
     if let Some(bl) = plan.block {
         plan.notes = place_notes(&input.elf, &bl, r.new_table_end);
@@ -365,6 +388,9 @@ struct Removal {
     w1: bool,
     /// The removed pages' range is left unmapped rather than X1's tail.
     detach: bool,
+    /// The payload goes into a new read-only segment after every other one
+    /// (the section is in the middle of a writable segment).
+    at_end: bool,
     /// Program headers the table would gain (X2, W1).
     grow: usize,
     /// End of the program header table in the file, before it grows and
@@ -390,8 +416,9 @@ impl Removal {
         let x_file_end = x.p_offset(LE) + x.p_filesz(LE);
         let goes_on = x_file_end > cut_end_if_split;
         let x2 = goes_on && holds_sections(input, cut_addr_end);
-        let w1 = separate && f.addr > x.p_vaddr(LE);
-        let grow = usize::from(x2) + usize::from(w1);
+        let at_end = separate && x2;
+        let w1 = separate && !at_end && f.addr > x.p_vaddr(LE);
+        let grow = usize::from(x2) + usize::from(w1) + usize::from(at_end);
         let phnum = input.elf.phdrs().len();
         Ok(Removal {
             cut_addr_end,
@@ -400,6 +427,7 @@ impl Removal {
             tail_dropped: goes_on && !x2,
             w1,
             detach,
+            at_end,
             grow,
             old_table_end: table_end(input, phnum),
             new_table_end: table_end(input, phnum + grow),
@@ -424,6 +452,42 @@ fn block_after_payload(
             )
         }
         None => (None, meta_len),
+    }
+}
+
+/// Where N (see [`Plan::at_end`]) goes: on the first unit boundary after
+/// every segment in memory, and after everything the output file keeps of
+/// the input (the section header table, which is written anew, aside).
+fn end_of_image(input: &Input, r: &Removal) -> Fatbin {
+    let elf = &input.elf;
+    let mem_end = elf
+        .phdrs()
+        .iter()
+        .filter(|p| p.is_load())
+        .map(|p| p.p_vaddr(LE) + p.p_memsz(LE))
+        .max()
+        .unwrap_or(0);
+    let f = input.fatbin;
+    let removed = r.cut_end_if_split - f.offset;
+    let file_end = body_end(elf, r.cut_end_if_split) - removed;
+    Fatbin {
+        index: f.index,
+        addr: align_up(mem_end, input.unit),
+        offset: align_up(file_end, input.unit),
+        size: 0,
+    }
+}
+
+/// Where the bytes the output keeps of the input end: before the section
+/// header table when it ends the file after `cut_end` (a new one is
+/// written), else at the end of the file.
+pub(super) fn body_end(elf: &ElfView, cut_end: u64) -> u64 {
+    let (shoff, len) = (elf.header().e_shoff(LE), elf.bytes().len() as u64);
+    let old_sh_end = shoff + (elf.shdrs().len() * crate::elf::SHDR_SIZE) as u64;
+    if old_sh_end == len && shoff >= cut_end {
+        shoff
+    } else {
+        len
     }
 }
 
@@ -461,14 +525,18 @@ fn kept_and_cut(
 /// at the metadata (offload), or HIPF at their pruned bundles.
 type WrapperPlan = (Form, Vec<WrapperOut>, Vec<(u64, u64)>);
 
-fn wrappers_for(input: &Input, request: &Request) -> Result<WrapperPlan, TransformError> {
+fn wrappers_for(
+    input: &Input,
+    request: &Request,
+    payload_addr: u64,
+) -> Result<WrapperPlan, TransformError> {
     let f = input.fatbin;
     let w = &input.wrappers;
     match request {
         Request::Offload { .. } => {
             let out = w.changes.iter().map(|c| WrapperOut {
                 magic: HIPK_MAGIC,
-                pointer: f.addr,
+                pointer: payload_addr,
                 reserved1: Some(u64::from(c.co_index)),
             });
             Ok((Form::Offloaded, out.collect(), Vec::new()))
@@ -604,6 +672,7 @@ pub(crate) fn plan_restore(
         notes: Vec::new(),
         phdrs: Vec::new(),
         gap: false,
+        at_end: None,
     };
     plan.phdrs = joined_segments(input, &plan)?;
     // The program header slot freed by joining X1 and X2.
@@ -975,7 +1044,26 @@ fn segments(input: &Input, plan: &Plan, r: &Removal) -> Result<Vec<ProgramHeader
         }
         out.push(q);
     }
+    if let Some(len) = plan.at_end {
+        let last_load = out.iter().rposition(|p| p.is_load()).map_or(0, |i| i + 1);
+        out.insert(last_load, payload_segment(plan, len, input.unit));
+    }
     Ok(out)
+}
+
+/// N: the payload's read-only segment after every other one.
+fn payload_segment(plan: &Plan, len: u64, unit: u64) -> ProgramHeader {
+    use object::{U32, U64};
+    ProgramHeader {
+        p_type: U32::new(LE, elf::PT_LOAD),
+        p_flags: U32::new(LE, elf::PF_R),
+        p_offset: U64::new(LE, plan.payload_off),
+        p_vaddr: U64::new(LE, plan.payload_addr),
+        p_paddr: U64::new(LE, plan.payload_addr),
+        p_filesz: U64::new(LE, len),
+        p_memsz: U64::new(LE, len),
+        p_align: U64::new(LE, unit),
+    }
 }
 
 /// W1 (a writable X's bytes before `.hip_fatbin`, when offload splits the
@@ -989,7 +1077,7 @@ fn split_x(input: &Input, plan: &Plan, r: &Removal) -> Vec<ProgramHeader> {
     let (x_off, x_vaddr) = (x.p_offset(LE), x.p_vaddr(LE));
     let mut parts = Vec::with_capacity(3);
     let mut x1 = x;
-    if input.writable && plan.form == Form::Offloaded {
+    if input.writable && plan.form == Form::Offloaded && plan.at_end.is_none() {
         if r.w1 {
             let mut w1 = x;
             w1.p_filesz.set(LE, f.offset - x_off);

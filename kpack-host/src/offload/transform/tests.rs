@@ -348,54 +348,86 @@ fn analyze_derives_co_index_from_the_pointer() {
     assert_eq!(input.bundles, 2);
 }
 
-/// A writable segment holding `.hip_fatbin` (what `INSERT AFTER .bss`
-/// linker scripts make): its bytes before the section stay a writable
-/// segment of their own, the metadata's pages become a read-only one.
+/// The flags of the `PT_LOAD` of `out` whose memory holds `addr`.
+fn flags_at(out: &ElfView, addr: u64) -> u32 {
+    out.phdrs()
+        .iter()
+        .find(|p| p.is_load() && p.mem_contains(addr, 1))
+        .map(|p| p.p_flags(LE))
+        .unwrap()
+}
+
+/// The end of the last `PT_LOAD` in memory.
+fn image_end(e: &ElfView) -> u64 {
+    e.phdrs()
+        .iter()
+        .filter(|p| p.is_load())
+        .map(|p| p.p_vaddr(LE) + p.p_memsz(LE))
+        .max()
+        .unwrap()
+}
+
+/// A writable segment ending with `.hip_fatbin` (what `INSERT AFTER .bss`
+/// linker scripts make): its bytes before the section stay a segment of
+/// their own, the metadata's pages become a read-only one.
 #[test]
 fn a_writable_segment_is_split_around_the_metadata() {
     let spec = Spec {
         writable: true,
+        trailer: false,
         ..Spec::default()
     };
     let (b, t, t_bytes) = transformed(&spec);
     let before = ElfView::parse(b).unwrap();
     let out = ElfView::parse(&t_bytes).unwrap();
-    let loads: Vec<_> = out.phdrs().iter().filter(|p| p.is_load()).collect();
-    let holding = |addr: u64| {
-        loads
-            .iter()
-            .find(|p| p.mem_contains(addr, 1))
-            .map(|p| p.p_flags(LE))
-            .unwrap()
-    };
-    assert_eq!(holding(t.metadata_addr), elf::PF_R);
+    assert_eq!(flags_at(&out, t.metadata_addr), elf::PF_R);
     // W1 holds no writable section here (the synthetic binary's dynamic
     // tables): it is not writable either (eu-elflint flags a writable
-    // segment without one); X2 (`.trailer`) neither.
-    assert_eq!(holding(0), elf::PF_R);
-    // W1, X1 (read-only) and X2.
-    assert_eq!(out.phdrs().len(), before.phdrs().len() + 2);
-    // Pages were removed, and every address the input had is still mapped.
+    // segment without one).
+    assert_eq!(flags_at(&out, 0), elf::PF_R);
+    // W1 and X1 (read-only).
+    assert_eq!(out.phdrs().len(), before.phdrs().len() + 1);
     assert!(t.removed > 0);
-    let end = |e: &ElfView| {
-        e.phdrs()
-            .iter()
-            .filter(|p| p.is_load())
-            .map(|p| p.p_vaddr(LE) + p.p_memsz(LE))
-            .max()
-    };
-    assert_eq!(end(&out), end(&before));
-    // A fat binary too small to spare a page beside the metadata is
-    // refused, saying why.
-    let small = build(&Spec {
+    assert_eq!(image_end(&out), image_end(&before));
+    // A section that does not start on a page boundary cannot have its
+    // pages split off: refused, saying why.
+    let mut input = analyze(b).unwrap();
+    input.fatbin.addr += 16;
+    input.fatbin.offset += 16;
+    let e = plan(&input, &offload_request()).err();
+    assert!(
+        matches!(e, Some(TransformError::FatbinWritable { why }) if why.contains("page boundary")),
+        "{e:?}"
+    );
+}
+
+/// `.hip_fatbin` in the middle of a writable segment: the metadata (and
+/// the moved block) go into a read-only segment of their own after every
+/// other one (one among the segment's data would sit between relocated
+/// words and the symbols they name); the section's range stays the
+/// segment's, zero-filled or unmapped, the rest of the segment after it.
+#[test]
+fn a_writable_segment_keeps_its_range_and_the_metadata_goes_last() {
+    let spec = Spec {
         writable: true,
-        bundles: vec![100],
         ..Spec::default()
-    });
-    assert!(matches!(
-        super::transform(&small, META),
-        Err(TransformError::FatbinWritable { .. })
-    ));
+    };
+    let b = build(&spec);
+    let t = super::transform(&b, META).unwrap();
+    let t_bytes = t.to_vec();
+    let v = verify_elf(&t_bytes, Some(t.bundles)).unwrap();
+    let (before, out) = (
+        ElfView::parse(&b).unwrap(),
+        ElfView::parse(&t_bytes).unwrap(),
+    );
+    assert_eq!(v.metadata_addr, t.metadata_addr);
+    assert!(t.metadata_addr >= image_end(&before));
+    assert_eq!(flags_at(&out, t.metadata_addr), elf::PF_R);
+    assert!(t.removed > 0);
+    // X2 (`.trailer`) and N.
+    assert_eq!(out.phdrs().len(), before.phdrs().len() + 2);
+    let trailer = out.section(".trailer").unwrap().unwrap();
+    assert_eq!(trailer.data, TRAILER);
 }
 
 #[test]

@@ -113,7 +113,10 @@ fn check_offset_mapping(elf: &ElfView, found: &mut Findings) {
         };
         if name == FATBIN_SECTION || name == METADATA_SECTION {
             let what = format!("section {name}: {}", p.describe());
-            found.quirk(format!("{what} (readers that map sections by file offset complain)"), what);
+            found.quirk(
+                format!("{what} (readers that map sections by file offset complain)"),
+                what,
+            );
         }
     }
 }

@@ -6,7 +6,7 @@ use object::elf;
 use object::read::elf::{FileHeader as _, SectionHeader as _};
 
 use super::analyze::Input;
-use super::plan::{align_up, metadata_header, sections, Form, Plan};
+use super::plan::{align_up, body_end, metadata_header, sections, Form, Plan};
 use super::{Payload, TransformError};
 use crate::bytes::{put_u16, put_u32, put_u64, u16_at, u64_at};
 use crate::elf::{
@@ -49,6 +49,10 @@ pub fn output<'a>(
     payload: &Payload,
 ) -> Result<Image<'a>, TransformError> {
     let mut out = body(input, plan)?;
+    if let Some(len) = plan.at_end {
+        // N, after the rest: the payload and the moved block go there.
+        out.resize(plan.payload_off + len);
+    }
     write_wrappers(&mut out, input, plan)?;
     move_block(&mut out, plan)?;
     write_phdrs(&mut out, input, plan, payload)?;
@@ -84,13 +88,7 @@ fn read_array<const N: usize>(out: &Image, at: u64, what: &str) -> Result<[u8; N
 /// metadata byte stays where it no longer belongs.
 fn body<'a>(input: &Input<'a>, plan: &Plan) -> Result<Image<'a>, TransformError> {
     let (elf, b, cut) = (&input.elf, input.elf.bytes(), plan.cut);
-    let (shoff, len) = (elf.header().e_shoff(LE), b.len() as u64);
-    let old_sh_end = shoff + (elf.shdrs().len() * SHDR_SIZE) as u64;
-    let body_end = if old_sh_end == len && shoff >= cut.end {
-        shoff
-    } else {
-        len
-    };
+    let body_end = body_end(elf, cut.end);
     for (i, sh) in elf.shdrs().iter().enumerate().skip(1) {
         if file_size(sh) > 0 && sh.sh_offset(LE) + sh.sh_size(LE) > body_end {
             return Err(ElfError::BadSection {
@@ -396,7 +394,7 @@ fn symbol_target(
         |i: usize| u16::try_from(i).map_err(|_| ElfError::Malformed("too many sections".into()));
     let (start, end) = (plan.payload_addr, plan.payload_addr + plan.payload_len);
     Ok(match plan.form {
-        Form::Offloaded if shndx == f.index && (f.addr..plan.kept_end()).contains(&value) => {
+        Form::Offloaded if shndx == f.index && plan.names_metadata(&f, value) => {
             Some((index(shdrs.len() - 1)?, plan.payload_addr))
         }
         Form::Pruned if shndx == f.index && (f.addr..=f.end()).contains(&value) => {
