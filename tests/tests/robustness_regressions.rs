@@ -436,3 +436,20 @@ fn error_messages_do_not_repeat_their_cause() {
         "{err}"
     );
 }
+
+/// Found by the `offload` fuzz target (`note-overlapping-the-moved-block.so`):
+/// a note section overlapping the dynamic tables after it (its size
+/// mutated) was placed apart from the moved block, taking those tables'
+/// bytes with it as they were, while their rewritten copy moved with the
+/// block: a wrapper's relocation then still pointed at the removed bytes.
+/// Such a note now moves with the block; the output verifies.
+#[test]
+fn a_note_overlapping_other_sections_moves_with_the_block() {
+    let b =
+        fs::read(workspace().join("fuzz/regressions/offload/note-overlapping-the-moved-block.so"))
+            .unwrap();
+    let t = transform::transform(&b, &meta()).unwrap();
+    let v = kpack_host::offload::verify_elf(&t.to_vec(), Some(t.bundles)).unwrap();
+    assert_eq!(v.metadata_addr, t.metadata_addr);
+    assert_eq!(v.co_indices.len(), t.wrappers.len());
+}

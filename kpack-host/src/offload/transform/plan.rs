@@ -801,6 +801,12 @@ fn notes_in(elf: &ElfView, bl: &BlockMove) -> Vec<usize> {
 /// difference); none if they do not all fit inside the block's old range.
 fn place_notes(elf: &ElfView, bl: &BlockMove, table_end: u64) -> Vec<NotePlace> {
     let notes = notes_in(elf, bl);
+    // A note that overlaps another section cannot go its own way: that
+    // section's bytes would be copied with the note's, and the section's
+    // own (rewritten) copy moved with the block.
+    if notes.iter().any(|&i| overlaps_another(elf, i)) {
+        return Vec::new();
+    }
     let bias = bl.start_addr.wrapping_sub(bl.start_off);
     let mut pos = table_end;
     let mut placed = Vec::with_capacity(notes.len());
@@ -821,6 +827,15 @@ fn place_notes(elf: &ElfView, bl: &BlockMove, table_end: u64) -> Vec<NotePlace> 
         return Vec::new();
     }
     placed
+}
+
+/// Whether section `i`'s file bytes overlap another section's.
+fn overlaps_another(elf: &ElfView, i: usize) -> bool {
+    let s = &elf.shdrs()[i];
+    let (start, end) = (s.sh_offset(LE), s.sh_offset(LE) + file_size(s));
+    sections_overlapping(elf, start, end)
+        .into_iter()
+        .any(|j| j != i)
 }
 
 /// `bl` moved to address `new_addr` in the kept pages of the section at
