@@ -976,6 +976,10 @@ fn print_offloaded(o: &inspect::OffloadedListing) {
     for p in &o.search_paths {
         outln!("  {p}");
     }
+    match &o.targets {
+        Some(t) => outln!("split for targets ({}): {}", t.len(), t.join(", ")),
+        None => outln!("split for targets: not recorded (no kpack_targets in the metadata)"),
+    }
     outln!("metadata at address {:#x}", o.metadata_address);
     print_wrappers(&o.wrappers);
 }

@@ -37,7 +37,7 @@ use kpack_bundle::list_fatbin;
 use kpack_host::binary::{classify_parsed, could_be_binary, Class, Classified};
 use kpack_host::offload::collect::{collect, CollectOptions, Located};
 use kpack_host::offload::{archive_file_name, GFXARCH};
-use kpack_host::offload::{archive_key, rewrite_binary, write_rewritten};
+use kpack_host::offload::{archive_key, rewrite_binary, split_targets, write_rewritten};
 use kpack_host::{ArchiveWriter, FrameParams, KernelData, WithPath};
 
 /// One `.kpack` archive written by split or pack-tree.
@@ -381,17 +381,14 @@ impl Packer<'_> {
             .ok_or_else(|| ArtifactError::input(&job.src, "file name is not valid UTF-8"))?;
         let bin = (classified.binary.as_ref())
             .map_err(|e| kpack_host::Error::binary(&job.src, e.clone()))?;
-        let metadata = HipkMetadata {
-            kernel_name: kernel_name.clone(),
-            search_paths: vec![job.search_path.clone()],
-        };
         // Bundles are listed from their entry tables (errors in them are
         // reported as the bundles' own, before the rewrite's).
         let section = fatbin_section(&job.src, classified)?;
-        let deferred = list_fatbin(section)
-            .with_path(&job.src)?
-            .iter()
-            .any(|b| b.compressed.is_some());
+        let bundles = list_fatbin(section).with_path(&job.src)?;
+        let deferred = bundles.iter().any(|b| b.compressed.is_some());
+        let keep = self.keep_target.map(|k| k as &dyn Fn(&str) -> bool);
+        let metadata = HipkMetadata::new(kernel_name.clone(), vec![job.search_path.clone()])
+            .with_targets(split_targets(&bundles, keep));
         let t = rewrite_binary(&job.src, bin, &metadata)?;
         let source = File::open(&job.src).map_err(|e| ArtifactError::io(&job.src, e))?;
         create_file(&job.dst, job.mode, |f| {

@@ -115,6 +115,10 @@ pub struct OffloadedListing {
     pub pe_kind: Option<PeKind>,
     pub kernel_name: String,
     pub search_paths: Vec<String>,
+    /// The targets its code objects were split for (`kpack_targets`);
+    /// `null` when the metadata does not record them (the reference tools,
+    /// older kpack).
+    pub targets: Option<Vec<String>>,
     pub metadata_address: u64,
     pub wrappers: Vec<WrapperListing>,
 }
@@ -164,6 +168,7 @@ pub fn list(path: &Path) -> Result<Listing> {
             },
             kernel_name: o.metadata.kernel_name.clone(),
             search_paths: o.metadata.search_paths.clone(),
+            targets: o.metadata.targets.clone(),
             metadata_address: o.metadata_addr,
             wrappers: wrappers(&o.wrappers),
         }),

@@ -161,10 +161,10 @@ mod tests {
             "gfx90a",
             &["lib/x.so#0", "lib/x.so#1"],
         );
-        let meta = crate::hipk::HipkMetadata {
-            kernel_name: "lib/x.so".into(),
-            search_paths: vec!["../.kpack/lib_@GFXARCH@.kpack".into()],
-        };
+        let meta = crate::hipk::HipkMetadata::new(
+            "lib/x.so",
+            vec!["../.kpack/lib_@GFXARCH@.kpack".into()],
+        );
         let bin = dir.path().join("lib/x.so");
         let loader = Loader::new(Config::default());
         let (r, t) = loader.explain(&meta, &bin, 1, &["amdgcn-amd-amdhsa--gfx90a:xnack-"]);

@@ -419,11 +419,7 @@ mod tests {
     use std::sync::Mutex as StdMutex;
 
     fn meta(kernel_name: &str, paths: &[&str]) -> Vec<u8> {
-        HipkMetadata {
-            kernel_name: kernel_name.into(),
-            search_paths: paths.iter().map(|p| p.to_string()).collect(),
-        }
-        .encode()
+        HipkMetadata::new(kernel_name, paths.iter().map(|p| p.to_string()).collect()).encode()
     }
 
     fn code(key: &str, target: &str) -> Vec<u8> {
@@ -482,11 +478,7 @@ mod tests {
             &b""[..],
             b"\xc1",
             b"\x90",
-            &HipkMetadata {
-                kernel_name: "x".into(),
-                search_paths: vec![],
-            }
-            .encode(),
+            &HipkMetadata::new("x", vec![]).encode(),
         ] {
             assert!(matches!(
                 quiet().load_code_object(bad, &bin, 0, &["gfx900"]),

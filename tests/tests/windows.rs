@@ -507,11 +507,7 @@ fn artifact_pipelines_take_dlls() {
 #[test]
 fn mutated_images_never_panic() {
     use kpack_host::offload::pe::{transform, verify_pe};
-    let meta = HipkMetadata {
-        kernel_name: "bin/x.dll".into(),
-        search_paths: vec!["../.kpack/x_@GFXARCH@.kpack".into()],
-    }
-    .encode();
+    let meta = HipkMetadata::new("bin/x.dll", vec!["../.kpack/x_@GFXARCH@.kpack".into()]).encode();
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut produced = 0;
     for name in ["windows/vadd.dll", "windows/multi.dll", "windows/vadd.exe"] {

@@ -29,7 +29,7 @@ use serde::Serialize;
 
 use crate::archive::{Scheme, DEFAULT_ZSTD_LEVEL};
 use crate::binary::{classify_parsed, Class, Classified, HostBinary};
-use crate::bundle::{list_fatbin, parse_fatbin};
+use crate::bundle::{list_fatbin, parse_fatbin, BundleInfo};
 use crate::error::{Error, Result, WithPath};
 use crate::hipk::HipkMetadata;
 use crate::input::{map_file, Mapped};
@@ -255,11 +255,9 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
         .with_path(input)?
         .ok_or_else(|| not_fat(input, Some(&bin)))?;
     // The bundles, from their entry tables.
-    let compressed = list_fatbin(section.data)
-        .with_path(input)?
-        .iter()
-        .any(|b| b.compressed.is_some());
-    let metadata = metadata_for(output, opts)?;
+    let bundles = list_fatbin(section.data).with_path(input)?;
+    let compressed = bundles.iter().any(|b| b.compressed.is_some());
+    let metadata = metadata_for(output, opts)?.with_targets(split_targets(&bundles, None));
     // The host binary, written beside the output and checked before any
     // archive is written; renamed into place last. Directories made for it
     // and the archives are removed again if anything fails.
@@ -382,10 +380,31 @@ fn metadata_for(output: &Path, opts: &OffloadOptions) -> Result<HipkMetadata> {
             search_paths.push(p.clone());
         }
     }
-    Ok(HipkMetadata {
-        kernel_name,
-        search_paths,
-    })
+    Ok(HipkMetadata::new(kernel_name, search_paths))
+}
+
+/// The targets whose code objects an offload of a binary with these
+/// bundles puts into archives (those `keep` takes; all without it): what
+/// its metadata records as `kpack_targets`, sorted.
+pub fn split_targets(bundles: &[BundleInfo], keep: Option<&dyn Fn(&str) -> bool>) -> Vec<String> {
+    let targets: std::collections::BTreeSet<&str> = bundles
+        .iter()
+        .flat_map(|b| b.entries.iter())
+        .filter(|e| !e.is_host())
+        .map(|e| e.target())
+        .filter(|t| keep.is_none_or(|k| k(t)))
+        .collect();
+    targets.into_iter().map(str::to_owned).collect()
+}
+
+/// [`split_targets`] of every bundle of a parsed binary (none when it has
+/// no bundle section).
+pub fn fat_targets(path: &Path, bin: &HostBinary) -> Result<Vec<String>> {
+    let Some(section) = bin.fatbin().with_path(path)? else {
+        return Ok(Vec::new());
+    };
+    let bundles = list_fatbin(section.data).with_path(path)?;
+    Ok(split_targets(&bundles, None))
 }
 
 /// The frames the archive writers for `opts` make, if they compress.
