@@ -61,6 +61,9 @@ mod robustness_paths;
 mod robustness_regressions;
 mod robustness_threads;
 
+// Upstream's readers on kpack's outputs (optional: KPACK_UPSTREAM_PYTHON).
+mod upstream_readers;
+
 // The CMake package and a TheRock-shaped superbuild.
 mod cmake;
 mod superbuild;
