@@ -362,11 +362,16 @@ impl Loader {
             self.debug(format_args!("trying architecture: {arch}"));
             for target in targets {
                 if let Some(mut found) = search.find(target, &mut alloc)? {
-                    let (size, how) = match &mut found.0 {
-                        Loaded::Buffer(b) => (b.as_mut().len(), ""),
-                        Loaded::Mapped(m) => (m.len(), " (mapped from the archive, no copy)"),
+                    // Upstream's line exactly; kpack's remark on a line of
+                    // its own.
+                    let (size, mapped) = match &mut found.0 {
+                        Loaded::Buffer(b) => (b.as_mut().len(), false),
+                        Loaded::Mapped(m) => (m.len(), true),
                     };
-                    self.debug(format_args!("loaded code object: {size} bytes{how}"));
+                    self.debug(format_args!("loaded code object: {size} bytes"));
+                    if mapped {
+                        self.debug(format_args!("  (mapped from the archive, no copy)"));
+                    }
                     return Ok(found);
                 }
             }
