@@ -154,6 +154,30 @@ pub struct Classified<'a> {
     pub binary: Result<HostBinary<'a>, BinaryError>,
 }
 
+/// What kpack says about a file it leaves as it is although it looks like
+/// device code could be in it: a debug-info file, an offloaded binary, a
+/// relocatable object with device code, a binary whose `.hip_fatbin` holds
+/// none ([`HostBinary::empty_fatbin`]). The same words from offload,
+/// split, pack-tree and split-wheels, each adding what it does with the
+/// file. `None` for anything else (a fat binary, a host-only binary without
+/// a `.hip_fatbin`, a static archive, a file that is no binary).
+pub fn as_is_note(file: &Classified) -> Option<String> {
+    Some(match &file.class {
+        Class::DebugOnly => {
+            "a debug-info file (NOBITS .hip_fatbin, no metadata): no device code".to_string()
+        }
+        Class::Offloaded => "already offloaded".to_string(),
+        Class::Relocatable { device_code: true } => {
+            "a link input (relocatable object) with device code".to_string()
+        }
+        Class::HostOnly => {
+            let why = file.binary.as_ref().ok()?.empty_fatbin()?;
+            format!("no device code ({why})")
+        }
+        _ => return None,
+    })
+}
+
 /// Why the host binary `bytes` carries no device code, when it is one
 /// that carries none ([`Class::HostOnly`]): `no .hip_fatbin section`, or
 /// what is wrong with the one it has. Offload, split and split-wheels copy

@@ -313,33 +313,13 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
 /// What to do with an input that is not a fat binary: copy it unchanged
 /// (with this outcome and note), or refuse it. `None` for a fat binary.
 fn pass_through(input: &Path, file: &Classified) -> Result<Option<(Outcome, String)>> {
-    let (outcome, note) = match &file.class {
+    let outcome = match &file.class {
         Class::Fat => return Ok(None),
-        Class::StaticArchive => (
-            Outcome::LinkInput,
-            "static archive: a link input, copied unchanged",
-        ),
-        Class::Relocatable { .. } => (
-            Outcome::LinkInput,
-            "relocatable object: a link input, copied unchanged",
-        ),
-        Class::Offloaded => (
-            Outcome::AlreadyOffloaded,
-            "already offloaded: left as it is",
-        ),
-        Class::DebugOnly => (
-            Outcome::DebugOnly,
-            "debug-info file (NOBITS .hip_fatbin, no metadata): no device code, copied unchanged",
-        ),
+        Class::StaticArchive | Class::Relocatable { .. } => Outcome::LinkInput,
+        Class::Offloaded => Outcome::AlreadyOffloaded,
+        Class::DebugOnly => Outcome::DebugOnly,
         Class::Inconsistent(why) => return Err(why.clone()).with_path(input),
-        Class::HostOnly => {
-            let bin = file.binary.as_ref().ok();
-            let Some(why) = bin.and_then(crate::binary::no_device_code) else {
-                return Err(not_fat(input, bin));
-            };
-            let note = format!("no device code ({why}): copied unchanged, no archive");
-            return Ok(Some((Outcome::HostOnly, note)));
-        }
+        Class::HostOnly => Outcome::HostOnly,
         Class::CodeObject => {
             return Err(Error::request(
                 input,
@@ -353,7 +333,23 @@ fn pass_through(input: &Path, file: &Classified) -> Result<Option<(Outcome, Stri
             })
         }
     };
-    Ok(Some((outcome, note.to_string())))
+    // The words every command uses for such a file, else offload's own.
+    let note = match (crate::binary::as_is_note(file), &file.class) {
+        (Some(n), Class::Offloaded) => format!("{n}: left as it is"),
+        (Some(n), _) => format!("{n}: copied unchanged"),
+        (None, Class::StaticArchive) => "a link input (static archive): copied unchanged".into(),
+        (None, Class::Relocatable { .. }) => {
+            "a link input (relocatable object): copied unchanged".into()
+        }
+        (None, _) => {
+            let bin = file.binary.as_ref().ok();
+            let Some(why) = bin.and_then(crate::binary::no_device_code) else {
+                return Err(not_fat(input, bin));
+            };
+            format!("no device code ({why}): copied unchanged, no archive")
+        }
+    };
+    Ok(Some((outcome, note)))
 }
 
 /// The HIPK metadata for `output`: the kernel name (default: the output's
