@@ -875,6 +875,34 @@ fn print_listing(listing: &Listing) {
         Listing::FatBinary(f) => print_fat_binary(f),
         Listing::Archive(a) => print_archive(a),
         Listing::Offloaded(o) => print_offloaded(o),
+        Listing::LinkInput(l) => print_link_input(l),
+    }
+}
+
+fn print_link_input(l: &kpack_host::link_input::LinkInputListing) {
+    let what = match l.container {
+        "static_archive" => "static archive",
+        _ => "relocatable object",
+    };
+    outln!(
+        "{}: link input ({what}), {} bytes: device code in {} object(s), not offloaded (link inputs are copied as they are)",
+        l.file,
+        l.file_size,
+        l.members.len()
+    );
+    outln!("targets ({}): {}", l.targets.len(), l.targets.join(", "));
+    for m in &l.members {
+        outln!("  {} ({}): {} image(s)", m.name, m.section, m.images.len());
+        for i in &m.images {
+            outln!(
+                "    {:<28} {:>10} bytes  {} ({}, {})",
+                i.target,
+                i.size,
+                i.kind,
+                i.triple,
+                i.producer
+            );
+        }
     }
 }
 

@@ -48,7 +48,8 @@ pub enum Class {
     /// A relocatable object (`ET_REL`): a link input, not a run-time
     /// binary.
     Relocatable {
-        /// Whether it carries a `.hip_fatbin` section.
+        /// Whether it carries a `.hip_fatbin` or a `.llvm.offloading`
+        /// section (clang's new offload driver).
         device_code: bool,
     },
     /// A static archive: a link input.
@@ -549,8 +550,10 @@ impl<'a> HostBinary<'a> {
             return Class::CodeObject;
         }
         if elf.elf_type() == ElfType::Relocatable {
+            let offloading = kpack_format::offloading::SECTION;
             return Class::Relocatable {
-                device_code: elf.section_index(FATBIN_SECTION).is_some(),
+                device_code: elf.section_index(FATBIN_SECTION).is_some()
+                    || elf.section_index(offloading).is_some(),
             };
         }
         if self.empty_fatbin().is_some() {

@@ -20,6 +20,8 @@ pub enum Listing {
     FatBinary(FatBinaryListing),
     Archive(ArchiveListing),
     Offloaded(OffloadedListing),
+    /// A relocatable object or static archive with device code.
+    LinkInput(crate::link_input::LinkInputListing),
 }
 
 #[derive(Debug, Serialize)]
@@ -153,6 +155,11 @@ pub fn list(path: &Path) -> Result<Listing> {
     if classified.class == Class::Archive {
         return Ok(Listing::Archive(archive_listing(path, file, file_size)?));
     }
+    if link_input_without_bundle(&classified) {
+        let archive = classified.class == Class::StaticArchive;
+        let l = crate::link_input::list(path, &mapped, archive)?;
+        return Ok(Listing::LinkInput(l));
+    }
     Ok(match device_code(path, &classified)? {
         DeviceCode::Fat(fat) => Listing::FatBinary(fat_listing(&fat, file, file_size)),
         DeviceCode::Offloaded(o) => Listing::Offloaded(OffloadedListing {
@@ -173,6 +180,18 @@ pub fn list(path: &Path) -> Result<Listing> {
             wrappers: wrappers(&o.wrappers),
         }),
     })
+}
+
+/// A static archive, or a relocatable object without a `.hip_fatbin` (its
+/// device code, if any, in `.llvm.offloading`): listed as a link input.
+fn link_input_without_bundle(file: &crate::binary::Classified) -> bool {
+    match (&file.class, &file.binary) {
+        (Class::StaticArchive, _) => true,
+        (Class::Relocatable { .. }, Ok(bin)) => {
+            !matches!(bin.fatbin(), Ok(Some(s)) if !s.is_nobits())
+        }
+        _ => false,
+    }
 }
 
 fn archive_listing(path: &Path, file: String, file_size: u64) -> Result<ArchiveListing> {

@@ -34,6 +34,7 @@ pub mod fatbin;
 pub mod image;
 pub mod inspect;
 pub mod kernels;
+pub mod link_input;
 pub mod offload;
 pub mod output;
 pub mod pe;
