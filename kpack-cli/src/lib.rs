@@ -20,6 +20,7 @@ macro_rules! outln {
 }
 
 mod artifacts;
+mod doctor;
 mod svg;
 mod wheels;
 
@@ -207,6 +208,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// What keeps the GPU code of an installation from loading on this
+    /// machine, and what fixes it: every offloaded binary under the paths
+    /// resolved for every GPU (detected, or --arch) as the runtime would.
+    /// Exit 0 when all resolve, 1 when problems are found, 2 when nothing
+    /// could be checked.
+    Doctor(doctor::DoctorArgs),
     #[command(flatten)]
     Artifact(artifacts::ArtifactCommand),
     /// Split a Python wheel whose package carries fat binaries (PyTorch)
@@ -252,8 +259,9 @@ impl Compression {
 /// Run `kpack` with `args` (the first is the program name, as from
 /// [`std::env::args_os`]): parse them (usage errors and `--help` as clap
 /// prints them), run the command, and report a failure on stderr as
-/// `<error_prefix><message>`. Returns the exit status: 0, 1 for a failure,
-/// clap's status for a usage error (2).
+/// `<error_prefix><message>`. Returns the exit status: 0, 1 for a failure
+/// (2 when `doctor` could check nothing), clap's status for a usage error
+/// (2).
 pub fn main_with_args<I, T>(args: I, error_prefix: &str) -> u8
 where
     I: IntoIterator<Item = T>,
@@ -271,11 +279,20 @@ where
         Ok(()) => 0,
         Err(e) => {
             eprintln!("{error_prefix}{}", kpack_host::report(e.as_ref()));
-            1
+            exit_status(e.as_ref())
         }
     };
     flush_stdout();
     status
+}
+
+/// The exit status of a failed command: 2 when `doctor` could check
+/// nothing, else 1.
+fn exit_status(e: &(dyn std::error::Error + 'static)) -> u8 {
+    match e.downcast_ref::<kpack_engine::ArtifactError>() {
+        Some(kpack_engine::ArtifactError::NothingToCheck { .. }) => 2,
+        _ => 1,
+    }
 }
 
 /// What [`run_captured`] gives back.
@@ -323,6 +340,7 @@ fn dispatch(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     let result = match cli.command {
         Command::Artifact(c) => artifacts::run(c),
         Command::SplitWheels(a) => wheels::split_wheels(*a),
+        Command::Doctor(a) => doctor::run(a),
         command => run(command).map_err(Into::into),
     };
     let synced = durable.commit();
@@ -363,7 +381,9 @@ fn run(command: Command) -> kpack_host::Result<()> {
         c @ (Command::Offload { .. } | Command::Prune { .. } | Command::Restore { .. }) => {
             run_rewrite(c)
         }
-        Command::Artifact(_) | Command::SplitWheels(_) => unreachable!("dispatched in main"),
+        Command::Artifact(_) | Command::SplitWheels(_) | Command::Doctor(_) => {
+            unreachable!("dispatched in main")
+        }
         c => run_inspect(c),
     }
 }

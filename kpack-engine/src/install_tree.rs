@@ -218,7 +218,10 @@ fn check_file(
     match &file.class {
         Class::Fat => {
             out.binary = true;
-            if let Some(key) = archives.key_of(rel) {
+            // MIOpen's per-target CK libraries: wheels archive their code
+            // objects and install the fat library as it is too.
+            let claimed = crate::databases::classify(&[crate::Database::Miopen], rel).is_some();
+            if let Some(key) = archives.key_of(rel).filter(|_| !claimed) {
                 let fat_targets = match device_code(&path, &file) {
                     Ok(DeviceCode::Fat(f)) => {
                         let t: BTreeSet<String> = f

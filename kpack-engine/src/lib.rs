@@ -9,7 +9,9 @@
 //!   which GPU target);
 //! - `observer` ([`Observer`]): notes, warnings and progress, for the CLI to show;
 //! - [`size`]: where the bytes of binaries, archives, trees and wheels go;
-//! - [`install_tree`]: `verify --tree`, install trees that mix builds.
+//! - [`install_tree`]: `verify --tree`, install trees that mix builds;
+//! - [`doctor`]: what keeps an installation's GPU code from loading on
+//!   this machine, and what fixes it.
 //!
 //! Nothing here prints; every failure is an [`ArtifactError`] (or a
 //! [`wheel::WheelError`]) naming the file and the problem.
@@ -18,6 +20,7 @@
 
 pub mod artifact;
 mod databases;
+pub mod doctor;
 mod error;
 pub mod install_tree;
 mod observer;

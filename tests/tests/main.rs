@@ -45,6 +45,9 @@ mod rocfft_caches;
 mod therock;
 mod verify_tree;
 
+// Deployments: what keeps GPU code from loading, application-local copies.
+mod doctor;
+
 // Python wheels, and kpack as a pip package.
 mod python_api;
 mod python_package;
