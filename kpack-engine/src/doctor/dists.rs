@@ -21,8 +21,6 @@ pub struct Dist {
 #[derive(Debug, Default)]
 pub struct Dists {
     pub dists: Vec<Dist>,
-    /// Normalized names of the installed distributions.
-    installed: BTreeMap<String, usize>,
     /// A file (absolute, normalized) → the distribution whose RECORD lists it.
     owner: HashMap<PathBuf, usize>,
 }
@@ -58,7 +56,6 @@ impl Dists {
             return;
         }
         let i = self.dists.len();
-        self.installed.insert(normalize(&dist.name), i);
         self.dists.push(dist);
         let record = std::fs::read_to_string(info.join("RECORD")).unwrap_or_default();
         for line in record.lines() {
@@ -71,11 +68,6 @@ impl Dists {
     /// The distribution whose RECORD lists `path`.
     pub fn owner(&self, path: &Path) -> Option<&Dist> {
         self.owner.get(&lexical(path)).map(|&i| &self.dists[i])
-    }
-
-    /// Whether a distribution of this name is installed.
-    pub fn is_installed(&self, name: &str) -> bool {
-        self.installed.contains_key(&normalize(name))
     }
 }
 
@@ -148,21 +140,6 @@ fn extra_requirement(req: &str) -> Option<(String, String)> {
     (!name.is_empty()).then_some((name, extra))
 }
 
-/// PEP 503's normalized name: lower case, runs of `-_.` as one `-`.
-pub fn normalize(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    for c in name.chars() {
-        if matches!(c, '-' | '_' | '.') {
-            if !out.ends_with('-') {
-                out.push('-');
-            }
-        } else {
-            out.push(c.to_ascii_lowercase());
-        }
-    }
-    out
-}
-
 /// `path` made absolute, `.` and `..` resolved without the file system.
 pub fn lexical(path: &Path) -> PathBuf {
     let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
@@ -200,10 +177,6 @@ mod tests {
         );
         assert!(d.extras["device-all"].is_empty());
         assert!(!d.extras.contains_key("Body"));
-        assert_eq!(
-            normalize("Amd_Torch..Device-gfx11"),
-            "amd-torch-device-gfx11"
-        );
         assert_eq!(record_path("\"a,b.so\",sha256=x,3"), Some("a,b.so"));
         assert_eq!(record_path("torch/x.so,sha256=x,3"), Some("torch/x.so"));
         assert_eq!(lexical(Path::new("/a/b/../c/./d")), PathBuf::from("/a/c/d"));
