@@ -633,6 +633,9 @@ fn why(binary: &Path, archs: &[String], json: bool) -> kpack_host::Result<()> {
             w.kernel_name,
             w.search_paths.join(", ")
         );
+        if let Some(t) = &w.targets {
+            outln!("split for targets: {}", t.join(", "));
+        }
         for x in &w.wrappers {
             print_wrapper_why(x);
         }
@@ -645,10 +648,18 @@ fn why(binary: &Path, archs: &[String], json: bool) -> kpack_host::Result<()> {
         .iter()
         .filter(|x| !matches!(x.result, Outcome::Loaded { .. }))
         .count();
+    // No archive can help a binary that has no code for the device.
+    let no_code = match (&w.targets, w.has_code) {
+        (Some(t), Some(false)) => format!(
+            ": the binary has no code for them (it was split for {} only)",
+            t.join(", ")
+        ),
+        _ => String::new(),
+    };
     Err(kpack_host::Error::request(
         binary,
         format!(
-            "{failing} of {} wrapper(s) do not resolve for {}",
+            "{failing} of {} wrapper(s) do not resolve for {}{no_code}",
             w.wrappers.len(),
             archs.join(", ")
         ),

@@ -307,7 +307,8 @@ fn walk_dir(dir: &Path, out: &mut Vec<PathBuf>, observer: &dyn Observer) {
 /// What `verify --tree` finds in each tree of archives among the files
 /// (the directory holding a `.kpack` directory, or the archives' own):
 /// fat binaries where offloaded ones belong, code objects of another
-/// build, invalid binaries. (Its `unresolved` is doctor's own, per target;
+/// build, invalid binaries. (Its `unresolved` and `missing_target` are
+/// doctor's own checks, per target;
 /// invalid archives doctor reports itself.)
 fn tree_problems(found: &[Found]) -> Result<Vec<Problem>> {
     let mut roots: BTreeSet<PathBuf> = BTreeSet::new();
@@ -325,7 +326,7 @@ fn tree_problems(found: &[Found]) -> Result<Vec<Problem>> {
         let report = verify_tree(&root, &Silent)?;
         for p in report.problems {
             let (kind, fix) = match p.kind {
-                TreeKind::Unresolved | TreeKind::InvalidArchive => continue,
+                TreeKind::Unresolved | TreeKind::MissingTarget | TreeKind::InvalidArchive => continue,
                 TreeKind::FatBinary => (
                     ProblemKind::FatBinary,
                     "reinstall the package: its host files and its archives must come from one build",
