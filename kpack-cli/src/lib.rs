@@ -20,6 +20,7 @@ macro_rules! outln {
 }
 
 mod artifacts;
+mod bundle;
 mod doctor;
 mod svg;
 mod wheels;
@@ -214,6 +215,10 @@ enum Command {
     /// Exit 0 when all resolve, 1 when problems are found, 2 when nothing
     /// could be checked.
     Doctor(doctor::DoctorArgs),
+    /// Copy offloaded binaries into an application folder with the
+    /// archives they need, re-pointed so that they resolve from there
+    /// (checked before anything is moved in).
+    Bundle(bundle::BundleArgs),
     #[command(flatten)]
     Artifact(artifacts::ArtifactCommand),
     /// Split a Python wheel whose package carries fat binaries (PyTorch)
@@ -341,6 +346,7 @@ fn dispatch(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         Command::Artifact(c) => artifacts::run(c),
         Command::SplitWheels(a) => wheels::split_wheels(*a),
         Command::Doctor(a) => doctor::run(a),
+        Command::Bundle(a) => bundle::run(a),
         command => run(command).map_err(Into::into),
     };
     let synced = durable.commit();
@@ -381,7 +387,10 @@ fn run(command: Command) -> kpack_host::Result<()> {
         c @ (Command::Offload { .. } | Command::Prune { .. } | Command::Restore { .. }) => {
             run_rewrite(c)
         }
-        Command::Artifact(_) | Command::SplitWheels(_) | Command::Doctor(_) => {
+        Command::Artifact(_)
+        | Command::SplitWheels(_)
+        | Command::Doctor(_)
+        | Command::Bundle(_) => {
             unreachable!("dispatched in main")
         }
         c => run_inspect(c),

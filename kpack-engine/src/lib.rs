@@ -10,6 +10,8 @@
 //! - `observer` ([`Observer`]): notes, warnings and progress, for the CLI to show;
 //! - [`size`]: where the bytes of binaries, archives, trees and wheels go;
 //! - [`install_tree`]: `verify --tree`, install trees that mix builds;
+//! - [`bundle`]: application-local copies of offloaded binaries and
+//!   their archives, re-pointed where the layout changes;
 //! - [`doctor`]: what keeps an installation's GPU code from loading on
 //!   this machine, and what fixes it.
 //!
@@ -19,6 +21,7 @@
 #![deny(unsafe_code)]
 
 pub mod artifact;
+pub mod bundle;
 mod databases;
 pub mod doctor;
 mod error;

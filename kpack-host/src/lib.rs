@@ -27,6 +27,7 @@
 
 mod archive_writer;
 pub mod binary;
+pub mod deps;
 pub mod elf;
 mod error;
 pub mod extract;
@@ -39,6 +40,7 @@ pub mod offload;
 pub mod output;
 pub mod pe;
 pub mod prune;
+pub mod repoint;
 pub mod restore;
 pub mod why;
 

@@ -46,6 +46,7 @@ mod therock;
 mod verify_tree;
 
 // Deployments: what keeps GPU code from loading, application-local copies.
+mod bundle;
 mod doctor;
 
 // Python wheels, and kpack as a pip package.

@@ -552,27 +552,8 @@ fn refuses_relocation_into_removed_bytes() {
 /// through `kpack_load_code_object`: the bytes equal the bundler's.
 #[test]
 fn c_runtime_loads_offloaded_fixtures() {
-    let root = workspace();
     let dir = tempfile::tempdir().unwrap();
-    // The archive as installed (prelinked: the C API alone, no C++ glue),
-    // which a C program links with a C compiler only.
-    let installed = dir.path().join("installed");
-    {
-        let _build = build_lock();
-        kpack_testkit::workspace::install_runtime(&installed).unwrap_or_else(|e| panic!("{e:#}"));
-    }
-    let lib = installed.join("lib/librocm_kpack.a");
-    let checker = dir.path().join("check");
-    let mut p = Program::c("c11");
-    p.cc()
-        .warnings(true)
-        .warnings_into_errors(true)
-        .flag("-rdynamic")
-        .define("ROCM_KPACK_STATIC", None)
-        .include(root.join("kpack-cxx/include"));
-    p.input(root.join("integration/cmake-consumer/check.c"))
-        .static_runtime(&lib);
-    built(p.link(&checker));
+    let checker = runtime_checker();
     for f in fixtures()
         .into_iter()
         .filter(|f| f.device_code() && f.name.ends_with(".so"))

@@ -1,8 +1,9 @@
 //! Upstream's Python readers on what kpack writes: the reference package
 //! (`rocm_kpack` of ROCm's rocm-kpack, not on PyPI) reads the HIPK metadata
 //! of kpack's offloaded ELF and PE binaries, which carry kpack's extra key
-//! `kpack_targets`, its binary verifiers accept them, and its archive
-//! reader gets every code object back.
+//! `kpack_targets` (also once `kpack bundle` has re-pointed them), its
+//! binary verifiers accept them, and its archive reader gets every code
+//! object back.
 //!
 //! Optional: `KPACK_UPSTREAM_PYTHON` names upstream's `python/` directory.
 //! Without it the test says on stderr that it was not exercised, and
@@ -125,16 +126,46 @@ fn upstream_reads_kpack_outputs_with_the_targets_key() {
             expected.push(sha256(&bytes));
         }
     }
+    // Both re-pointed by `kpack bundle` (their metadata rewritten in place).
+    let app = tmp.path().join("app");
+    let lib = tmp.path().join("lib");
+    kpack_ok(&[
+        &"bundle",
+        &lib.join("libmulti.so"),
+        &lib.join("multi.dll"),
+        &"--into",
+        &app,
+    ]);
+    binaries.push(serde_json::json!({"path": app.join("libmulti.so"), "pe": false}));
+    binaries.push(serde_json::json!({"path": app.join("multi.dll"), "pe": true}));
     let job = tmp.path().join("job.json");
     let spec = serde_json::json!({"binaries": binaries, "kernels": kernels});
     fs::write(&job, spec.to_string()).unwrap();
     let got = upstream_python(tmp.path(), &upstream, &job);
-    for (b, f) in got["binaries"]
+    assert_eq!(got["binaries"].as_array().unwrap().len(), 4);
+    for (i, (b, f)) in got["binaries"]
         .as_array()
         .unwrap()
         .iter()
-        .zip(["libmulti.so", "windows/multi.dll"])
+        .zip([
+            "libmulti.so",
+            "windows/multi.dll",
+            "libmulti.so",
+            "windows/multi.dll",
+        ])
+        .enumerate()
     {
+        let stem = if f.ends_with(".dll") {
+            "multi"
+        } else {
+            "libmulti"
+        };
+        let dir = if i < 2 { "../.kpack" } else { ".kpack" };
+        assert_eq!(
+            b["marker"]["kpack_search_paths"],
+            serde_json::json!([format!("{dir}/{stem}_@GFXARCH@.kpack")]),
+            "{f}"
+        );
         let fx = if f.ends_with(".dll") {
             foreign_fixture(f)
         } else {

@@ -21,7 +21,7 @@ use kpack_host::pe::PeView;
 use kpack_testkit::manifest::{wine_path, Host, Kind};
 use serde_json::Value;
 
-fn windows(name: &str) -> Fixture {
+pub(crate) fn windows(name: &str) -> Fixture {
     let f = foreign_fixture(name);
     assert_eq!(f.host, Host::X86_64Windows, "{name}");
     f
@@ -31,7 +31,7 @@ fn windows(name: &str) -> Fixture {
 /// when `cargo xtask fixtures` ran the fixtures), brought up to date once
 /// per test binary. Not a temporary directory: a prefix is about 700 MB
 /// and a test binary cannot remove a static one when it exits.
-fn prefix() -> &'static Path {
+pub(crate) fn prefix() -> &'static Path {
     static PREFIX: OnceLock<PathBuf> = OnceLock::new();
     PREFIX.get_or_init(|| {
         let dir = fixtures_dir()
@@ -50,13 +50,14 @@ fn prefix() -> &'static Path {
 
 /// What the host code printed: its value, then one line per wrapper the
 /// stand-in runtime saw.
-struct Run {
-    value: i32,
-    registered: Vec<(u32, u32, u64, HipkMetadata)>,
+pub(crate) struct Run {
+    pub value: i32,
+    /// Magic, version, reserved1 and the metadata of each wrapper.
+    pub registered: Vec<(u32, u32, u64, HipkMetadata)>,
 }
 
 /// Run `binary` (a DLL through `winload.exe`, an EXE directly) under Wine.
-fn run_host(f: &Fixture, binary: &Path) -> Run {
+pub(crate) fn run_host(f: &Fixture, binary: &Path) -> Run {
     let host = f.host;
     let mut c = match f.kind {
         Kind::Shared => {
