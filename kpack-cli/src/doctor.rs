@@ -58,7 +58,12 @@ fn targets(a: &DoctorArgs) -> Result<(Vec<String>, String), ArtifactError> {
     if !a.archs.is_empty() {
         return Ok((a.archs.clone(), "--arch".into()));
     }
-    let found = doctor::detect_targets(&a.sysfs_root, doctor::xnack_from_env())?;
+    // A topology that does not read: nothing could be checked either.
+    let found = doctor::detect_targets(&a.sysfs_root, doctor::xnack_from_env()).map_err(|e| {
+        ArtifactError::NothingToCheck {
+            reason: kpack_host::report(&e),
+        }
+    })?;
     if found.is_empty() {
         let nodes = a.sysfs_root.join(doctor::gpus::NODES);
         return Err(ArtifactError::NothingToCheck {
