@@ -54,141 +54,145 @@ fn expected(name: &str, dir: &Path) {
     }
 }
 
+/// The runtime (the C checker) loads every code object of every wrapper
+/// of each bundled library from `app`, identical to the bundler's.
+fn assert_runtime_loads(app: &Path, libs: &[&str], scratch: &Path) {
+    let checker = runtime_checker();
+    for name in libs {
+        let f = fixture(name);
+        let want = scratch.join(format!("expected-{name}"));
+        expected(name, &want);
+        let run = Command::new(&checker)
+            .arg(app.join(name))
+            .arg(&want)
+            .args(&f.targets)
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&run.stdout);
+        let ok = format!(
+            "{} code objects loaded and identical, 0 failures",
+            f.wrappers * f.targets.len()
+        );
+        assert!(out.contains(&ok), "{name}: {out}");
+    }
+}
+
 #[test]
 fn a_bundle_loads_from_its_new_place() {
     let t = scratch();
     let rocm = t.path().join("rocm");
     packed(t.path(), &["libvadd.so", "libmulti.so"], &rocm);
     let app = t.path().join("app");
-    let s = bundle_json(&[
-        &rocm.join("lib/libvadd.so"),
-        &rocm.join("lib/libmulti.so"),
-        &"--into",
-        &app,
-    ]);
+    let libs = [rocm.join("lib/libvadd.so"), rocm.join("lib/libmulti.so")];
+    let s = bundle_json(&[&libs[0], &libs[1], &"--into", &app]);
     assert_eq!(names(&app), [".kpack", "libmulti.so", "libvadd.so"]);
-    assert_eq!(
-        names(&app.join(".kpack")),
-        ["g_gfx1100.kpack", "g_gfx1101.kpack", "g_gfx942.kpack"]
-    );
-    for b in s["binaries"].as_array().unwrap() {
-        assert_eq!(b["repointed"], true, "{b}");
-        assert_eq!(
-            b["search_paths"],
-            serde_json::json!([".kpack/g_@GFXARCH@.kpack"])
-        );
-    }
+    let archives = ["g_gfx1100.kpack", "g_gfx1101.kpack", "g_gfx942.kpack"];
+    assert_eq!(names(&app.join(".kpack")), archives);
     // 1 code object × 3 targets, 4 × 2.
     assert_eq!(s["loads_checked"], 11);
-    for name in ["libvadd.so", "libmulti.so"] {
+    let repointed = serde_json::json!([".kpack/g_@GFXARCH@.kpack"]);
+    for (b, name) in s["binaries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(["libvadd.so", "libmulti.so"])
+    {
+        assert_eq!(
+            (&b["repointed"], &b["search_paths"]),
+            (&Value::Bool(true), &repointed)
+        );
         assert_tools_accept(&fixture(name).path, &app.join(name));
         // Only the search paths changed: kernel name and targets kept.
         let ls: Value =
             serde_json::from_str(&kpack_ok(&[&"ls", &app.join(name), &"--json"])).unwrap();
         assert_eq!(ls["kernel_name"], format!("lib/{name}"));
-        assert_eq!(
-            ls["search_paths"],
-            serde_json::json!([".kpack/g_@GFXARCH@.kpack"])
-        );
+        assert_eq!(ls["search_paths"], repointed);
         assert!(ls["targets"].as_array().unwrap().len() >= 2);
     }
-    // The install it came from goes away; the runtime loads every code
-    // object of every wrapper from the bundle.
+    // The install it came from goes away: the bundle is enough.
     fs::rename(&rocm, t.path().join("gone")).unwrap();
-    let checker = runtime_checker();
-    for (name, targets) in [("libvadd.so", 3), ("libmulti.so", 2)] {
-        let f = fixture(name);
-        let want = t.path().join(format!("expected-{name}"));
-        expected(name, &want);
-        let out = run_ok(
-            Command::new(&checker)
-                .arg(app.join(name))
-                .arg(&want)
-                .args(&f.targets),
-        );
-        let ok = format!(
-            "{} code objects loaded and identical, 0 failures",
-            f.wrappers * targets
-        );
-        assert!(out.contains(&ok), "{name}: {out}");
-    }
-    // doctor agrees, and a rerun into the same folder is a no-op.
+    assert_runtime_loads(&app, &["libvadd.so", "libmulti.so"], t.path());
     kpack_ok(&[&"doctor", &app, &"--arch", &"gfx942", &"--arch", &"gfx1100"]);
+    // A rerun into the same folder changes nothing.
     let before = snapshot(&app);
     fs::rename(t.path().join("gone"), &rocm).unwrap();
-    bundle_json(&[
-        &rocm.join("lib/libvadd.so"),
-        &rocm.join("lib/libmulti.so"),
-        &"--into",
-        &app,
-    ]);
+    bundle_json(&[&libs[0], &libs[1], &"--into", &app]);
     assert_eq!(snapshot(&app), before);
 }
 
 #[test]
-fn targets_layout_and_dependencies() {
+fn only_the_chosen_targets() {
     let t = scratch();
     let rocm = t.path().join("rocm");
     packed(t.path(), &["libvadd.so", "libwide.so"], &rocm);
-    // --targets: only those archives (gfx90a takes both xnack archives).
+    // gfx90a takes both xnack archives.
     let app = t.path().join("app");
+    let (vadd, wide) = (rocm.join("lib/libvadd.so"), rocm.join("lib/libwide.so"));
     let s = bundle_json(&[
-        &rocm.join("lib/libvadd.so"),
-        &rocm.join("lib/libwide.so"),
+        &vadd,
+        &wide,
         &"--into",
         &app,
         &"--targets",
         &"gfx942",
         &"gfx90a",
     ]);
-    assert_eq!(
-        names(&app.join(".kpack")),
-        [
-            "g_gfx90a:xnack+.kpack",
-            "g_gfx90a:xnack-.kpack",
-            "g_gfx942.kpack"
-        ]
-    );
+    let archives = [
+        "g_gfx90a:xnack+.kpack",
+        "g_gfx90a:xnack-.kpack",
+        "g_gfx942.kpack",
+    ];
+    assert_eq!(names(&app.join(".kpack")), archives);
     assert_eq!(s["binaries"][0]["targets"], serde_json::json!(["gfx942"]));
-    let (code, _) = doctor_code(&app, "gfx1100");
-    assert_eq!(code, 1, "gfx1100 was left out");
-    assert_eq!(
-        doctor_code(&app, "gfx90a:xnack-").0,
-        1,
-        "libvadd has no gfx90a"
-    );
-    // --layout keep: paths kept, the binaries copied as they are.
-    let kept = t.path().join("kept");
-    let s = bundle_json(&[
-        &rocm.join("lib/libvadd.so"),
-        &"--into",
-        &kept,
-        &"--layout",
-        &"keep",
+    assert_eq!(doctor_code(&app, "gfx942").0, 1, "libwide has no gfx942");
+    assert_eq!(doctor_code(&app, "gfx1100").0, 1, "gfx1100 was left out");
+    let o = kpack(&[
+        &"doctor",
+        &app.join("libwide.so"),
+        &"--arch",
+        &"gfx90a:xnack-",
     ]);
+    assert_eq!(o.status.code(), Some(0));
+}
+
+#[test]
+fn the_layout_kept() {
+    let t = scratch();
+    let rocm = t.path().join("rocm");
+    packed(t.path(), &["libvadd.so"], &rocm);
+    let kept = t.path().join("kept");
+    let lib = rocm.join("lib/libvadd.so");
+    let s = bundle_json(&[&lib, &"--into", &kept, &"--layout", &"keep"]);
     assert_eq!(s["binaries"][0]["repointed"], false);
+    // The binary copied as it is, its archives where its paths look.
     assert_eq!(
         fs::read(kept.join("lib/libvadd.so")).unwrap(),
-        fs::read(rocm.join("lib/libvadd.so")).unwrap()
+        fs::read(&lib).unwrap()
     );
-    assert!(kept.join(".kpack/g_gfx942.kpack").is_file());
-    // --with-deps: a library it needs from its prefix comes along.
+    let archives = ["g_gfx1100.kpack", "g_gfx1101.kpack", "g_gfx942.kpack"];
+    assert_eq!(names(&kept.join(".kpack")), archives);
+    fs::remove_dir_all(&rocm).unwrap();
+    assert_runtime_loads(&kept.join("lib"), &["libvadd.so"], t.path());
+}
+
+#[test]
+fn with_the_libraries_it_needs() {
+    let t = scratch();
+    let rocm = t.path().join("rocm");
+    packed(t.path(), &["libvadd.so"], &rocm);
+    // It needs libhostonly.so from its prefix, found through $ORIGIN.
     let lib = rocm.join("lib/libvadd.so");
     fs::copy(
         fixture("libhostonly.so").path,
         rocm.join("lib/libhostonly.so"),
     )
     .unwrap();
-    run_ok(
-        Command::new("patchelf")
-            .args(["--add-needed", "libhostonly.so"])
-            .arg(&lib),
-    );
-    run_ok(
-        Command::new("patchelf")
-            .args(["--set-rpath", "$ORIGIN"])
-            .arg(&lib),
-    );
+    for args in [
+        ["--add-needed", "libhostonly.so"],
+        ["--set-rpath", "$ORIGIN"],
+    ] {
+        run_ok(Command::new("patchelf").args(args).arg(&lib));
+    }
     let deps = t.path().join("deps");
     let s = bundle_json(&[&lib, &"--into", &deps, &"--with-deps"]);
     let dep = &s["binaries"][1];
@@ -196,15 +200,16 @@ fn targets_layout_and_dependencies() {
         (dep["dest"].as_str(), dep["dependency"].as_bool()),
         (Some("libhostonly.so"), Some(true))
     );
+    // Loads from the bundle alone.
     fs::rename(&rocm, t.path().join("gone")).unwrap();
-    let f = fixture("libvadd.so");
-    let check = f.host_check.as_ref().unwrap();
+    let check = fixture("libvadd.so").host_check.clone().unwrap();
     let out = run_ok(
         Command::new(fixtures_dir().join(manifest().dlcheck))
             .arg(deps.join("libvadd.so"))
             .arg(&*check.symbol),
     );
     assert_eq!(out.trim(), check.value.to_string());
+    kpack_ok(&[&"doctor", &deps, &"--arch", &"gfx942"]);
 }
 
 fn doctor_code(dir: &Path, arch: &str) -> (i32, String) {

@@ -221,6 +221,24 @@ fn split_wheels_gives_the_host_wheel_only() {
     assert!(err.contains("no binaries at all"), "{err}");
 }
 
+/// The notes of `kpack split` over an artifact holding only `name`.
+fn split_notes(dir: &Path, name: &str, bytes: &[u8]) -> String {
+    let a = dir.join("shard/blas_dbg_gfx110X-dgpu");
+    fs::create_dir_all(a.join("stage/lib")).unwrap();
+    fs::write(a.join("artifact_manifest.txt"), "stage\n").unwrap();
+    fs::write(a.join("stage/lib").join(name), bytes).unwrap();
+    let j: serde_json::Value = serde_json::from_str(&kpack_ok(&[
+        &"split",
+        &"--batch-artifact-parent-dir",
+        &dir.join("shard"),
+        &"--output-dir",
+        &dir.join("split"),
+        &"--json",
+    ]))
+    .unwrap();
+    j["artifacts"][0]["notes"].to_string()
+}
+
 /// A `_dbg` debug library (`objcopy --only-keep-debug` of a fat one: the
 /// sections are NOBITS headers, no device bytes) is copied as it is by
 /// `offload`, `split` and `split-wheels`, each with the same note.
@@ -251,20 +269,7 @@ fn a_debug_library_gets_the_same_note_from_every_command() {
     assert!(err.contains(&format!("libvadd.so.dbg: {note}")), "{err}");
     assert_eq!(fs::read(&out).unwrap(), bytes);
     // split
-    let a = t.path().join("shard/blas_dbg_gfx110X-dgpu");
-    fs::create_dir_all(a.join("stage/lib")).unwrap();
-    fs::write(a.join("artifact_manifest.txt"), "stage\n").unwrap();
-    fs::write(a.join("stage/lib/libvadd.so.dbg"), &bytes).unwrap();
-    let j: serde_json::Value = serde_json::from_str(&kpack_ok(&[
-        &"split",
-        &"--batch-artifact-parent-dir",
-        &t.path().join("shard"),
-        &"--output-dir",
-        &t.path().join("split"),
-        &"--json",
-    ]))
-    .unwrap();
-    let notes = j["artifacts"][0]["notes"].to_string();
+    let notes = split_notes(t.path(), "libvadd.so.dbg", &bytes);
     assert!(
         notes.contains(&format!("libvadd.so.dbg: {note}")),
         "{notes}"

@@ -93,19 +93,18 @@ fn upstream_python(dir: &Path, upstream: &Path, job: &Path) -> Value {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
 }
 
-#[test]
-fn upstream_reads_kpack_outputs_with_the_targets_key() {
-    let Some(upstream) = upstream() else { return };
-    let tmp = scratch();
-    let mut binaries = Vec::new();
-    let mut kernels = Vec::new();
-    let mut expected = Vec::new();
+/// The job for upstream's readers: kpack's offloaded libmulti.so and
+/// multi.dll (in `dir/lib`, archives in `dir/.kpack`), then both bundled
+/// into `dir/app` (re-pointed: their metadata rewritten in place); every
+/// code object as (archive, key, target), and its SHA-256.
+fn outputs(dir: &Path) -> (Vec<Value>, Vec<Value>, Vec<String>) {
+    let (mut binaries, mut kernels, mut expected) = (Vec::new(), Vec::new(), Vec::new());
+    let (lib, archives, app) = (dir.join("lib"), dir.join(".kpack"), dir.join("app"));
     for (f, pe) in [
         (fixture("libmulti.so"), false),
         (foreign_fixture("windows/multi.dll"), true),
     ] {
-        let out = tmp.path().join("lib").join(f.file_name());
-        let archives = tmp.path().join(".kpack");
+        let out = lib.join(f.file_name());
         kpack_ok(&[
             &"offload",
             &f.path,
@@ -118,17 +117,11 @@ fn upstream_reads_kpack_outputs_with_the_targets_key() {
         let stem = f.file_name().split('.').next().unwrap().to_string();
         for ((co, t), bytes) in code_objects(&f.path) {
             let archive = archives.join(format!("{stem}_{t}.kpack"));
-            kernels.push(serde_json::json!([
-                archive,
-                format!("{}#{co}", f.file_name()),
-                t
-            ]));
+            let key = format!("{}#{co}", f.file_name());
+            kernels.push(serde_json::json!([archive, key, t]));
             expected.push(sha256(&bytes));
         }
     }
-    // Both re-pointed by `kpack bundle` (their metadata rewritten in place).
-    let app = tmp.path().join("app");
-    let lib = tmp.path().join("lib");
     kpack_ok(&[
         &"bundle",
         &lib.join("libmulti.so"),
@@ -138,54 +131,50 @@ fn upstream_reads_kpack_outputs_with_the_targets_key() {
     ]);
     binaries.push(serde_json::json!({"path": app.join("libmulti.so"), "pe": false}));
     binaries.push(serde_json::json!({"path": app.join("multi.dll"), "pe": true}));
+    (binaries, kernels, expected)
+}
+
+/// What upstream read of one binary, fixture `name`: its verifier passes,
+/// the marker has the reference's keys first and kpack's targets after.
+fn check_binary(b: &Value, name: &str, search_dir: &str) {
+    let (fx, stem) = match name.ends_with(".dll") {
+        true => (foreign_fixture(name), "multi"),
+        false => (fixture(name), "libmulti"),
+    };
+    assert_eq!(
+        b["passed"], true,
+        "{name}: upstream's verifier: {}",
+        b["errors"]
+    );
+    let keys = serde_json::json!(["kpack_search_paths", "kernel_name", "kpack_targets"]);
+    assert_eq!(b["keys"], keys, "{name}");
+    let m = &b["marker"];
+    let path = format!("{search_dir}/{stem}_@GFXARCH@.kpack");
+    assert_eq!(m["kpack_search_paths"], serde_json::json!([path]), "{name}");
+    assert_eq!(m["kernel_name"], fx.file_name(), "{name}");
+    let mut targets = fx.targets.clone();
+    targets.sort();
+    assert_eq!(m["kpack_targets"], serde_json::json!(targets), "{name}");
+}
+
+#[test]
+fn upstream_reads_kpack_outputs_with_the_targets_key() {
+    let Some(upstream) = upstream() else { return };
+    let tmp = scratch();
+    let (binaries, kernels, expected) = outputs(tmp.path());
     let job = tmp.path().join("job.json");
     let spec = serde_json::json!({"binaries": binaries, "kernels": kernels});
     fs::write(&job, spec.to_string()).unwrap();
     let got = upstream_python(tmp.path(), &upstream, &job);
-    assert_eq!(got["binaries"].as_array().unwrap().len(), 4);
-    for (i, (b, f)) in got["binaries"]
-        .as_array()
-        .unwrap()
+    let read = got["binaries"].as_array().unwrap();
+    assert_eq!(read.len(), 4);
+    for (i, name) in ["libmulti.so", "windows/multi.dll"]
         .iter()
-        .zip([
-            "libmulti.so",
-            "windows/multi.dll",
-            "libmulti.so",
-            "windows/multi.dll",
-        ])
+        .cycle()
+        .take(4)
         .enumerate()
     {
-        let stem = if f.ends_with(".dll") {
-            "multi"
-        } else {
-            "libmulti"
-        };
-        let dir = if i < 2 { "../.kpack" } else { ".kpack" };
-        assert_eq!(
-            b["marker"]["kpack_search_paths"],
-            serde_json::json!([format!("{dir}/{stem}_@GFXARCH@.kpack")]),
-            "{f}"
-        );
-        let fx = if f.ends_with(".dll") {
-            foreign_fixture(f)
-        } else {
-            fixture(f)
-        };
-        assert_eq!(
-            b["passed"], true,
-            "{f}: upstream's verifier: {}",
-            b["errors"]
-        );
-        assert_eq!(
-            b["keys"],
-            serde_json::json!(["kpack_search_paths", "kernel_name", "kpack_targets"]),
-            "{f}"
-        );
-        let m = &b["marker"];
-        assert_eq!(m["kernel_name"], fx.file_name(), "{f}");
-        let mut targets = fx.targets.clone();
-        targets.sort();
-        assert_eq!(m["kpack_targets"], serde_json::json!(targets), "{f}");
+        check_binary(&read[i], name, if i < 2 { "../.kpack" } else { ".kpack" });
     }
     let sums: Vec<String> = got["kernels"]
         .as_array()
