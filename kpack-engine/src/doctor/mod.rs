@@ -158,7 +158,7 @@ pub fn doctor(opts: &DoctorOptions, observer: &dyn Observer) -> Result<DoctorRep
         report.offloaded += usize::from(matches!(f, Found::Offloaded { .. }));
     }
     report.problems.extend(problems.into_iter().flatten());
-    report.problems.extend(tree_problems(&found)?);
+    report.problems.extend(tree_problems(&found, observer));
     report.problems.sort();
     report
         .problems
@@ -285,6 +285,9 @@ fn walk(paths: &[PathBuf], observer: &dyn Observer) -> Result<Vec<PathBuf>> {
             out.push(p.clone());
         }
     }
+    // Paths that overlap give a file once.
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|p| seen.insert(dists::lexical(p)));
     Ok(out)
 }
 
@@ -310,7 +313,7 @@ fn walk_dir(dir: &Path, out: &mut Vec<PathBuf>, observer: &dyn Observer) {
 /// build, invalid binaries. (Its `unresolved` and `missing_target` are
 /// doctor's own checks, per target;
 /// invalid archives doctor reports itself.)
-fn tree_problems(found: &[Found]) -> Result<Vec<Problem>> {
+fn tree_problems(found: &[Found], observer: &dyn Observer) -> Vec<Problem> {
     let mut roots: BTreeSet<PathBuf> = BTreeSet::new();
     for f in found {
         let Found::Archive { path } = f else { continue };
@@ -323,7 +326,13 @@ fn tree_problems(found: &[Found]) -> Result<Vec<Problem>> {
     }
     let mut out = Vec::new();
     for root in roots {
-        let report = verify_tree(&root, &Silent)?;
+        let report = match verify_tree(&root, &Silent) {
+            Ok(r) => r,
+            Err(e) => {
+                observer.warn(&format!("{}: not checked as a tree: {e}", root.display()));
+                continue;
+            }
+        };
         for p in report.problems {
             let (kind, fix) = match p.kind {
                 TreeKind::Unresolved | TreeKind::MissingTarget | TreeKind::InvalidArchive => continue,
@@ -346,5 +355,5 @@ fn tree_problems(found: &[Found]) -> Result<Vec<Problem>> {
             });
         }
     }
-    Ok(out)
+    out
 }
