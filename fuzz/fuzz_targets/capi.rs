@@ -140,10 +140,7 @@ fuzz_target!(|data: &[u8]| {
                 continue;
             };
             let Ok(co) = co.parse::<u32>() else { continue };
-            let meta = HipkMetadata {
-                kernel_name: name.to_owned(),
-                search_paths: vec![path.to_str().unwrap().to_owned()],
-            }
+            let meta = HipkMetadata::new(name.to_owned(), vec![path.to_str().unwrap().to_owned()])
             .encode();
             if meta.len() > MAX_METADATA_SIZE {
                 continue;

@@ -37,10 +37,7 @@ use libfuzzer_sys::fuzz_target;
 fn metadata() -> &'static [u8] {
     static META: OnceLock<Vec<u8>> = OnceLock::new();
     META.get_or_init(|| {
-        HipkMetadata {
-            kernel_name: "lib/libfuzz.so".into(),
-            search_paths: vec!["../.kpack/libfuzz_@GFXARCH@.kpack".into()],
-        }
+        HipkMetadata::new("lib/libfuzz.so", vec!["../.kpack/libfuzz_@GFXARCH@.kpack".into()])
         .encode()
     })
 }

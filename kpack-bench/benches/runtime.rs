@@ -67,11 +67,7 @@ impl Setup {
         w.write(&archive).expect("written");
         let binary = dir.path().join(KERNEL_NAME);
         std::fs::write(&binary, b"").expect("the binary");
-        let metadata = HipkMetadata {
-            kernel_name: KERNEL_NAME.into(),
-            search_paths: vec![archive.display().to_string()],
-        }
-        .encode();
+        let metadata = HipkMetadata::new(KERNEL_NAME, vec![archive.display().to_string()]).encode();
         Setup {
             archive: cstring(&archive),
             binary: cstring(&binary),

@@ -52,7 +52,8 @@ pub struct BenchArgs {
     /// pipeline, runtime, large, rewrite (prune and restore of
     /// librocsparse), wheels, python, compressed (librocsparse in compressed
     /// bundles), host (libraries with 256 MiB and 1 GiB of host code), xla
-    /// (JAX's ROCm plugin, downloaded from PyPI). Default: all.
+    /// (JAX's ROCm plugin, downloaded from PyPI), doctor (a site-packages of
+    /// 300 binaries). Default: all.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Keep target/bench/work (the large intermediate files) afterwards.

@@ -20,6 +20,8 @@ macro_rules! outln {
 }
 
 mod artifacts;
+mod bundle;
+mod doctor;
 mod svg;
 mod wheels;
 
@@ -207,6 +209,16 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// What keeps the GPU code of an installation from loading on this
+    /// machine, and what fixes it: every offloaded binary under the paths
+    /// resolved for every GPU (detected, or --arch) as the runtime would.
+    /// Exit 0 when all resolve, 1 when problems are found, 2 when nothing
+    /// could be checked.
+    Doctor(doctor::DoctorArgs),
+    /// Copy offloaded binaries into an application folder with the
+    /// archives they need, re-pointed so that they resolve from there
+    /// (checked before anything is moved in).
+    Bundle(bundle::BundleArgs),
     #[command(flatten)]
     Artifact(artifacts::ArtifactCommand),
     /// Split a Python wheel whose package carries fat binaries (PyTorch)
@@ -252,8 +264,9 @@ impl Compression {
 /// Run `kpack` with `args` (the first is the program name, as from
 /// [`std::env::args_os`]): parse them (usage errors and `--help` as clap
 /// prints them), run the command, and report a failure on stderr as
-/// `<error_prefix><message>`. Returns the exit status: 0, 1 for a failure,
-/// clap's status for a usage error (2).
+/// `<error_prefix><message>`. Returns the exit status: 0, 1 for a failure
+/// (2 when `doctor` could check nothing), clap's status for a usage error
+/// (2).
 pub fn main_with_args<I, T>(args: I, error_prefix: &str) -> u8
 where
     I: IntoIterator<Item = T>,
@@ -271,11 +284,20 @@ where
         Ok(()) => 0,
         Err(e) => {
             eprintln!("{error_prefix}{}", kpack_host::report(e.as_ref()));
-            1
+            exit_status(e.as_ref())
         }
     };
     flush_stdout();
     status
+}
+
+/// The exit status of a failed command: 2 when `doctor` could check
+/// nothing, else 1.
+fn exit_status(e: &(dyn std::error::Error + 'static)) -> u8 {
+    match e.downcast_ref::<kpack_engine::ArtifactError>() {
+        Some(kpack_engine::ArtifactError::NothingToCheck { .. }) => 2,
+        _ => 1,
+    }
 }
 
 /// What [`run_captured`] gives back.
@@ -323,6 +345,8 @@ fn dispatch(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     let result = match cli.command {
         Command::Artifact(c) => artifacts::run(c),
         Command::SplitWheels(a) => wheels::split_wheels(*a),
+        Command::Doctor(a) => doctor::run(a),
+        Command::Bundle(a) => bundle::run(a),
         command => run(command).map_err(Into::into),
     };
     let synced = durable.commit();
@@ -363,7 +387,12 @@ fn run(command: Command) -> kpack_host::Result<()> {
         c @ (Command::Offload { .. } | Command::Prune { .. } | Command::Restore { .. }) => {
             run_rewrite(c)
         }
-        Command::Artifact(_) | Command::SplitWheels(_) => unreachable!("dispatched in main"),
+        Command::Artifact(_)
+        | Command::SplitWheels(_)
+        | Command::Doctor(_)
+        | Command::Bundle(_) => {
+            unreachable!("dispatched in main")
+        }
         c => run_inspect(c),
     }
 }
@@ -613,6 +642,9 @@ fn why(binary: &Path, archs: &[String], json: bool) -> kpack_host::Result<()> {
             w.kernel_name,
             w.search_paths.join(", ")
         );
+        if let Some(t) = &w.targets {
+            outln!("split for targets: {}", t.join(", "));
+        }
         for x in &w.wrappers {
             print_wrapper_why(x);
         }
@@ -625,10 +657,18 @@ fn why(binary: &Path, archs: &[String], json: bool) -> kpack_host::Result<()> {
         .iter()
         .filter(|x| !matches!(x.result, Outcome::Loaded { .. }))
         .count();
+    // No archive can help a binary that has no code for the device.
+    let no_code = match (&w.targets, w.has_code) {
+        (Some(t), Some(false)) => format!(
+            ": the binary has no code for them (it was split for {} only)",
+            t.join(", ")
+        ),
+        _ => String::new(),
+    };
     Err(kpack_host::Error::request(
         binary,
         format!(
-            "{failing} of {} wrapper(s) do not resolve for {}",
+            "{failing} of {} wrapper(s) do not resolve for {}{no_code}",
             w.wrappers.len(),
             archs.join(", ")
         ),
@@ -876,6 +916,34 @@ fn print_listing(listing: &Listing) {
         Listing::Archive(a) => print_archive(a),
         Listing::Offloaded(o) => print_offloaded(o),
         Listing::CodeObject(c) => print_code_object(c),
+        Listing::LinkInput(l) => print_link_input(l),
+    }
+}
+
+fn print_link_input(l: &kpack_host::link_input::LinkInputListing) {
+    let what = match l.container {
+        "static_archive" => "static archive",
+        _ => "relocatable object",
+    };
+    outln!(
+        "{}: link input ({what}), {} bytes: device code in {} object(s), not offloaded (link inputs are copied as they are)",
+        l.file,
+        l.file_size,
+        l.members.len()
+    );
+    outln!("targets ({}): {}", l.targets.len(), l.targets.join(", "));
+    for m in &l.members {
+        outln!("  {} ({}): {} image(s)", m.name, m.section, m.images.len());
+        for i in &m.images {
+            outln!(
+                "    {:<28} {:>10} bytes  {} ({}, {})",
+                i.target,
+                i.size,
+                i.kind,
+                i.triple,
+                i.producer
+            );
+        }
     }
 }
 
@@ -990,6 +1058,10 @@ fn print_offloaded(o: &inspect::OffloadedListing) {
     outln!("search paths:");
     for p in &o.search_paths {
         outln!("  {p}");
+    }
+    match &o.targets {
+        Some(t) => outln!("split for targets ({}): {}", t.len(), t.join(", ")),
+        None => outln!("split for targets: not recorded (no kpack_targets in the metadata)"),
     }
     outln!("metadata at address {:#x}", o.metadata_address);
     print_wrappers(&o.wrappers);

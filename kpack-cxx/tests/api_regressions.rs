@@ -55,10 +55,10 @@ fn open_reports_unsupported_version_of_a_short_file() {
 fn metadata_at_the_end_of_a_mapping_is_read_only_to_its_end() {
     let page = 4096usize;
     for paths in [1usize, 2, 4000] {
-        let meta = HipkMetadata {
-            kernel_name: "lib/libx.so".into(),
-            search_paths: (0..paths).map(|i| format!("m{i}.kpack")).collect(),
-        }
+        let meta = HipkMetadata::new(
+            "lib/libx.so",
+            (0..paths).map(|i| format!("m{i}.kpack")).collect(),
+        )
         .encode();
         let len = meta.len().div_ceil(page) * page;
         // SAFETY: a fresh private anonymous mapping of len + one page; the

@@ -59,6 +59,13 @@ pub enum ArtifactError {
     ArtifactsFailed { failed: usize, total: usize },
     #[error("verification failed: {problems} problem(s)")]
     VerifyFailed { problems: usize },
+    /// `doctor` ran and found problems.
+    #[error("{problems} problem(s) found")]
+    ProblemsFound { problems: usize },
+    /// `doctor` could not check anything (no target, a path that does not
+    /// exist); the command exits with status 2.
+    #[error("nothing could be checked: {reason}")]
+    NothingToCheck { reason: String },
     #[error("cannot start {threads} worker thread(s): {reason}")]
     ThreadPool { threads: usize, reason: String },
 }

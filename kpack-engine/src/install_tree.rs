@@ -49,6 +49,9 @@ pub enum ProblemKind {
     /// An offloaded binary whose code objects no archive serves, for any
     /// target.
     Unresolved,
+    /// A target the binary records (`kpack_targets`) and the tree's
+    /// archives serve, for which none of its code objects resolves.
+    MissingTarget,
     /// A code object under the binary's key defines only kernels the
     /// binary does not name: another build's.
     ForeignCodeObject,
@@ -218,7 +221,10 @@ fn check_file(
     match &file.class {
         Class::Fat => {
             out.binary = true;
-            if let Some(key) = archives.key_of(rel) {
+            // MIOpen's per-target CK libraries: wheels archive their code
+            // objects and install the fat library as it is too.
+            let claimed = crate::databases::classify(&[crate::Database::Miopen], rel).is_some();
+            if let Some(key) = archives.key_of(rel).filter(|_| !claimed) {
                 let fat_targets = match device_code(&path, &file) {
                     Ok(DeviceCode::Fat(f)) => {
                         let t: BTreeSet<String> = f
@@ -328,6 +334,7 @@ fn check_offloaded(
         ));
         return;
     }
+    missing_targets(out, rel, &v.metadata, targets, &found);
     let all: BTreeSet<String> = found
         .values()
         .flat_map(|(_, k)| k.iter().cloned())
@@ -367,6 +374,39 @@ fn check_offloaded(
                 example.as_deref().unwrap_or("?")
             ),
         ));
+    }
+}
+
+/// The targets the binary records that the tree's archives serve, but for
+/// which none of its code objects resolves (`found`: by target and code
+/// object index). Targets no archive of the tree serves are not a problem:
+/// an install may hold some targets only.
+fn missing_targets<V>(
+    out: &mut Checked,
+    rel: &str,
+    metadata: &kpack_format::hipk::HipkMetadata,
+    targets: &[TargetId],
+    found: &BTreeMap<(String, u64), V>,
+) {
+    let Some(recorded) = &metadata.targets else {
+        return;
+    };
+    for t in targets {
+        let name = t.to_string();
+        let recorded_here = recorded
+            .iter()
+            .any(|r| TargetId::parse(r).as_ref() == Ok(t));
+        if recorded_here && !found.keys().any(|(ft, _)| *ft == name) {
+            out.problems.push(TreeProblem {
+                binary: rel.to_string(),
+                kind: ProblemKind::MissingTarget,
+                message: format!(
+                    "split for {name} (kpack_targets), and the tree's archives serve {name}, but none its search paths ({}) reach holds {}#N for it",
+                    metadata.search_paths.join(", "),
+                    metadata.kernel_name
+                ),
+            });
+        }
     }
 }
 

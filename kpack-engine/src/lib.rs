@@ -9,7 +9,11 @@
 //!   which GPU target);
 //! - `observer` ([`Observer`]): notes, warnings and progress, for the CLI to show;
 //! - [`size`]: where the bytes of binaries, archives, trees and wheels go;
-//! - [`install_tree`]: `verify --tree`, install trees that mix builds.
+//! - [`install_tree`]: `verify --tree`, install trees that mix builds;
+//! - [`bundle`]: application-local copies of offloaded binaries and
+//!   their archives, re-pointed where the layout changes;
+//! - [`doctor`]: what keeps an installation's GPU code from loading on
+//!   this machine, and what fixes it.
 //!
 //! Nothing here prints; every failure is an [`ArtifactError`] (or a
 //! [`wheel::WheelError`]) naming the file and the problem.
@@ -17,7 +21,9 @@
 #![deny(unsafe_code)]
 
 pub mod artifact;
+pub mod bundle;
 mod databases;
+pub mod doctor;
 mod error;
 pub mod install_tree;
 mod observer;

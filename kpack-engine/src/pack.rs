@@ -34,10 +34,10 @@ use crate::msgpack::Value;
 use crate::tree::{copy_file, copy_symlink, create_file, make_dirs, Node, NodeKind};
 use crate::{ArtifactError, Observer, Result};
 use kpack_bundle::list_fatbin;
-use kpack_host::binary::{classify_parsed, could_be_binary, Class, Classified};
+use kpack_host::binary::{as_is_note, classify_parsed, could_be_binary, Class, Classified};
 use kpack_host::offload::collect::{collect, CollectOptions, Located};
 use kpack_host::offload::{archive_file_name, GFXARCH};
-use kpack_host::offload::{archive_key, rewrite_binary, write_rewritten};
+use kpack_host::offload::{archive_key, rewrite_binary, split_targets, write_rewritten};
 use kpack_host::{ArchiveWriter, FrameParams, KernelData, WithPath};
 
 /// One `.kpack` archive written by split or pack-tree.
@@ -111,42 +111,28 @@ pub enum Outcome {
     /// Already offloaded: copied as it is.
     AlreadyOffloaded,
     /// A relocatable object or static archive: copied as it is.
-    LinkInput {
-        note: Option<String>,
-    },
+    LinkInput,
     /// A debug-info file (`objcopy --only-keep-debug`): no device code,
     /// copied as it is.
     DebugOnly,
     /// A host binary with a `.hip_fatbin` that holds no device code
     /// (empty, zeros only, NOBITS: [`HostBinary::empty_fatbin`]): copied as
     /// it is.
-    NoDeviceCode {
-        why: String,
-    },
+    NoDeviceCode,
 }
 
-impl Outcome {
-    /// The note a summary gets for this outcome of the file `src`, if any
-    /// (files copied as they are although they look like binaries).
-    pub fn note(&self, src: &Path) -> Option<String> {
-        let src = src.display();
-        match self {
-            Outcome::DebugOnly => Some(format!(
-                "{src}: a debug-info file (NOBITS .hip_fatbin): copied as it is"
-            )),
-            Outcome::AlreadyOffloaded => Some(format!("{src}: already offloaded: copied as it is")),
-            Outcome::LinkInput { note } => note.clone(),
-            Outcome::NoDeviceCode { why } => Some(format!(
-                "{src}: no device code ({why}): copied as it is (host code only)"
-            )),
-            Outcome::Copied | Outcome::Database { .. } | Outcome::Offloaded(_) => None,
-        }
-    }
+/// The note a summary gets for a file `src` copied as it is although it
+/// looks like a binary: the words of [`as_is_note`], which every command
+/// uses.
+fn as_is(src: &Path, note: &str) -> String {
+    format!("{}: {note}: copied as it is", src.display())
 }
 
 pub struct Done {
     pub outcome: Outcome,
     pub bytes_out: u64,
+    /// What is said of a file copied as it is ([`as_is_note`]).
+    pub note: Option<String>,
 }
 
 /// What split and pack-tree count of the tree they pack; both summaries
@@ -235,11 +221,11 @@ pub(crate) fn record_outcomes<'d>(
             }
             Outcome::DebugOnly => counts.debug_only += 1,
             Outcome::AlreadyOffloaded => counts.already_offloaded += 1,
-            Outcome::LinkInput { .. } => counts.link_inputs += 1,
-            Outcome::NoDeviceCode { .. } => {}
+            Outcome::LinkInput => counts.link_inputs += 1,
+            Outcome::NoDeviceCode => {}
         }
-        if let Some(msg) = d.outcome.note(&job.src) {
-            note(msg);
+        if let Some(n) = &d.note {
+            note(as_is(&job.src, n));
         }
     }
     r
@@ -323,45 +309,38 @@ impl Packer<'_> {
                     target: target.clone(),
                 },
                 bytes_out: n,
+                note: None,
             });
         }
         if could_be_binary(&read_head(&job.src)?) {
             let mapped = map_file(&job.src)?;
-            let unchanged = |outcome| -> Result<Done> {
-                let bytes_out = copy_file(&job.src, &job.dst, job.mode)?;
-                Ok(Done { outcome, bytes_out })
-            };
             let classified = classify_parsed(&mapped);
-            match classified.class {
+            let outcome = match classified.class {
                 // Device code with something wrong: offloading reports what.
                 Class::Fat | Class::Inconsistent(_) => {
                     return self.offload(index, job, &mapped, &classified)
                 }
-                Class::Offloaded => return unchanged(Outcome::AlreadyOffloaded),
-                Class::DebugOnly => return unchanged(Outcome::DebugOnly),
-                Class::Relocatable { device_code } => {
-                    let note = device_code.then(|| {
-                        format!(
-                            "{}: a link input (relocatable object) with device code: copied unchanged",
-                            job.src.display()
-                        )
-                    });
-                    return unchanged(Outcome::LinkInput { note });
-                }
-                Class::StaticArchive => return unchanged(Outcome::LinkInput { note: None }),
-                Class::HostOnly => {
-                    let why = (classified.binary.as_ref().ok()).and_then(|b| b.empty_fatbin());
-                    if let Some(why) = why {
-                        return unchanged(Outcome::NoDeviceCode { why });
-                    }
-                }
-                _ => {}
+                Class::Offloaded => Some(Outcome::AlreadyOffloaded),
+                Class::DebugOnly => Some(Outcome::DebugOnly),
+                Class::Relocatable { .. } | Class::StaticArchive => Some(Outcome::LinkInput),
+                Class::HostOnly => as_is_note(&classified).map(|_| Outcome::NoDeviceCode),
+                _ => None,
+            };
+            if let Some(outcome) = outcome {
+                let bytes_out = copy_file(&job.src, &job.dst, job.mode)?;
+                let note = as_is_note(&classified);
+                return Ok(Done {
+                    outcome,
+                    bytes_out,
+                    note,
+                });
             }
         }
         let n = copy_file(&job.src, &job.dst, job.mode)?;
         Ok(Done {
             outcome: Outcome::Copied,
             bytes_out: n,
+            note: None,
         })
     }
 
@@ -381,17 +360,14 @@ impl Packer<'_> {
             .ok_or_else(|| ArtifactError::input(&job.src, "file name is not valid UTF-8"))?;
         let bin = (classified.binary.as_ref())
             .map_err(|e| kpack_host::Error::binary(&job.src, e.clone()))?;
-        let metadata = HipkMetadata {
-            kernel_name: kernel_name.clone(),
-            search_paths: vec![job.search_path.clone()],
-        };
         // Bundles are listed from their entry tables (errors in them are
         // reported as the bundles' own, before the rewrite's).
         let section = fatbin_section(&job.src, classified)?;
-        let deferred = list_fatbin(section)
-            .with_path(&job.src)?
-            .iter()
-            .any(|b| b.compressed.is_some());
+        let bundles = list_fatbin(section).with_path(&job.src)?;
+        let deferred = bundles.iter().any(|b| b.compressed.is_some());
+        let keep = self.keep_target.map(|k| k as &dyn Fn(&str) -> bool);
+        let metadata = HipkMetadata::new(kernel_name.clone(), vec![job.search_path.clone()])
+            .with_targets(split_targets(&bundles, keep));
         let t = rewrite_binary(&job.src, bin, &metadata)?;
         let source = File::open(&job.src).map_err(|e| ArtifactError::io(&job.src, e))?;
         create_file(&job.dst, job.mode, |f| {
@@ -413,6 +389,7 @@ impl Packer<'_> {
         Ok(Done {
             outcome: Outcome::Offloaded(Box::new(b)),
             bytes_out: t.len(),
+            note: None,
         })
     }
 

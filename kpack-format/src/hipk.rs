@@ -4,9 +4,13 @@
 //! blob (section `.rocm_kpack_ref`) that a `HIPK` wrapper points at.
 //!
 //! The metadata is a MessagePack map
-//! `{"kpack_search_paths": [str, ...], "kernel_name": str}`; [`HipkMetadata::encode`]
-//! writes it byte for byte as the reference (Python `msgpack.packb(...,
-//! use_bin_type=True)`) does, [`HipkMetadata::decode`] accepts any key order.
+//! `{"kpack_search_paths": [str, ...], "kernel_name": str}`, to which kpack
+//! adds optional keys the reference's readers ignore (`kpack_targets`:
+//! the targets the binary's code objects were split for).
+//! [`HipkMetadata::encode`] writes the two keys byte for byte as the
+//! reference (Python `msgpack.packb(..., use_bin_type=True)`) does, then
+//! each optional key that is present; [`HipkMetadata::decode`] accepts any
+//! key order and ignores keys it does not know.
 
 use std::io::Read;
 
@@ -32,6 +36,8 @@ pub const MAX_METADATA_SIZE: usize = 64 * 1024;
 pub(crate) const KEY_SEARCH_PATHS: &str = "kpack_search_paths";
 /// Key of the kernel name in the metadata map.
 pub(crate) const KEY_KERNEL_NAME: &str = "kernel_name";
+/// Key of the optional list of targets the code objects were split for.
+pub const KEY_TARGETS: &str = "kpack_targets";
 /// Stands for a target ID in search paths (`lib_@GFXARCH@.kpack`).
 pub const GFXARCH: &str = "@GFXARCH@";
 
@@ -149,18 +155,55 @@ pub enum HipkError {
 }
 
 /// The HIPK metadata of an offloaded binary.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+///
+/// Built with [`HipkMetadata::new`] and the `with_*` methods (the struct is
+/// `non_exhaustive`: an optional key added later is one more field, and no
+/// caller changes). Optional keys are `None` when absent: a binary written
+/// by the reference tools or an older kpack has none of them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct HipkMetadata {
     /// The binary's key in archive TOCs, without the `#N` suffix.
     pub kernel_name: String,
     /// Archive paths (relative to the binary's directory unless absolute);
     /// `@GFXARCH@` stands for a target ID.
     pub search_paths: Vec<String>,
+    /// `kpack_targets`: the target IDs whose code objects were split out of
+    /// the binary into archives (sorted, each once), as the archives spell
+    /// them; `None` when the key is absent (or not a list of strings, which
+    /// readers ignore as they ignore unknown keys).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub targets: Option<Vec<String>>,
 }
 
 impl HipkMetadata {
+    /// Metadata with the two keys every reader knows, and no optional one.
+    pub fn new(kernel_name: impl Into<String>, search_paths: Vec<String>) -> HipkMetadata {
+        HipkMetadata {
+            kernel_name: kernel_name.into(),
+            search_paths,
+            targets: None,
+        }
+    }
+
+    /// The same with `kpack_targets` set to `targets` (sorted, each once).
+    pub fn with_targets<T: Into<String>>(mut self, targets: impl IntoIterator<Item = T>) -> Self {
+        let mut t: Vec<String> = targets.into_iter().map(Into::into).collect();
+        t.sort();
+        t.dedup();
+        self.targets = Some(t);
+        self
+    }
+
+    /// The same with other search paths (every other key kept).
+    pub fn with_search_paths(mut self, search_paths: Vec<String>) -> Self {
+        self.search_paths = search_paths;
+        self
+    }
+
     /// Encode as the reference does: keys `kpack_search_paths` then
-    /// `kernel_name`.
+    /// `kernel_name`; then the optional keys that are present
+    /// (`kpack_targets`).
     pub fn encode(&self) -> Vec<u8> {
         msgpack::to_vec(&Wire(self))
     }
@@ -178,7 +221,9 @@ impl HipkMetadata {
     /// [`MAX_METADATA_SIZE`] bytes in all: the C API reads it through a
     /// pointer with no length. Keys may come in any order and unknown keys
     /// are ignored (the first of a repeated key counts); `kernel_name` must
-    /// be a str and `kpack_search_paths` an array of at least one str.
+    /// be a str and `kpack_search_paths` an array of at least one str. An
+    /// optional key of the wrong type is ignored, as an unknown key is:
+    /// what the runtime loads never depends on it.
     pub fn read(rd: impl Read) -> Result<HipkMetadata, HipkError> {
         let (value, _) = msgpack::read(rd.take(MAX_METADATA_SIZE as u64))?;
         if value.as_map().is_none() {
@@ -189,8 +234,20 @@ impl HipkMetadata {
         Ok(HipkMetadata {
             kernel_name: kernel_name(&value)?,
             search_paths: search_paths(&value)?,
+            targets: str_list(&value, KEY_TARGETS),
         })
     }
+}
+
+/// The optional field `key`, if it is an array of str.
+fn str_list(map: &Value, key: &str) -> Option<Vec<String>> {
+    let Value::Array(items) = msgpack::get(map, key)? else {
+        return None;
+    };
+    items
+        .iter()
+        .map(|v| v.as_str().map(str::to_owned))
+        .collect()
 }
 
 /// The field `key` of the metadata map `map`.
@@ -236,15 +293,20 @@ fn search_paths(map: &Value) -> Result<Vec<String>, HipkError> {
         .collect()
 }
 
-/// The metadata as MessagePack writes it: a map of the two keys, search
-/// paths first (the reference's order).
+/// The metadata as MessagePack writes it: the reference's two keys in its
+/// order (search paths first), then each optional key that is present.
 struct Wire<'a>(&'a HipkMetadata);
 
 impl Serialize for Wire<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(2))?;
-        m.serialize_entry(KEY_SEARCH_PATHS, &self.0.search_paths)?;
-        m.serialize_entry(KEY_KERNEL_NAME, &self.0.kernel_name)?;
+        let md = self.0;
+        let optional = usize::from(md.targets.is_some());
+        let mut m = s.serialize_map(Some(2 + optional))?;
+        m.serialize_entry(KEY_SEARCH_PATHS, &md.search_paths)?;
+        m.serialize_entry(KEY_KERNEL_NAME, &md.kernel_name)?;
+        if let Some(t) = &md.targets {
+            m.serialize_entry(KEY_TARGETS, t)?;
+        }
         m.end()
     }
 }
@@ -261,10 +323,7 @@ mod tests {
     }
 
     fn sample() -> HipkMetadata {
-        HipkMetadata {
-            kernel_name: "bin/x".into(),
-            search_paths: vec!["a".into(), "/abs/b_@GFXARCH@.kpack".into()],
-        }
+        HipkMetadata::new("bin/x", vec!["a".into(), "/abs/b_@GFXARCH@.kpack".into()])
     }
 
     /// Python: msgpack.packb({"kpack_search_paths": ["a", "/abs/b_@GFXARCH@.kpack"],
@@ -276,10 +335,10 @@ mod tests {
     #[test]
     fn encode_matches_python() {
         assert_eq!(sample().encode(), unhex(SAMPLE_PY));
-        let one = HipkMetadata {
-            kernel_name: "lib/librocblas.so".into(),
-            search_paths: vec!["../.kpack/blas_@GFXARCH@.kpack".into()],
-        };
+        let one = HipkMetadata::new(
+            "lib/librocblas.so",
+            vec!["../.kpack/blas_@GFXARCH@.kpack".into()],
+        );
         assert_eq!(
             one.encode(),
             unhex(
@@ -287,6 +346,54 @@ mod tests {
                  465841524348402e6b7061636bab6b65726e656c5f6e616d65b16c69622f6c6962726f63626c61732e736f"
             )
         );
+    }
+
+    /// Python: msgpack.packb({"kpack_search_paths": [...], "kernel_name":
+    /// "bin/x", "kpack_targets": ["gfx1100", "gfx90a:xnack-"]},
+    /// use_bin_type=True): the reference's two keys first, as it writes
+    /// them, then the optional key.
+    const SAMPLE_TARGETS_PY: &str =
+        "83b26b7061636b5f7365617263685f706174687392a161b62f6162732f625f40474658415243484\
+         02e6b7061636bab6b65726e656c5f6e616d65a562696e2f78ad6b7061636b5f7461726765747392a7\
+         67667831313030ad6766783930613a786e61636b2d";
+
+    #[test]
+    fn targets_key_encodes_after_the_reference_keys() {
+        let m = sample().with_targets(["gfx90a:xnack-", "gfx1100", "gfx1100"]);
+        assert_eq!(
+            m.targets.as_deref(),
+            Some(&["gfx1100".to_string(), "gfx90a:xnack-".into()][..])
+        );
+        let b = m.encode();
+        assert_eq!(b, unhex(SAMPLE_TARGETS_PY));
+        // The reference's bytes are a prefix, but for the map's size.
+        assert_eq!(b[1..unhex(SAMPLE_PY).len()], unhex(SAMPLE_PY)[1..]);
+        assert_eq!(HipkMetadata::decode(&b).unwrap(), m);
+        // Without the key, as before.
+        assert_eq!(
+            HipkMetadata::decode(&unhex(SAMPLE_PY)).unwrap().targets,
+            None
+        );
+        let none: [&str; 0] = [];
+        let empty = sample().with_targets(none);
+        assert_eq!(HipkMetadata::decode(&empty.encode()).unwrap(), empty);
+    }
+
+    #[test]
+    fn a_malformed_targets_key_is_ignored() {
+        for bad in [
+            Value::from(3i64),
+            Value::from("gfx942"),
+            Value::Array(vec!["gfx942".into(), Value::from(1i64)]),
+        ] {
+            let v = msgpack::str_map([
+                ("kernel_name", Value::from("k")),
+                ("kpack_search_paths", Value::Array(vec!["p".into()])),
+                (KEY_TARGETS, bad),
+            ]);
+            let m = HipkMetadata::decode(&msgpack::encode(&v)).unwrap();
+            assert_eq!(m, HipkMetadata::new("k", vec!["p".into()]));
+        }
     }
 
     #[test]
@@ -305,13 +412,7 @@ mod tests {
             ("kpack_search_paths", Value::Array(vec!["p".into()])),
         ]);
         let m = HipkMetadata::decode(&msgpack::encode(&v)).unwrap();
-        assert_eq!(
-            m,
-            HipkMetadata {
-                kernel_name: "k".into(),
-                search_paths: vec!["p".into()]
-            }
-        );
+        assert_eq!(m, HipkMetadata::new("k", vec!["p".into()]));
     }
 
     #[test]
@@ -379,19 +480,13 @@ mod tests {
 
     #[test]
     fn reads_at_most_64k() {
-        let big = HipkMetadata {
-            kernel_name: "k".repeat(MAX_METADATA_SIZE),
-            search_paths: vec!["p".into()],
-        };
+        let big = HipkMetadata::new("k".repeat(MAX_METADATA_SIZE), vec!["p".into()]);
         let b = big.encode();
         assert!(matches!(
             HipkMetadata::decode(&b),
             Err(HipkError::Msgpack(DecodeError::Truncated { .. }))
         ));
-        let fits = HipkMetadata {
-            kernel_name: "k".repeat(60_000),
-            search_paths: vec!["p".into()],
-        };
+        let fits = HipkMetadata::new("k".repeat(60_000), vec!["p".into()]);
         assert_eq!(HipkMetadata::decode(&fits.encode()).unwrap(), fits);
     }
 

@@ -10,7 +10,11 @@
 //! - [`msgpack`]: the MessagePack subset of TOCs and HIPK metadata;
 //! - [`archive`]: `.kpack` archives (header, TOC, schemes `none` and
 //!   `zstd-per-kernel`), reading and the TOC a writer encodes;
-//! - [`hipk`]: HIPK metadata and the `HIPF`/`HIPK` wrapper records.
+//! - [`hipk`]: HIPK metadata and the `HIPF`/`HIPK` wrapper records;
+//! - [`offloading`]: LLVM's offload binaries (`.llvm.offloading`, clang's
+//!   new offload driver);
+//! - [`processors`]: what each AMDGPU processor supports (features,
+//!   generic targets) and the kernel driver's `gfx_target_version`.
 
 #![deny(unsafe_code)]
 
@@ -18,4 +22,6 @@ pub mod archive;
 pub mod bytes;
 pub mod hipk;
 pub mod msgpack;
+pub mod offloading;
+pub mod processors;
 pub mod target;

@@ -48,7 +48,8 @@ pub enum Class {
     /// A relocatable object (`ET_REL`): a link input, not a run-time
     /// binary.
     Relocatable {
-        /// Whether it carries a `.hip_fatbin` section.
+        /// Whether it carries a `.hip_fatbin` or a `.llvm.offloading`
+        /// section (clang's new offload driver).
         device_code: bool,
     },
     /// A static archive: a link input.
@@ -152,6 +153,30 @@ pub struct Classified<'a> {
     /// The host binary, or why the bytes are not one (for an archive or a
     /// bundle: not an ELF file).
     pub binary: Result<HostBinary<'a>, BinaryError>,
+}
+
+/// What kpack says about a file it leaves as it is although it looks like
+/// device code could be in it: a debug-info file, an offloaded binary, a
+/// relocatable object with device code, a binary whose `.hip_fatbin` holds
+/// none ([`HostBinary::empty_fatbin`]). The same words from offload,
+/// split, pack-tree and split-wheels, each adding what it does with the
+/// file. `None` for anything else (a fat binary, a host-only binary without
+/// a `.hip_fatbin`, a static archive, a file that is no binary).
+pub fn as_is_note(file: &Classified) -> Option<String> {
+    Some(match &file.class {
+        Class::DebugOnly => {
+            "a debug-info file (NOBITS .hip_fatbin, no metadata): no device code".to_string()
+        }
+        Class::Offloaded => "already offloaded".to_string(),
+        Class::Relocatable { device_code: true } => {
+            "a link input (relocatable object) with device code".to_string()
+        }
+        Class::HostOnly => {
+            let why = file.binary.as_ref().ok()?.empty_fatbin()?;
+            format!("no device code ({why})")
+        }
+        _ => return None,
+    })
 }
 
 /// Why the host binary `bytes` carries no device code, when it is one
@@ -525,8 +550,10 @@ impl<'a> HostBinary<'a> {
             return Class::CodeObject;
         }
         if elf.elf_type() == ElfType::Relocatable {
+            let offloading = kpack_format::offloading::SECTION;
             return Class::Relocatable {
-                device_code: elf.section_index(FATBIN_SECTION).is_some(),
+                device_code: elf.section_index(FATBIN_SECTION).is_some()
+                    || elf.section_index(offloading).is_some(),
             };
         }
         if self.empty_fatbin().is_some() {

@@ -20,6 +20,8 @@ pub enum Listing {
     FatBinary(FatBinaryListing),
     Archive(ArchiveListing),
     Offloaded(OffloadedListing),
+    /// A relocatable object or static archive with device code.
+    LinkInput(crate::link_input::LinkInputListing),
     CodeObject(CodeObjectListing),
 }
 
@@ -128,6 +130,10 @@ pub struct OffloadedListing {
     pub pe_kind: Option<PeKind>,
     pub kernel_name: String,
     pub search_paths: Vec<String>,
+    /// The targets its code objects were split for (`kpack_targets`);
+    /// `null` when the metadata does not record them (the reference tools,
+    /// older kpack).
+    pub targets: Option<Vec<String>>,
     pub metadata_address: u64,
     pub wrappers: Vec<WrapperListing>,
 }
@@ -171,6 +177,11 @@ pub fn list(path: &Path) -> Result<Listing> {
             kernels: kernels.into_iter().collect(),
         }));
     }
+    if link_input_without_bundle(&classified) {
+        let archive = classified.class == Class::StaticArchive;
+        let l = crate::link_input::list(path, &mapped, archive)?;
+        return Ok(Listing::LinkInput(l));
+    }
     Ok(match device_code(path, &classified)? {
         DeviceCode::Fat(fat) => Listing::FatBinary(fat_listing(&fat, file, file_size)),
         DeviceCode::Offloaded(o) => Listing::Offloaded(OffloadedListing {
@@ -186,10 +197,23 @@ pub fn list(path: &Path) -> Result<Listing> {
             },
             kernel_name: o.metadata.kernel_name.clone(),
             search_paths: o.metadata.search_paths.clone(),
+            targets: o.metadata.targets.clone(),
             metadata_address: o.metadata_addr,
             wrappers: wrappers(&o.wrappers),
         }),
     })
+}
+
+/// A static archive, or a relocatable object without a `.hip_fatbin` (its
+/// device code, if any, in `.llvm.offloading`): listed as a link input.
+fn link_input_without_bundle(file: &crate::binary::Classified) -> bool {
+    match (&file.class, &file.binary) {
+        (Class::StaticArchive, _) => true,
+        (Class::Relocatable { .. }, Ok(bin)) => {
+            !matches!(bin.fatbin(), Ok(Some(s)) if !s.is_nobits())
+        }
+        _ => false,
+    }
 }
 
 fn archive_listing(path: &Path, file: String, file_size: u64) -> Result<ArchiveListing> {

@@ -27,6 +27,7 @@
 
 mod archive_writer;
 pub mod binary;
+pub mod deps;
 pub mod elf;
 mod error;
 pub mod extract;
@@ -34,10 +35,12 @@ pub mod fatbin;
 pub mod image;
 pub mod inspect;
 pub mod kernels;
+pub mod link_input;
 pub mod offload;
 pub mod output;
 pub mod pe;
 pub mod prune;
+pub mod repoint;
 pub mod restore;
 pub mod why;
 

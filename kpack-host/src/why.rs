@@ -16,6 +16,7 @@ use crate::error::{Error, Result, WithPath};
 use crate::fatbin::{device_code, DeviceCode};
 use crate::input::map_file;
 use crate::loader::{Loader, Trace};
+use crate::target::TargetId;
 
 /// What the runtime would do for one wrapper.
 #[derive(Debug, Clone, Serialize)]
@@ -54,6 +55,12 @@ pub struct Why {
     pub binary_path: PathBuf,
     pub kernel_name: String,
     pub search_paths: Vec<String>,
+    /// The targets the binary was split for (`kpack_targets`), when it
+    /// records them.
+    pub targets: Option<Vec<String>>,
+    /// Whether one of them runs on a device with these ISAs (`null` when
+    /// the binary records no targets): when not, no archive can help.
+    pub has_code: Option<bool>,
     pub archs: Vec<String>,
     pub wrappers: Vec<WrapperWhy>,
 }
@@ -121,11 +128,25 @@ pub(crate) fn why_with(loader: &Loader, binary: &Path, archs: &[String]) -> Resu
     Ok(Why {
         binary: binary.into(),
         binary_path,
+        has_code: o.metadata.targets.as_ref().map(|t| has_code(t, archs)),
         kernel_name: o.metadata.kernel_name,
         search_paths: o.metadata.search_paths,
+        targets: o.metadata.targets,
         archs: archs.to_vec(),
         wrappers,
     })
+}
+
+/// Would a device with these ISAs load code built for one of `targets`?
+fn has_code(targets: &[String], archs: &[String]) -> bool {
+    let accepted: Vec<TargetId> = archs
+        .iter()
+        .filter_map(|a| TargetId::parse(a).ok())
+        .flat_map(|a| a.compatible_targets())
+        .collect();
+    targets
+        .iter()
+        .any(|t| TargetId::parse(t).is_ok_and(|t| accepted.contains(&t)))
 }
 
 #[cfg(test)]
@@ -161,10 +182,10 @@ mod tests {
             "gfx90a",
             &["lib/x.so#0", "lib/x.so#1"],
         );
-        let meta = crate::hipk::HipkMetadata {
-            kernel_name: "lib/x.so".into(),
-            search_paths: vec!["../.kpack/lib_@GFXARCH@.kpack".into()],
-        };
+        let meta = crate::hipk::HipkMetadata::new(
+            "lib/x.so",
+            vec!["../.kpack/lib_@GFXARCH@.kpack".into()],
+        );
         let bin = dir.path().join("lib/x.so");
         let loader = Loader::new(Config::default());
         let (r, t) = loader.explain(&meta, &bin, 1, &["amdgcn-amd-amdhsa--gfx90a:xnack-"]);

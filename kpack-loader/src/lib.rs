@@ -362,11 +362,16 @@ impl Loader {
             self.debug(format_args!("trying architecture: {arch}"));
             for target in targets {
                 if let Some(mut found) = search.find(target, &mut alloc)? {
-                    let (size, how) = match &mut found.0 {
-                        Loaded::Buffer(b) => (b.as_mut().len(), ""),
-                        Loaded::Mapped(m) => (m.len(), " (mapped from the archive, no copy)"),
+                    // Upstream's line exactly; kpack's remark on a line of
+                    // its own.
+                    let (size, mapped) = match &mut found.0 {
+                        Loaded::Buffer(b) => (b.as_mut().len(), false),
+                        Loaded::Mapped(m) => (m.len(), true),
                     };
-                    self.debug(format_args!("loaded code object: {size} bytes{how}"));
+                    self.debug(format_args!("loaded code object: {size} bytes"));
+                    if mapped {
+                        self.debug(format_args!("  (mapped from the archive, no copy)"));
+                    }
                     return Ok(found);
                 }
             }
@@ -419,11 +424,7 @@ mod tests {
     use std::sync::Mutex as StdMutex;
 
     fn meta(kernel_name: &str, paths: &[&str]) -> Vec<u8> {
-        HipkMetadata {
-            kernel_name: kernel_name.into(),
-            search_paths: paths.iter().map(|p| p.to_string()).collect(),
-        }
-        .encode()
+        HipkMetadata::new(kernel_name, paths.iter().map(|p| p.to_string()).collect()).encode()
     }
 
     fn code(key: &str, target: &str) -> Vec<u8> {
@@ -482,11 +483,7 @@ mod tests {
             &b""[..],
             b"\xc1",
             b"\x90",
-            &HipkMetadata {
-                kernel_name: "x".into(),
-                search_paths: vec![],
-            }
-            .encode(),
+            &HipkMetadata::new("x", vec![]).encode(),
         ] {
             assert!(matches!(
                 quiet().load_code_object(bad, &bin, 0, &["gfx900"]),

@@ -43,10 +43,8 @@ pub fn rewrite_binary(
             .with_path(&input)?
             .permissions()
             .mode();
-        let metadata = HipkMetadata {
-            kernel_name,
-            search_paths,
-        };
+        let metadata = HipkMetadata::new(kernel_name, search_paths)
+            .with_targets(binary_targets(&input, &mapped)?);
         let t = kpack_host::offload::rewrite(&input, &mapped, &metadata)?;
         let r = Rewritten {
             pe: kpack_host::pe::is_pe(&mapped),
@@ -66,6 +64,13 @@ pub fn rewrite_binary(
     Ok((format, r.original_size, r.new_size, r.metadata_addr))
 }
 
+/// The targets of the fat binary `bytes` (at `path`): its metadata's
+/// `kpack_targets`, as the archives the caller writes for it are named.
+fn binary_targets(path: &std::path::Path, bytes: &[u8]) -> Result<Vec<String>, Failure> {
+    let bin = HostBinary::parse(bytes).with_path(path)?;
+    Ok(kpack_host::offload::fat_targets(path, &bin)?)
+}
+
 /// The HIPK metadata of `path` as a dict (`kpack_search_paths`,
 /// `kernel_name`), or `None` when it has no metadata section.
 #[pyfunction]
@@ -82,6 +87,9 @@ pub fn read_marker<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Option<Bound
     let d = PyDict::new(py);
     d.set_item("kpack_search_paths", md.search_paths)?;
     d.set_item("kernel_name", md.kernel_name)?;
+    if let Some(t) = md.targets {
+        d.set_item(kpack_format::hipk::KEY_TARGETS, t)?;
+    }
     Ok(Some(d))
 }
 

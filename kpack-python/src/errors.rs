@@ -184,9 +184,9 @@ fn artifact_kind(e: &ArtifactError) -> Kind {
     match e {
         ArtifactError::Core(h) => host_kind(h),
         ArtifactError::OutputExists { .. } => Kind::OutputExists,
-        ArtifactError::ArtifactsFailed { .. } | ArtifactError::VerifyFailed { .. } => {
-            Kind::Verification
-        }
+        ArtifactError::ArtifactsFailed { .. }
+        | ArtifactError::VerifyFailed { .. }
+        | ArtifactError::ProblemsFound { .. } => Kind::Verification,
         ArtifactError::UnknownDatabase { .. }
         | ArtifactError::BadGpuTargets { .. }
         | ArtifactError::Config { .. } => Kind::Usage,

@@ -35,12 +35,14 @@ from ._errors import (
 from ._native import __version__
 from ._archive import Archive, Entry
 from ._api import (
+    DoctorSummary,
     OffloadSummary,
     PackTreeSummary,
     SplitSummary,
     Summary,
     VerifySummary,
     WheelSummary,
+    doctor,
     offload,
     pack_tree,
     run,
@@ -58,6 +60,7 @@ __all__ = [
     "pack_tree",
     "split_wheels",
     "verify",
+    "doctor",
     "run",
     "Summary",
     "OffloadSummary",
@@ -65,6 +68,7 @@ __all__ = [
     "PackTreeSummary",
     "WheelSummary",
     "VerifySummary",
+    "DoctorSummary",
     "Error",
     "UsageError",
     "InputError",

@@ -101,6 +101,13 @@ class VerifySummary(Summary):
     ``targets``."""
 
 
+class DoctorSummary(Summary):
+    """What :func:`doctor` found: ``targets`` (the GPU targets checked),
+    ``problems`` (each with ``binary``, ``target``, ``message``, ``fix`` and
+    ``kind``; empty when every binary resolves), ``binaries``,
+    ``offloaded``, ``archives``."""
+
+
 def _wrap(v: Any) -> Any:
     if isinstance(v, dict):
         return Summary(v)
@@ -354,3 +361,32 @@ def verify(
         .opt("--jobs", jobs)
     )
     return run(a.argv, VerifySummary)  # type: ignore[return-value]
+
+
+def doctor(
+    *paths: PathLike,
+    arch: Optional[Union[str, Sequence[str]]] = None,
+    sysfs_root: Optional[PathLike] = None,
+) -> DoctorSummary:
+    """What keeps the GPU code under ``paths`` (a site-packages, an install
+    prefix, an application folder, files) from loading on this machine's
+    GPUs, or on the targets ``arch`` names (``kpack doctor``). Problems are
+    returned, not raised: ``summary.problems`` is empty when every
+    offloaded binary resolves for every target::
+
+        >>> s = kpack.doctor(site.getsitepackages()[0])                      # doctest: +SKIP
+        >>> [(p.binary, p.fix) for p in s.problems]                           # doctest: +SKIP
+        [('.../torch/lib/libtorch_hip.so', 'pip install "torch[device-gfx1151]"')]
+
+    Nothing to check (no GPU and no ``arch``, a path that does not exist)
+    raises :class:`kpack.InputError`.
+    """
+    if not paths:
+        raise TypeError("doctor() needs at least one path")
+    a = _Args("doctor", *paths).repeat("--arch", arch).opt("--sysfs-root", sysfs_root)
+    try:
+        return run(a.argv, DoctorSummary)  # type: ignore[return-value]
+    except VerificationError as e:
+        if e.summary is None:
+            raise
+        return e.summary  # type: ignore[return-value]

@@ -164,3 +164,28 @@ def test_run_and_the_command(tmp_path, fixtures, kpack_cli):
     p = subprocess.run(f"'{sys.executable}' -m kpack ls '{fixtures / 'libmulti.so'}' | head -1", shell=True,
                        capture_output=True, text=True)
     assert p.stdout.count("\n") == 1 and "Traceback" not in p.stderr
+
+
+def test_doctor(tmp_path, fixtures, kpack_cli):
+    tree = tmp_path / "tree" / "lib"
+    tree.mkdir(parents=True)
+    (tree / "libmulti.so").write_bytes((fixtures / "libmulti.so").read_bytes())
+    packed = tmp_path / "packed"
+    kpack.pack_tree(tmp_path / "tree", packed, group_name="rocm")
+    ok = kpack.doctor(packed, arch="gfx942")
+    assert isinstance(ok, kpack.DoctorSummary)
+    assert ok.targets == ["gfx942"] and ok.problems == [] and ok.offloaded == 1
+    (packed / ".kpack" / "rocm_gfx942.kpack").unlink()
+    s = kpack.doctor(packed, arch=["gfx942", "gfx1151"])
+    kinds = {(p.target, p.kind) for p in s.problems}
+    assert kinds == {("gfx942", "missing_archive"), ("gfx1151", "no_code_for_target")}
+    missing = next(p for p in s.problems if p.target == "gfx942")
+    assert missing.binary.endswith("lib/libmulti.so") and "rocm_gfx942.kpack" in missing.fix
+    # The same data as the command's --json.
+    r = kpack_cli("doctor", packed, "--arch", "gfx942", "--arch", "gfx1151", "--json", check=False)
+    assert r.returncode == 1
+    assert json.loads(r.stdout) == s.to_dict()
+    # Nothing to check: an error, exit status 2 from the command.
+    with pytest.raises(kpack.InputError, match="no GPU found"):
+        kpack.doctor(packed, sysfs_root=tmp_path / "no-sys")
+    assert kpack_cli("doctor", tmp_path / "nope", "--arch", "gfx942", check=False).returncode == 2

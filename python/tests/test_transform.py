@@ -38,8 +38,14 @@ def test_offload_elf_and_pe(tmp_path, fixtures, kpack_cli, fixture, fmt, addr):
     assert r["new_size"] == out.stat().st_size
     assert r["removed"] == r["original_size"] - r["new_size"]
     assert isinstance(r[addr], int) and r[addr] > 0
-    assert read_kpack_ref_marker(out) == {"kpack_search_paths": paths, "kernel_name": "libvadd.so"}
-    assert list(read_kpack_ref_marker(str(out))) == ["kpack_search_paths", "kernel_name"]
+    targets = {"libvadd.so": ["gfx1100", "gfx1101", "gfx942"], "windows/multi.dll": ["gfx1100", "gfx942"]}
+    assert read_kpack_ref_marker(out) == {
+        "kpack_search_paths": paths,
+        "kernel_name": "libvadd.so",
+        "kpack_targets": targets[fixture],
+    }
+    # The reference's keys first, in its order; kpack's after them.
+    assert list(read_kpack_ref_marker(str(out))) == ["kpack_search_paths", "kernel_name", "kpack_targets"]
     assert os.stat(out).st_mode == os.stat(src).st_mode
     # The command's verifier accepts it as an offloaded binary.
     v = kpack_cli("verify-elf", "--offloaded", out, check=False)

@@ -73,6 +73,13 @@ fn check_installed(build: &Path, inst: &Path) {
         "install-time RPATH rewrite: {rpath}"
     );
     kpack_ok(&[&"verify-elf", &lib]);
+    // kpack_offload_target() records the targets it split for.
+    let ls: serde_json::Value = serde_json::from_str(&kpack_ok(&[&"ls", &lib, &"--json"])).unwrap();
+    assert_eq!(
+        ls["targets"],
+        serde_json::json!(["gfx1100", "gfx942"]),
+        "{ls}"
+    );
     for prog in ["consumer_c", "consumer_cxx"] {
         let out = run_ok(
             Command::new(inst.join("bin").join(prog))

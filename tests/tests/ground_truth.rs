@@ -66,6 +66,8 @@ ground_truth! {
     vadd_nopie => "vadd_nopie",
     libvadd_compressed => "libvadd_compressed.so",
     librdc => "librdc.so",
+    libvadd_newdriver => "libvadd_newdriver.so",
+    librdc_newdriver => "librdc_newdriver.so",
     libmulti => "libmulti.so",
     libwide => "libwide.so",
     libvadd_relr => "libvadd_relr.so",

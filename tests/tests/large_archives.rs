@@ -163,10 +163,7 @@ fn capi_kernel(path: &Path, key: &str, target: &str) -> Vec<u8> {
 /// `kpack_load_code_object` for a binary in `dir/lib` whose metadata names
 /// `dir/.kpack/<archive>`.
 fn capi_load(dir: &Path, archive: &str, co: u32, arch: &str) -> Vec<u8> {
-    let metadata = HipkMetadata {
-        kernel_name: KEY.into(),
-        search_paths: vec![format!("../.kpack/{archive}")],
-    };
+    let metadata = HipkMetadata::new(KEY, vec![format!("../.kpack/{archive}")]);
     // The runtime may read up to 64 KiB at the metadata's address.
     let mut window = metadata.encode();
     window.resize(64 << 10, 0);
@@ -240,11 +237,7 @@ fn archives_over_4_gib_both_schemes() {
 
     // The loader.
     let loader = Loader::new(Config::default());
-    let metadata = HipkMetadata {
-        kernel_name: KEY.into(),
-        search_paths: vec!["../.kpack/big_zstd.kpack".into()],
-    }
-    .encode();
+    let metadata = HipkMetadata::new(KEY, vec!["../.kpack/big_zstd.kpack".into()]).encode();
     let binary = dir.join("lib/libbig.so");
     let got = loader
         .load_code_object(&metadata, &binary, 1, &["gfx942:sramecc+:xnack-"])

@@ -174,3 +174,87 @@ fn a_bare_code_object_says_what_it_is() {
         assert!(text.contains("AMDGPU code object for"), "{text}");
     }
 }
+
+/// What `llvm-objdump --offloading` lists of a link input: (kind, arch)
+/// of every image, in order.
+fn objdump_offloading(path: &Path) -> Vec<(String, String)> {
+    let tool = kpack_testkit::oracle::llvm_bin().join("llvm-objdump");
+    let out = run_ok(
+        std::process::Command::new(tool)
+            .arg("--offloading")
+            .arg(path),
+    );
+    let mut images = Vec::new();
+    let mut kind = String::new();
+    for line in out.lines() {
+        if let Some(k) = line.strip_prefix("kind") {
+            kind = k.trim().to_string();
+        } else if let Some(a) = line.strip_prefix("arch") {
+            images.push((kind.clone(), a.trim().to_string()));
+        }
+    }
+    images
+}
+
+/// Link inputs of clang's new offload driver (`-fgpu-rdc`: LLVM IR per
+/// target in `.llvm.offloading`): an object and a static archive, listed
+/// image by image as LLVM's own tool lists them.
+#[test]
+fn new_driver_link_inputs_list_their_images() {
+    use kpack_testkit::fixtures::{NEW_DRIVER_LINK_INPUTS, NEW_DRIVER_TARGETS};
+    for rel in NEW_DRIVER_LINK_INPUTS {
+        let path = fixtures_dir().join(rel);
+        let v = ls_json(&path);
+        assert_eq!(v["kind"], "link_input", "{rel}");
+        let archive = rel.ends_with(".a");
+        let container = if archive {
+            "static_archive"
+        } else {
+            "relocatable"
+        };
+        assert_eq!(v["container"], container, "{rel}");
+        assert_eq!(v["targets"], serde_json::json!(NEW_DRIVER_TARGETS), "{rel}");
+        let members = v["members"].as_array().unwrap();
+        assert_eq!(members.len(), if archive { 3 } else { 1 }, "{rel}");
+        let ours: Vec<(String, String)> = members
+            .iter()
+            .flat_map(|m| m["images"].as_array().unwrap().iter())
+            .map(|i| {
+                assert!(i["size"].as_u64().unwrap() > 1000, "{rel}: {i}");
+                (
+                    i["kind"].as_str().unwrap().into(),
+                    i["target"].as_str().unwrap().into(),
+                )
+            })
+            .collect();
+        assert_eq!(ours, objdump_offloading(&path), "{rel}");
+        assert!(members.iter().all(|m| m["section"] == ".llvm.offloading"));
+        let text = kpack_ok(&[&"ls", &path]);
+        assert!(
+            text.contains("link input") && text.contains("llvm ir"),
+            "{text}"
+        );
+        assert!(!text.contains("without device code"), "{text}");
+    }
+    // A static archive without device code is still refused by name.
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("libhost.a");
+    let obj = dir.path().join("host.o");
+    std::fs::write(dir.path().join("host.c"), "int f(void) { return 1; }\n").unwrap();
+    built(
+        Program::c("c11")
+            .input(dir.path().join("host.c"))
+            .compile(&obj),
+    );
+    run_ok(
+        std::process::Command::new("ar")
+            .arg("rcs")
+            .arg(&empty)
+            .arg(&obj),
+    );
+    let err = kpack_fails(&[&"ls", &empty]);
+    assert!(
+        err.contains("libhost.a") && err.contains("without device code"),
+        "{err}"
+    );
+}

@@ -45,6 +45,10 @@ mod rocfft_caches;
 mod therock;
 mod verify_tree;
 
+// Deployments: what keeps GPU code from loading, application-local copies.
+mod bundle;
+mod doctor;
+
 // Python wheels, and kpack as a pip package.
 mod python_api;
 mod python_package;
@@ -60,6 +64,9 @@ mod robustness_determinism;
 mod robustness_paths;
 mod robustness_regressions;
 mod robustness_threads;
+
+// Upstream's readers on kpack's outputs (optional: KPACK_UPSTREAM_PYTHON).
+mod upstream_readers;
 
 // The CMake package and a TheRock-shaped superbuild.
 mod cmake;

@@ -220,3 +220,75 @@ fn split_wheels_gives_the_host_wheel_only() {
     assert!(err.contains("no fat binaries found under pkg/"), "{err}");
     assert!(err.contains("no binaries at all"), "{err}");
 }
+
+/// The notes of `kpack split` over an artifact holding only `name`.
+fn split_notes(dir: &Path, name: &str, bytes: &[u8]) -> String {
+    let a = dir.join("shard/blas_dbg_gfx110X-dgpu");
+    fs::create_dir_all(a.join("stage/lib")).unwrap();
+    fs::write(a.join("artifact_manifest.txt"), "stage\n").unwrap();
+    fs::write(a.join("stage/lib").join(name), bytes).unwrap();
+    let j: serde_json::Value = serde_json::from_str(&kpack_ok(&[
+        &"split",
+        &"--batch-artifact-parent-dir",
+        &dir.join("shard"),
+        &"--output-dir",
+        &dir.join("split"),
+        &"--json",
+    ]))
+    .unwrap();
+    j["artifacts"][0]["notes"].to_string()
+}
+
+/// A `_dbg` debug library (`objcopy --only-keep-debug` of a fat one: the
+/// sections are NOBITS headers, no device bytes) is copied as it is by
+/// `offload`, `split` and `split-wheels`, each with the same note.
+#[test]
+fn a_debug_library_gets_the_same_note_from_every_command() {
+    let t = scratch();
+    let dbg = t.path().join("libvadd.so.dbg");
+    run_ok(
+        Command::new("objcopy")
+            .arg("--only-keep-debug")
+            .arg(fixture("libvadd.so").path)
+            .arg(&dbg),
+    );
+    let bytes = fs::read(&dbg).unwrap();
+    let note = "a debug-info file (NOBITS .hip_fatbin, no metadata): no device code";
+    // offload
+    let out = t.path().join("out/libvadd.so.dbg");
+    let o = kpack(&[
+        &"offload",
+        &dbg,
+        &"-o",
+        &out,
+        &"--archive-dir",
+        &t.path().join("k"),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains(&format!("libvadd.so.dbg: {note}")), "{err}");
+    assert_eq!(fs::read(&out).unwrap(), bytes);
+    // split
+    let notes = split_notes(t.path(), "libvadd.so.dbg", &bytes);
+    assert!(
+        notes.contains(&format!("libvadd.so.dbg: {note}")),
+        "{notes}"
+    );
+    // split-wheels, beside a fat library (something to split)
+    let fat = fs::read(fixture("libvadd.so").path).unwrap();
+    let src = wheel(
+        &t.path().join("w"),
+        &[
+            ("lib/libvadd.so.dbg", bytes.clone()),
+            ("lib/libvadd.so", fat),
+        ],
+    );
+    let o = split_wheel(&src, &t.path().join("dist"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let notes = j["notes"].to_string();
+    assert!(
+        notes.contains(&format!("pkg/lib/libvadd.so.dbg: {note}")),
+        "{notes}"
+    );
+}

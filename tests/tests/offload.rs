@@ -44,10 +44,16 @@ fn offload(input: &Path) -> Offloaded {
 
 /// Everything the issue asks of one offloaded fixture.
 fn check_fixture(name: &str) {
+    check_fixture_but(name, &[]);
+}
+
+/// [`check_fixture`], with eu-elflint complaints containing one of `known`
+/// let through (a known defect of the ELF rewrite, named by the caller).
+fn check_fixture_but(name: &str, known: &[&str]) {
     let f = fixture(name);
     let o = offload(&f.path);
     assert_eq!(o.summary["outcome"], "offloaded");
-    assert_tools_accept(&f.path, &o.out);
+    assert_tools_accept_but(&f.path, &o.out, known);
 
     // Host code still runs, and the runtime sees HIPK wrappers whose
     // metadata and archives give back the original code objects.
@@ -224,6 +230,7 @@ offload_tests! {
     vadd_nopie => "vadd_nopie",
     libvadd_compressed => "libvadd_compressed.so",
     librdc => "librdc.so",
+    libvadd_newdriver => "libvadd_newdriver.so",
     libmulti => "libmulti.so",
     libwide => "libwide.so",
     libvadd_relr => "libvadd_relr.so",
@@ -235,6 +242,15 @@ offload_tests! {
     libvadd_before_data_bfd => "libvadd_before_data_bfd.so",
     libvadd_before_data_lld => "libvadd_before_data_lld.so",
     libvadd_two_loads_bfd => "libvadd_two_loads_bfd.so",
+}
+
+/// clang's new offload driver with `-fgpu-rdc`: clang-linker-wrapper's
+/// bundle (16-aligned, not on a page) and its one wrapper. The local
+/// symbol `.fatbin_image`, which has the bundle's size, names the metadata
+/// afterwards, with the metadata's size.
+#[test]
+fn librdc_newdriver() {
+    check_fixture("librdc_newdriver.so");
 }
 
 #[test]
@@ -539,27 +555,8 @@ fn refuses_relocation_into_removed_bytes() {
 /// through `kpack_load_code_object`: the bytes equal the bundler's.
 #[test]
 fn c_runtime_loads_offloaded_fixtures() {
-    let root = workspace();
     let dir = tempfile::tempdir().unwrap();
-    // The archive as installed (prelinked: the C API alone, no C++ glue),
-    // which a C program links with a C compiler only.
-    let installed = dir.path().join("installed");
-    {
-        let _build = build_lock();
-        kpack_testkit::workspace::install_runtime(&installed).unwrap_or_else(|e| panic!("{e:#}"));
-    }
-    let lib = installed.join("lib/librocm_kpack.a");
-    let checker = dir.path().join("check");
-    let mut p = Program::c("c11");
-    p.cc()
-        .warnings(true)
-        .warnings_into_errors(true)
-        .flag("-rdynamic")
-        .define("ROCM_KPACK_STATIC", None)
-        .include(root.join("kpack-cxx/include"));
-    p.input(root.join("integration/cmake-consumer/check.c"))
-        .static_runtime(&lib);
-    built(p.link(&checker));
+    let checker = runtime_checker();
     for f in fixtures()
         .into_iter()
         .filter(|f| f.device_code() && f.name.ends_with(".so"))

@@ -8,11 +8,7 @@ use kpack_host::offload::{transform, verify_elf};
 
 #[test]
 fn mutated_fixtures_never_panic() {
-    let meta = HipkMetadata {
-        kernel_name: "lib/x.so".into(),
-        search_paths: vec!["../.kpack/x_@GFXARCH@.kpack".into()],
-    }
-    .encode();
+    let meta = HipkMetadata::new("lib/x.so", vec!["../.kpack/x_@GFXARCH@.kpack".into()]).encode();
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut produced = 0;
     for f in fixtures().into_iter().filter(|f| f.device_code()) {

@@ -224,11 +224,8 @@ fn reference_tree(input: &Path) -> RefTree {
         &"--search-path",
         &search,
     ]);
-    let meta = HipkMetadata {
-        kernel_name,
-        search_paths: vec![search],
-    }
-    .encode();
+    // The reference's metadata: its two keys, no `kpack_targets`.
+    let meta = HipkMetadata::new(kernel_name, vec![search]).encode();
     let binary = root.join("lib").join(&name);
     std::fs::create_dir_all(binary.parent().unwrap()).unwrap();
     std::fs::write(

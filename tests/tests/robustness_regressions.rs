@@ -16,10 +16,10 @@ use kpack_loader::{Config, Loader};
 use object::read::elf::FileHeader as _;
 
 fn meta() -> Vec<u8> {
-    HipkMetadata {
-        kernel_name: "lib/libfuzz.so".into(),
-        search_paths: vec!["../.kpack/libfuzz_@GFXARCH@.kpack".into()],
-    }
+    HipkMetadata::new(
+        "lib/libfuzz.so",
+        vec!["../.kpack/libfuzz_@GFXARCH@.kpack".into()],
+    )
     .encode()
 }
 
@@ -328,11 +328,7 @@ fn metadata_window_grows_in_few_steps() {
             Ok(n)
         }
     }
-    let m = HipkMetadata {
-        kernel_name: "k".into(),
-        search_paths: vec!["a".into(); 30_000],
-    }
-    .encode();
+    let m = HipkMetadata::new("k", vec!["a".into(); 30_000]).encode();
     assert!(m.len() > 60_000);
     let mut rd = Counting(&m, 0);
     let clock = Instant::now();

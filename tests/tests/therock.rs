@@ -701,6 +701,22 @@ fn therock_tree_split_by_gpu_targets_recombined_and_installed() {
                 continue;
             }
             assert!(o.status.success(), "{shard} {component}: {stderr}");
+            // Each offloaded binary records the targets this split kept.
+            for (_, prefix, rel, _) in FAT.iter().filter(|f| f.0 == *component) {
+                let generic = out.join(format!("{component}_generic"));
+                let ls = json(&kpack_ok(&[
+                    &"ls",
+                    &generic.join(prefix).join(rel),
+                    &"--json",
+                ]));
+                let want: BTreeSet<String> = truth[&format!("{prefix}/{rel}")]
+                    .keys()
+                    .map(|(_, t)| t.clone())
+                    .filter(|t| bases.contains(&base(t)))
+                    .collect();
+                let got: BTreeSet<String> = serde_json::from_value(ls["targets"].clone()).unwrap();
+                assert_eq!(got, want, "{shard}: {prefix}/{rel}");
+            }
             let summary = json(&String::from_utf8_lossy(&o.stdout));
             let outputs: Vec<String> = summary["artifacts"][0]["outputs"]
                 .as_array()

@@ -198,21 +198,28 @@ fn code_objects_of_another_build() {
     )
     .unwrap();
     let p = problems(&tree);
-    assert_eq!(p.len(), 1, "{p:?}");
+    let kinds: Vec<(&str, &str)> = p.iter().map(|p| (p.0.as_str(), p.1.as_str())).collect();
+    // The other build's archive also lacks the two other binaries' code,
+    // which they record as split for gfx942.
     assert_eq!(
-        (p[0].0.as_str(), p[0].1.as_str()),
-        ("lib/libx.so", "foreign_code_object")
+        kinds,
+        [
+            ("bin/libm.so", "missing_target"),
+            ("lib/librdc.so", "missing_target"),
+            ("lib/libx.so", "foreign_code_object")
+        ],
+        "{p:?}"
     );
     assert!(
-        p[0].2.contains(".kpack/g_gfx942.kpack") && p[0].2.contains("#0 for gfx942"),
+        p[2].2.contains(".kpack/g_gfx942.kpack") && p[2].2.contains("#0 for gfx942"),
         "{}",
-        p[0].2
+        p[2].2
     );
     let out = verify_tree(&tree);
     assert_eq!(out.status.code(), Some(1));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.starts_with("lib/libx.so: code objects of another build"),
+        text.contains("\nlib/libx.so: code objects of another build"),
         "{text}"
     );
 }
@@ -292,4 +299,42 @@ fn a_real_library_passes() {
         &"rocrand",
     ]);
     assert!(problems(&tree).is_empty());
+}
+
+/// A target a binary records (`kpack_targets`) and the tree serves, but
+/// whose archive lacks the binary's code objects: reported. A target the
+/// tree has no archive for at all is an install of fewer targets: fine.
+#[test]
+fn a_recorded_target_the_tree_serves_without_the_binarys_code() {
+    let t = scratch();
+    let out = t.path().join("packed");
+    packed(
+        &[
+            ("libvadd.so", "lib/libvadd.so"),
+            ("libmulti.so", "lib/libmulti.so"),
+        ],
+        t.path(),
+        &out,
+    );
+    assert!(problems(&out).is_empty());
+    // The gfx942 archive again, without libmulti's code objects.
+    let path = out.join(".kpack/g_gfx942.kpack");
+    let a = kpack_loader::open_archive(&path).unwrap();
+    let mut w = kpack_host::ArchiveWriter::new("g", "gfx942", vec!["gfx942".into()]);
+    for key in a.binaries().filter(|k| k.starts_with("lib/libvadd.so#")) {
+        w.add(key, "gfx942", a.kernel(key, "gfx942").unwrap(), None)
+            .unwrap();
+    }
+    drop(a);
+    w.write(&path).unwrap();
+    let got = problems(&out);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(
+        (got[0].0.as_str(), got[0].1.as_str()),
+        ("lib/libmulti.so", "missing_target")
+    );
+    assert!(got[0].2.contains("split for gfx942"), "{}", got[0].2);
+    // No gfx942 archive at all: an install of the other targets.
+    std::fs::remove_file(&path).unwrap();
+    assert!(problems(&out).is_empty(), "{:?}", problems(&out));
 }

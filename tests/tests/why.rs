@@ -155,9 +155,13 @@ fn xnack_fall_through_and_missing_archives_match_the_runtime() {
 
     // No archive for this GPU: ARCHIVE_NOT_FOUND, as the runtime says, and
     // a non-zero exit.
+    assert_eq!(v["has_code"], true);
     for archs in [&["gfx1151"][..], &["gfx9999", "gfx1151"]] {
         let (ok, v) = why(&lib, archs);
         assert!(!ok);
+        // The binary records what it was split for: no archive can help.
+        assert_eq!(v["has_code"], false, "{v}");
+        assert_eq!(v["targets"].as_array().unwrap().len(), 8, "{v}");
         let w0 = &v["wrappers"][0];
         assert_eq!(w0["result"], "failed");
         assert_eq!(w0["error"], "KPACK_ERROR_ARCHIVE_NOT_FOUND");

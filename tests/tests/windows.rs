@@ -21,7 +21,7 @@ use kpack_host::pe::PeView;
 use kpack_testkit::manifest::{wine_path, Host, Kind};
 use serde_json::Value;
 
-fn windows(name: &str) -> Fixture {
+pub(crate) fn windows(name: &str) -> Fixture {
     let f = foreign_fixture(name);
     assert_eq!(f.host, Host::X86_64Windows, "{name}");
     f
@@ -31,7 +31,7 @@ fn windows(name: &str) -> Fixture {
 /// when `cargo xtask fixtures` ran the fixtures), brought up to date once
 /// per test binary. Not a temporary directory: a prefix is about 700 MB
 /// and a test binary cannot remove a static one when it exits.
-fn prefix() -> &'static Path {
+pub(crate) fn prefix() -> &'static Path {
     static PREFIX: OnceLock<PathBuf> = OnceLock::new();
     PREFIX.get_or_init(|| {
         let dir = fixtures_dir()
@@ -50,13 +50,14 @@ fn prefix() -> &'static Path {
 
 /// What the host code printed: its value, then one line per wrapper the
 /// stand-in runtime saw.
-struct Run {
-    value: i32,
-    registered: Vec<(u32, u32, u64, HipkMetadata)>,
+pub(crate) struct Run {
+    pub value: i32,
+    /// Magic, version, reserved1 and the metadata of each wrapper.
+    pub registered: Vec<(u32, u32, u64, HipkMetadata)>,
 }
 
 /// Run `binary` (a DLL through `winload.exe`, an EXE directly) under Wine.
-fn run_host(f: &Fixture, binary: &Path) -> Run {
+pub(crate) fn run_host(f: &Fixture, binary: &Path) -> Run {
     let host = f.host;
     let mut c = match f.kind {
         Kind::Shared => {
@@ -507,11 +508,7 @@ fn artifact_pipelines_take_dlls() {
 #[test]
 fn mutated_images_never_panic() {
     use kpack_host::offload::pe::{transform, verify_pe};
-    let meta = HipkMetadata {
-        kernel_name: "bin/x.dll".into(),
-        search_paths: vec!["../.kpack/x_@GFXARCH@.kpack".into()],
-    }
-    .encode();
+    let meta = HipkMetadata::new("bin/x.dll", vec!["../.kpack/x_@GFXARCH@.kpack".into()]).encode();
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut produced = 0;
     for name in ["windows/vadd.dll", "windows/multi.dll", "windows/vadd.exe"] {

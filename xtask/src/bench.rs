@@ -44,7 +44,8 @@ pub struct BenchArgs {
     /// (librocsparse re-bundled into compressed bundles: needs clang-19 and
     /// lld-19), host (libraries with 256 MiB and 1 GiB of host code, built
     /// with clang-19 and lld-19), xla (JAX's ROCm plugin, downloaded from
-    /// PyPI). Default: all.
+    /// PyPI), doctor (kpack doctor over a site-packages of 300 binaries).
+    /// Default: all.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Keep target/bench/work (the large intermediate files) afterwards.

@@ -90,6 +90,9 @@ pub fn run(sh: &Shell, root: &Path) -> Result<()> {
     if fails {
         failed.push("the Corrosion path (not exercised under CI=true)");
     }
+    // Upstream's Python readers on kpack's outputs
+    // (tests/tests/upstream_readers.rs) need upstream's package.
+    println!("{}", upstream_readers_summary());
     if !failed.is_empty() {
         bail!("failed: {}", failed.join(", "));
     }
@@ -108,6 +111,20 @@ fn corrosion_summary(corrosion: Option<&str>, ci: bool) -> (String, bool) {
                 .to_string(),
             ci,
         ),
+    }
+}
+
+/// The summary line about the test of upstream's readers, which runs only
+/// when `KPACK_UPSTREAM_PYTHON` names upstream's `python/` directory.
+fn upstream_readers_summary() -> String {
+    match std::env::var_os("KPACK_UPSTREAM_PYTHON").filter(|d| !d.is_empty()) {
+        Some(dir) => format!(
+            "upstream readers: exercised (KPACK_UPSTREAM_PYTHON={})",
+            Path::new(&dir).display()
+        ),
+        None => "upstream readers: NOT exercised (set KPACK_UPSTREAM_PYTHON to the python/ \
+                 directory of upstream's rocm-kpack)"
+            .to_string(),
     }
 }
 

@@ -25,11 +25,14 @@
 //!   against `cp`, and split-wheels of a wheel holding one;
 //! - `xla`: offload and split-wheels of `xla_rocm_plugin.so` from PyPI's
 //!   jax-rocm7-pjrt 0.12.0 wheel, against `zstd -d | zstd -3 -T1` of its
-//!   bundles plus `cp`.
+//!   bundles plus `cp`;
+//! - `doctor`: `kpack doctor` over a site-packages of a few hundred
+//!   binaries.
 //!
 //! `job` is the measured process the `host` and `xla` sections share.
 
 mod compressed;
+mod doctor;
 mod host;
 mod job;
 pub mod large;
@@ -63,6 +66,7 @@ pub const SECTIONS: &[&str] = &[
     "compressed",
     "host",
     "xla",
+    "doctor",
 ];
 
 /// A section measured by one function (the libraries' sections aside).
@@ -78,7 +82,7 @@ pub fn run(ctx: &Ctx, only: &[String]) -> Result<Vec<Row>> {
             rows.extend(libs::run(ctx, lib)?);
         }
     }
-    let sections: [Section; 10] = [
+    let sections: [Section; 11] = [
         ("pipeline", pipeline::run),
         ("runtime", runtime::run),
         ("large", large::run),
@@ -89,6 +93,7 @@ pub fn run(ctx: &Ctx, only: &[String]) -> Result<Vec<Row>> {
         ("compressed", compressed::run),
         ("host", host::run),
         ("xla", xla::run),
+        ("doctor", doctor::run),
     ];
     for (section, run) in sections {
         if wanted(section) {

@@ -165,10 +165,7 @@ fn decompress_floor(
 }
 
 fn write_metadata(path: &Path, kernel_name: &str, search_path: &str) -> Result<()> {
-    let m = HipkMetadata {
-        kernel_name: kernel_name.to_string(),
-        search_paths: vec![search_path.to_string()],
-    };
+    let m = HipkMetadata::new(kernel_name.to_string(), vec![search_path.to_string()]);
     std::fs::write(path, m.encode())?;
     Ok(())
 }

@@ -33,10 +33,10 @@ pub fn write_archive(path: &Path, arches: &[&str], kernels: &[(&str, &str)]) {
 
 /// Write HIPK metadata to a file.
 pub fn write_metadata(path: &Path, kernel_name: &str, search_paths: &[&str]) {
-    let m = HipkMetadata {
-        kernel_name: kernel_name.into(),
-        search_paths: search_paths.iter().map(|s| s.to_string()).collect(),
-    };
+    let m = HipkMetadata::new(
+        kernel_name,
+        search_paths.iter().map(|s| s.to_string()).collect(),
+    );
     std::fs::write(path, m.encode()).unwrap();
 }
 

@@ -686,7 +686,7 @@ fn compare(a: &Path, b: &Path, offloaded_by_metadata: bool) -> Result<Vec<String
                         if let (Some(ma), Some(mb)) = (offloaded(&pa), offloaded(&pb)) {
                             if ma != mb {
                                 diffs.push(format!(
-                                    "{shown}: offloaded binaries with different HIPK metadata or wrapper count"
+                                    "{shown}: offloaded binaries with different kernel names, search paths or wrapper counts"
                                 ));
                             }
                             continue;
@@ -704,13 +704,16 @@ fn compare(a: &Path, b: &Path, offloaded_by_metadata: bool) -> Result<Vec<String
     Ok(diffs)
 }
 
-/// The HIPK metadata and wrapper count of an offloaded binary.
-fn offloaded(path: &Path) -> Option<(Vec<u8>, usize)> {
+/// What must match between shards of an offloaded binary: its kernel name,
+/// search paths and wrapper count. Not `kpack_targets`: each shard's split
+/// records the targets that shard built.
+fn offloaded(path: &Path) -> Option<(String, Vec<String>, usize)> {
     if classify(&map_file(path).ok()?) != Class::Offloaded {
         return None;
     }
     let v = verify_file(path).ok()?;
-    Some((v.metadata.encode(), v.co_indices.len()))
+    let m = v.metadata;
+    Some((m.kernel_name, m.search_paths, v.co_indices.len()))
 }
 
 #[cfg(test)]

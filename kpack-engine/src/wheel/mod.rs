@@ -54,7 +54,7 @@ use crate::pack::{FileJob, Offloaded, Outcome, Packer};
 use crate::target::normalize_feature_spelling;
 use crate::tree::{rel_string, scan, Node, NodeKind};
 use crate::{ArtifactError, Observer};
-use kpack_host::binary::{classify_parsed, could_be_binary, no_device_code, Class};
+use kpack_host::binary::{as_is_note, classify_parsed, could_be_binary, no_device_code, Class};
 use kpack_host::offload::archive_file_name;
 use kpack_host::output::ScratchDir;
 
@@ -540,13 +540,14 @@ fn scan_wheel(input: &Input, opts: &SplitWheelOptions, observer: &dyn Observer) 
             Probe::Fat => {
                 fat.insert(rel.clone());
             }
-            Probe::NoDeviceCode(why) => {
+            Probe::AsIs(note) => {
                 let note = format!(
-                    "{}: {rel}: no device code ({why}): stays in the host wheel as it is",
+                    "{}: {rel}: {note}: stays in the host wheel as it is",
                     input.path.display()
                 );
                 observer.note(&note);
                 notes.push(note);
+                binaries += 1;
             }
             Probe::Binary => binaries += 1,
             Probe::Other => {}
@@ -594,9 +595,11 @@ fn permission_bits(meta: &fs::Metadata) -> u32 {
 /// What a file under the overlay is, for splitting.
 enum Probe {
     Fat,
-    /// A host binary without device code, and why.
-    NoDeviceCode(String),
-    /// Another binary or link input (offloaded already, debug info...).
+    /// A binary left as it is although device code could be in it
+    /// (offloaded already, debug info, an empty `.hip_fatbin`...), and
+    /// what every command says about it ([`as_is_note`]).
+    AsIs(String),
+    /// Another binary or link input.
     Binary,
     Other,
 }
@@ -614,13 +617,15 @@ fn probe(input: &Input, rel: &str, observer: &dyn Observer) -> Result<Probe> {
     }
     let map = map_file(&path).map_err(|e| input.member_error(e))?;
     let classified = classify_parsed(&map);
+    if let Some(note) = as_is_note(&classified) {
+        return Ok(Probe::AsIs(note));
+    }
     Ok(match classified.class {
         Class::Fat => Probe::Fat,
-        Class::HostOnly => Probe::NoDeviceCode(
-            (classified.binary.as_ref().ok())
-                .and_then(no_device_code)
-                .unwrap_or_default(),
-        ),
+        Class::HostOnly => match classified.binary.as_ref().ok().and_then(no_device_code) {
+            Some(why) => Probe::AsIs(format!("no device code ({why})")),
+            None => Probe::Binary,
+        },
         Class::Inconsistent(why) => {
             observer.warn(&format!(
                 "{}: {rel}: {why}: left as it is",

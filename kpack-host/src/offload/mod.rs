@@ -29,7 +29,7 @@ use serde::Serialize;
 
 use crate::archive::{Scheme, DEFAULT_ZSTD_LEVEL};
 use crate::binary::{classify_parsed, Class, Classified, HostBinary};
-use crate::bundle::{list_fatbin, parse_fatbin};
+use crate::bundle::{list_fatbin, parse_fatbin, BundleInfo};
 use crate::error::{Error, Result, WithPath};
 use crate::hipk::HipkMetadata;
 use crate::input::{map_file, Mapped};
@@ -255,11 +255,9 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
         .with_path(input)?
         .ok_or_else(|| not_fat(input, Some(&bin)))?;
     // The bundles, from their entry tables.
-    let compressed = list_fatbin(section.data)
-        .with_path(input)?
-        .iter()
-        .any(|b| b.compressed.is_some());
-    let metadata = metadata_for(output, opts)?;
+    let bundles = list_fatbin(section.data).with_path(input)?;
+    let compressed = bundles.iter().any(|b| b.compressed.is_some());
+    let metadata = metadata_for(output, opts)?.with_targets(split_targets(&bundles, None));
     // The host binary, written beside the output and checked before any
     // archive is written; renamed into place last. Directories made for it
     // and the archives are removed again if anything fails.
@@ -315,33 +313,13 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
 /// What to do with an input that is not a fat binary: copy it unchanged
 /// (with this outcome and note), or refuse it. `None` for a fat binary.
 fn pass_through(input: &Path, file: &Classified) -> Result<Option<(Outcome, String)>> {
-    let (outcome, note) = match &file.class {
+    let outcome = match &file.class {
         Class::Fat => return Ok(None),
-        Class::StaticArchive => (
-            Outcome::LinkInput,
-            "static archive: a link input, copied unchanged",
-        ),
-        Class::Relocatable { .. } => (
-            Outcome::LinkInput,
-            "relocatable object: a link input, copied unchanged",
-        ),
-        Class::Offloaded => (
-            Outcome::AlreadyOffloaded,
-            "already offloaded: left as it is",
-        ),
-        Class::DebugOnly => (
-            Outcome::DebugOnly,
-            "debug-info file (NOBITS .hip_fatbin, no metadata): no device code, copied unchanged",
-        ),
+        Class::StaticArchive | Class::Relocatable { .. } => Outcome::LinkInput,
+        Class::Offloaded => Outcome::AlreadyOffloaded,
+        Class::DebugOnly => Outcome::DebugOnly,
         Class::Inconsistent(why) => return Err(why.clone()).with_path(input),
-        Class::HostOnly => {
-            let bin = file.binary.as_ref().ok();
-            let Some(why) = bin.and_then(crate::binary::no_device_code) else {
-                return Err(not_fat(input, bin));
-            };
-            let note = format!("no device code ({why}): copied unchanged, no archive");
-            return Ok(Some((Outcome::HostOnly, note)));
-        }
+        Class::HostOnly => Outcome::HostOnly,
         Class::CodeObject => {
             return Err(Error::request(
                 input,
@@ -355,7 +333,23 @@ fn pass_through(input: &Path, file: &Classified) -> Result<Option<(Outcome, Stri
             })
         }
     };
-    Ok(Some((outcome, note.to_string())))
+    // The words every command uses for such a file, else offload's own.
+    let note = match (crate::binary::as_is_note(file), &file.class) {
+        (Some(n), Class::Offloaded) => format!("{n}: left as it is"),
+        (Some(n), _) => format!("{n}: copied unchanged"),
+        (None, Class::StaticArchive) => "a link input (static archive): copied unchanged".into(),
+        (None, Class::Relocatable { .. }) => {
+            "a link input (relocatable object): copied unchanged".into()
+        }
+        (None, _) => {
+            let bin = file.binary.as_ref().ok();
+            let Some(why) = bin.and_then(crate::binary::no_device_code) else {
+                return Err(not_fat(input, bin));
+            };
+            format!("no device code ({why}): copied unchanged, no archive")
+        }
+    };
+    Ok(Some((outcome, note)))
 }
 
 /// The HIPK metadata for `output`: the kernel name (default: the output's
@@ -382,10 +376,31 @@ fn metadata_for(output: &Path, opts: &OffloadOptions) -> Result<HipkMetadata> {
             search_paths.push(p.clone());
         }
     }
-    Ok(HipkMetadata {
-        kernel_name,
-        search_paths,
-    })
+    Ok(HipkMetadata::new(kernel_name, search_paths))
+}
+
+/// The targets whose code objects an offload of a binary with these
+/// bundles puts into archives (those `keep` takes; all without it): what
+/// its metadata records as `kpack_targets`, sorted.
+pub fn split_targets(bundles: &[BundleInfo], keep: Option<&dyn Fn(&str) -> bool>) -> Vec<String> {
+    let targets: std::collections::BTreeSet<&str> = bundles
+        .iter()
+        .flat_map(|b| b.entries.iter())
+        .filter(|e| !e.is_host())
+        .map(|e| e.target())
+        .filter(|t| keep.is_none_or(|k| k(t)))
+        .collect();
+    targets.into_iter().map(str::to_owned).collect()
+}
+
+/// [`split_targets`] of every bundle of a parsed binary (none when it has
+/// no bundle section).
+pub fn fat_targets(path: &Path, bin: &HostBinary) -> Result<Vec<String>> {
+    let Some(section) = bin.fatbin().with_path(path)? else {
+        return Ok(Vec::new());
+    };
+    let bundles = list_fatbin(section.data).with_path(path)?;
+    Ok(split_targets(&bundles, None))
 }
 
 /// The frames the archive writers for `opts` make, if they compress.

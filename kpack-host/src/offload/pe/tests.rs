@@ -233,11 +233,7 @@ fn build(spec: &Spec) -> Vec<u8> {
 }
 
 fn meta() -> Vec<u8> {
-    HipkMetadata {
-        kernel_name: "bin/foo.dll".into(),
-        search_paths: vec!["../.kpack/foo_@GFXARCH@.kpack".into()],
-    }
-    .encode()
+    HipkMetadata::new("bin/foo.dll", vec!["../.kpack/foo_@GFXARCH@.kpack".into()]).encode()
 }
 
 /// The input (kept for the test's length), the transform and its output.

@@ -367,6 +367,13 @@ fn fix_symbol(
     if let Some((index, new)) = symbol_target(input, plan, shdrs, shndx, value)? {
         put_u16(sym, 6, index);
         put_u64(sym, 8, new);
+        // A sized symbol (the new offload driver's `.fatbin_image`) fits
+        // what it names now: the metadata, or the rest of the section.
+        let size = u64_at(sym, 16).expect("a whole symbol");
+        let room = (plan.payload_addr + plan.payload_len).saturating_sub(new);
+        if size > room {
+            put_u64(sym, 16, room);
+        }
         Ok(true)
     } else if moved.contains(&shndx) {
         put_u64(sym, 8, value.wrapping_add(plan.section_addr_delta(shndx)));
