@@ -449,3 +449,22 @@ fn a_note_overlapping_other_sections_moves_with_the_block() {
     assert_eq!(v.metadata_addr, t.metadata_addr);
     assert_eq!(v.co_indices.len(), t.wrappers.len());
 }
+
+/// Found by the `offload` fuzz target
+/// (`writable-segment-starting-with-the-section.so`): a writable segment
+/// that starts with `.hip_fatbin` and goes on after it (the metadata then
+/// goes into a segment of its own at the end) was left as an empty
+/// `PT_LOAD` before the part after the section, sharing its file offset.
+/// Now no segment is made of nothing; the output verifies.
+#[test]
+fn a_writable_segment_starting_with_the_section_leaves_no_empty_segment() {
+    let b = fs::read(
+        workspace().join("fuzz/regressions/offload/writable-segment-starting-with-the-section.so"),
+    )
+    .unwrap();
+    let t = transform::transform(&b, &meta()).unwrap();
+    let out = t.to_vec();
+    kpack_host::offload::verify_elf(&out, Some(t.bundles)).unwrap();
+    let h = ElfView::parse(&out).unwrap();
+    assert!(h.phdrs().iter().all(|p| !p.is_load() || p.p_memsz(LE) > 0));
+}

@@ -391,6 +391,9 @@ struct Removal {
     /// The payload goes into a new read-only segment after every other one
     /// (the section is in the middle of a writable segment).
     at_end: bool,
+    /// X1 has nothing to hold (the payload at the end, the section at X's
+    /// start): it is left out, and the section's range unmapped.
+    no_x1: bool,
     /// Program headers the table would gain (X2, W1).
     grow: usize,
     /// End of the program header table in the file, before it grows and
@@ -418,7 +421,8 @@ impl Removal {
         let x2 = goes_on && holds_sections(input, cut_addr_end);
         let at_end = separate && x2;
         let w1 = separate && !at_end && f.addr > x.p_vaddr(LE);
-        let grow = usize::from(x2) + usize::from(w1) + usize::from(at_end);
+        let no_x1 = at_end && f.addr == x.p_vaddr(LE);
+        let grow = usize::from(x2) + usize::from(w1) + usize::from(at_end) - usize::from(no_x1);
         let phnum = input.elf.phdrs().len();
         Ok(Removal {
             cut_addr_end,
@@ -428,6 +432,7 @@ impl Removal {
             w1,
             detach,
             at_end,
+            no_x1,
             grow,
             old_table_end: table_end(input, phnum),
             new_table_end: table_end(input, phnum + grow),
@@ -1114,7 +1119,9 @@ fn split_x(input: &Input, plan: &Plan, r: &Removal) -> Vec<ProgramHeader> {
         // The removed range: unmapped.
         x1.p_memsz.set(LE, x1.p_filesz(LE));
     }
-    parts.push(x1);
+    if !r.no_x1 {
+        parts.push(x1);
+    }
     if r.x2 {
         let mut x2 = part_from(&x, cut_addr_end);
         x2.p_offset.set(LE, plan.cut.end - plan.cut.removed);
