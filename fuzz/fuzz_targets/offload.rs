@@ -31,7 +31,7 @@ use kpack_host::offload::verify::VerifyError;
 use kpack_bundle::parse_fatbin;
 use kpack_host::binary::{classify, Class, HostBinary};
 use kpack_host::elf::ElfView;
-use kpack_host::offload::{code_objects, transform, verify_elf, verify_fat};
+use kpack_host::offload::{code_objects, elf, verify_elf, verify_fat};
 use libfuzzer_sys::fuzz_target;
 
 fn metadata() -> &'static [u8] {
@@ -86,7 +86,7 @@ fuzz_target!(|data: &[u8]| {
             let _ = (co.bundle, co.target.len(), co.data.len());
         }
     }
-    let Ok(t) = transform::transform(data, metadata()) else {
+    let Ok(t) = elf::transform(data, metadata()) else {
         return;
     };
     let t_bytes = t.to_vec();
@@ -117,7 +117,7 @@ fuzz_target!(|data: &[u8]| {
         "output not recognized as offloaded"
     );
     assert!(
-        transform::transform(&t_bytes, metadata()).is_err(),
+        elf::transform(&t_bytes, metadata()).is_err(),
         "rewrote an offloaded binary"
     );
     restore_again(data, &t_bytes);
@@ -139,15 +139,15 @@ fn restore_again(input: &[u8], out: &[u8]) {
         .iter()
         .map(|b| (b.index as u32, b.range.start as u64))
         .collect();
-    let request = transform::Request::Restore {
-        bundles: transform::Payload::Bytes(section.data),
+    let request = elf::Request::Restore {
+        bundles: elf::Payload::Bytes(section.data),
         starts,
         align: 4096,
     };
     let Ok(elf) = ElfView::parse(out) else {
         return;
     };
-    if let Ok(r) = transform::rewrite(elf, &request) {
+    if let Ok(r) = elf::rewrite(elf, &request) {
         let restored = r.to_vec();
         let _ = verify_fat(&restored);
         assert_eq!(restored.len() as u64, r.len());

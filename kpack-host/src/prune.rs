@@ -15,7 +15,7 @@
 //! `FatbinStream`, and only the compressed result is kept before the next
 //! bundle is read, so what is held does not grow with the number of
 //! bundles; the ELF transform
-//! ([`crate::offload::transform::rewrite`], the machinery of offload) keeps
+//! ([`crate::offload::elf::rewrite`], the machinery of offload) keeps
 //! them at the start of `.hip_fatbin`, removes the whole pages after them
 //! and points each wrapper at its bundle's new place; [`verify_fat`] checks
 //! the result before it is renamed into place.
@@ -35,7 +35,7 @@ use crate::elf::ElfView;
 use crate::error::{Error, Result, WithPath};
 use crate::input::{map_file, Mapped};
 use crate::offload::collect::Pages;
-use crate::offload::transform::{align_up, rewrite, Request};
+use crate::offload::elf::{align_up, rewrite, Request};
 use crate::offload::{verify_fat, write_checked};
 use crate::output::{parent_dir, write_atomically_as};
 use crate::target::TargetId;

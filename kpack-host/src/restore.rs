@@ -3,7 +3,7 @@
 //! `ROCM_KPACK_PATH` and friends honoured), one bundle per code object index
 //! its wrappers name, and put back into the address range the device code
 //! had: `.hip_fatbin` PROGBITS again, HIPF wrappers, the removed pages back
-//! in the file ([`crate::offload::transform::rewrite`] with
+//! in the file ([`crate::offload::elf::rewrite`] with
 //! [`Request::Restore`]: the inverse cut). A HIP runtime built without kpack
 //! (CLR's `ROCM_KPACK_ENABLED` off: HIPK binaries fail with
 //! `hipErrorNotSupported`) loads the result.
@@ -31,7 +31,7 @@ use crate::fatbin::{device_code, DeviceCode};
 use crate::hipk::HipkMetadata;
 use crate::input::map_file;
 use crate::loader::Loader;
-use crate::offload::transform::{
+use crate::offload::elf::{
     align_up, restore_room, rewrite, Payload, Request, TransformError, Transformed,
 };
 use crate::offload::{archive_key, verify_fat_layout, write_checked};

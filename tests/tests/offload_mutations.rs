@@ -4,7 +4,7 @@
 
 use crate::common::*;
 use kpack_format::hipk::HipkMetadata;
-use kpack_host::offload::{transform, verify_elf};
+use kpack_host::offload::{elf, verify_elf};
 
 #[test]
 fn mutated_fixtures_never_panic() {
@@ -32,7 +32,7 @@ fn mutated_fixtures_never_panic() {
                     _ => 0xff,
                 };
             }
-            let r = std::panic::catch_unwind(|| transform::transform(&b, &meta));
+            let r = std::panic::catch_unwind(|| elf::transform(&b, &meta));
             let r = r.unwrap_or_else(|_| {
                 panic!("{}: transform panicked on mutation round {round}", f.name)
             });

@@ -10,10 +10,10 @@ use kpack_format::archive::{Archive, Scheme};
 use kpack_format::hipk::HipkMetadata;
 use kpack_format::target::TargetId;
 use kpack_host::elf::{ElfView, PhdrExt, LE, PHDR_SIZE, SHDR_SIZE};
-use kpack_host::offload::{transform, TransformError};
+use kpack_host::offload::{elf as offload_elf, TransformError};
 use kpack_host::ArchiveWriter;
 use kpack_loader::{Config, Loader};
-use object::read::elf::FileHeader as _;
+use object::read::elf::{FileHeader as _, ProgramHeader as _};
 
 fn meta() -> Vec<u8> {
     HipkMetadata::new(
@@ -37,7 +37,7 @@ fn regression_inputs(target: &str) -> Vec<PathBuf> {
 /// Why the transform refuses the saved fuzz input `fuzz/regressions/offload/{name}`.
 fn refusal(name: &str) -> String {
     let b = fs::read(workspace().join("fuzz/regressions/offload").join(name)).unwrap();
-    transform::transform(&b, &meta()).unwrap_err().to_string()
+    offload_elf::transform(&b, &meta()).unwrap_err().to_string()
 }
 
 /// Found by the `offload` fuzz target (an overflow, a panic in debug
@@ -56,7 +56,7 @@ fn transform_fuzz_regressions_never_panic() {
     let kpack_dir = tempfile::tempdir().unwrap();
     for p in regression_inputs("offload") {
         let b = fs::read(&p).unwrap();
-        if let Ok(t) = transform::transform(&b, &meta()) {
+        if let Ok(t) = offload_elf::transform(&b, &meta()) {
             let t_bytes = t.to_vec();
             let _ = kpack_host::offload::verify_elf(&t_bytes, Some(t.bundles));
         }
@@ -102,7 +102,7 @@ fn transform_moves_empty_sections_out_of_the_removed_pages() {
     let at = h.header().e_shoff(LE) as usize + comment * SHDR_SIZE;
     b[at + 24..at + 32].copy_from_slice(&inside.to_le_bytes()); // sh_offset
     b[at + 32..at + 40].copy_from_slice(&0u64.to_le_bytes()); // sh_size
-    let t = transform::transform(&b, &meta()).unwrap();
+    let t = offload_elf::transform(&b, &meta()).unwrap();
     let t_bytes = t.to_vec();
     assert!(t.removed > 0, "the fixture's pages are cut");
     kpack_host::offload::verify_elf(&t_bytes, Some(t.bundles)).unwrap();
@@ -121,12 +121,12 @@ fn transform_moves_empty_sections_out_of_the_removed_pages() {
         b[at + 24..at + 32].copy_from_slice(&inside.to_le_bytes());
         b[at + 32..at + 40].copy_from_slice(&4096u64.to_le_bytes());
     }
-    let t = transform::transform(&b, &meta()).unwrap();
+    let t = offload_elf::transform(&b, &meta()).unwrap();
     let t_bytes = t.to_vec();
     kpack_host::offload::verify_elf(&t_bytes, Some(t.bundles)).unwrap();
     for p in regression_inputs("offload") {
         let b = fs::read(&p).unwrap();
-        if let Ok(t) = transform::transform(&b, &meta()) {
+        if let Ok(t) = offload_elf::transform(&b, &meta()) {
             let t_bytes = t.to_vec();
             if let Err(kpack_host::offload::VerifyError::Elf(e)) =
                 kpack_host::offload::verify_elf(&t_bytes, Some(t.bundles))
@@ -161,11 +161,11 @@ fn transform_refuses_packed_relocations_of_rewritten_bytes() {
     let dynsym = h.section(".dynsym").unwrap().unwrap().addr;
     let at = (relocated - data.addr + data.offset) as usize;
     drop(sections);
-    let t = transform::transform(&b, &meta()).unwrap();
+    let t = offload_elf::transform(&b, &meta()).unwrap();
     let t_bytes = t.to_vec();
     assert!(t_bytes.len() < b.len(), "the fixture's sections move");
     b[at..at + 8].copy_from_slice(&(dynsym + 8).to_le_bytes());
-    let Err(e) = transform::transform(&b, &meta()) else {
+    let Err(e) = offload_elf::transform(&b, &meta()) else {
         panic!("a pointer to .dynsym, which moves, was left as it was");
     };
     assert!(e.to_string().contains("must move"), "{e}");
@@ -187,7 +187,7 @@ fn transform_refuses_a_fatbin_without_bundles() {
         kpack_host::binary::Class::HostOnly
     );
     assert_eq!(
-        transform::transform(&b, &meta()).unwrap_err(),
+        offload_elf::transform(&b, &meta()).unwrap_err(),
         TransformError::NoBundles
     );
 }
@@ -231,7 +231,7 @@ fn writable_fatbin_segment() {
         .unwrap();
     let at = h.header().e_phoff(LE) as usize + i * PHDR_SIZE + 4;
     b[at] |= 2; // PF_W
-    let t = transform::transform(&b, &meta()).unwrap();
+    let t = offload_elf::transform(&b, &meta()).unwrap();
     let v = kpack_host::offload::verify_elf(&t.to_vec(), Some(t.bundles)).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("libw.so");
@@ -444,7 +444,7 @@ fn a_note_overlapping_other_sections_moves_with_the_block() {
     let b =
         fs::read(workspace().join("fuzz/regressions/offload/note-overlapping-the-moved-block.so"))
             .unwrap();
-    let t = transform::transform(&b, &meta()).unwrap();
+    let t = offload_elf::transform(&b, &meta()).unwrap();
     let v = kpack_host::offload::verify_elf(&t.to_vec(), Some(t.bundles)).unwrap();
     assert_eq!(v.metadata_addr, t.metadata_addr);
     assert_eq!(v.co_indices.len(), t.wrappers.len());
@@ -462,7 +462,7 @@ fn a_writable_segment_starting_with_the_section_leaves_no_empty_segment() {
         workspace().join("fuzz/regressions/offload/writable-segment-starting-with-the-section.so"),
     )
     .unwrap();
-    let t = transform::transform(&b, &meta()).unwrap();
+    let t = offload_elf::transform(&b, &meta()).unwrap();
     let out = t.to_vec();
     kpack_host::offload::verify_elf(&out, Some(t.bundles)).unwrap();
     let h = ElfView::parse(&out).unwrap();

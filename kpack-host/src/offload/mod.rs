@@ -8,16 +8,16 @@
 //! ([`crate::image::Image`]), streams that into a temporary file beside the
 //! output and checks the file as written ([`write_checked`]), writes the
 //! archives, and renames the binary into place last. ELF binaries go through
-//! [`transform`] and [`verify::verify_elf`], PE images through [`pe`]; the
+//! [`elf::transform`] and [`verify::verify_elf`], PE images through [`pe`]; the
 //! rest (archives, metadata, atomic output, re-runs) is the same for both.
 
 pub mod collect;
 pub mod pe;
-pub mod transform;
+pub mod elf;
 
 /// The verifiers of rewritten binaries: ELF's, and what PE's shares with
 /// it ([`pe::verify`] is PE's).
-pub use transform::verify;
+pub use elf::verify;
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -39,7 +39,7 @@ use crate::{ArchiveWriter, FileRange, FrameParams, KernelData};
 use collect::{collect, CollectOptions, Located};
 
 pub use pe::PeTransformError;
-pub use transform::{TransformError, Transformed, WrapperChange};
+pub use elf::{TransformError, Transformed, WrapperChange};
 pub use verify::{verify_elf, verify_fat, verify_fat_layout, Verified, VerifiedFat, VerifyError};
 
 /// The placeholder for a target ID in search paths.
@@ -564,8 +564,8 @@ pub fn rewrite_binary<'a>(
     Ok(match *bin {
         HostBinary::Pe(pe) => pe::rewrite(pe, &encoded).with_path(path)?,
         HostBinary::Elf(elf) => {
-            let request = transform::Request::Offload { metadata: &encoded };
-            transform::rewrite(elf, &request).with_path(path)?
+            let request = elf::Request::Offload { metadata: &encoded };
+            elf::rewrite(elf, &request).with_path(path)?
         }
     })
 }

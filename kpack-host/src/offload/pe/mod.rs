@@ -39,7 +39,7 @@ mod tests;
 
 use crate::binary::WrapperError;
 use crate::bundle::BundleError;
-use crate::offload::transform::Transformed;
+use crate::offload::elf::Transformed;
 use crate::pe::{PeError, PeView, FATBIN_SECTION, METADATA_SECTION};
 
 pub use verify::verify_pe;
