@@ -19,7 +19,7 @@ use crate::elf::{
     ElfError, ElfType, ElfView, Pointer, RelocAt, Relocations, FATBIN_SECTION, METADATA_SECTION,
     WRAPPER_SECTION,
 };
-use crate::hipk::{record_offsets, Wrapper, HIPF_MAGIC, HIPK_MAGIC, WRAPPER_SIZE};
+use crate::hipk::{record_offsets, Wrapper, HIPK_MAGIC, WRAPPER_SIZE};
 use crate::pe::{self, BaseReloc, PeError, PeKind, PeView};
 
 /// The magic of a static archive (`ar`).
@@ -205,36 +205,6 @@ pub enum BinaryError {
     Elf(#[from] ElfError),
     #[error(transparent)]
     Pe(#[from] PeError),
-}
-
-/// Why the transforms (offload, prune, restore; ELF and PE alike) cannot
-/// take a binary's wrapper table as it is.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum WrapperError {
-    /// The table cannot be read ([`HostBinary::wrappers`]).
-    #[error(transparent)]
-    Table(BinaryError),
-    #[error("wrapper {index}: unknown magic {magic:#010x} (expected HIPF {HIPF_MAGIC:#010x})")]
-    UnknownMagic { index: usize, magic: u32 },
-    #[error("wrapper {index}: version {version} (expected 1)")]
-    UnknownVersion { index: usize, version: u32 },
-    #[error("wrappers mix HIPF and HIPK magics: a partly offloaded binary")]
-    Mixed,
-    /// The wrapper's `binary` pointer does not resolve.
-    #[error("{source}")]
-    Pointer { index: usize, source: BinaryError },
-    /// The image has base relocations, but none on this wrapper's pointer
-    /// (it would not follow the image when Windows moves it).
-    #[error("wrapper {index}: the image has base relocations but none rebases its pointer")]
-    NotRebased { index: usize },
-    #[error("wrapper {index}: binary pointer {pointer} does not point at the start of a bundle in {section} [{start:#x}, {end:#x})")]
-    PointerNotAtBundle {
-        index: usize,
-        pointer: Address,
-        section: &'static str,
-        start: u64,
-        end: u64,
-    },
 }
 
 /// An address as its container names it: an ELF virtual address, a PE RVA.
@@ -634,29 +604,6 @@ pub struct WrapperSlot {
 }
 
 impl WrapperSlot {
-    /// A fat binary's wrapper is HIPF (a HIPK one: the binary is partly
-    /// offloaded).
-    pub(crate) fn check_hipf(&self) -> Result<(), WrapperError> {
-        match self.wrapper.magic {
-            HIPF_MAGIC => Ok(()),
-            HIPK_MAGIC => Err(WrapperError::Mixed),
-            magic => Err(WrapperError::UnknownMagic {
-                index: self.index,
-                magic,
-            }),
-        }
-    }
-
-    /// Its `binary` pointer, resolved.
-    pub fn resolved(&self) -> Result<&Pointer, WrapperError> {
-        self.pointer
-            .as_ref()
-            .map_err(|source| WrapperError::Pointer {
-                index: self.index,
-                source: source.clone(),
-            })
-    }
-
     /// The wrapper with `binary` set to its load-time value where it
     /// resolves (what the HIP runtime is handed).
     pub fn loaded(&self) -> Wrapper {

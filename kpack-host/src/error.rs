@@ -10,7 +10,9 @@ use crate::binary::{BinaryError, Inconsistency};
 use crate::bundle::BundleError;
 use crate::elf::ElfError;
 use crate::hipk::HipkError;
-use crate::offload::{PeTransformError, TransformError, VerifyError};
+use crate::offload::elf::TransformError;
+use crate::offload::pe::PeTransformError;
+use crate::offload::verify::VerifyError;
 use crate::pe::PeError;
 use crate::target::TargetError;
 

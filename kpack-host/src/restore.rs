@@ -31,9 +31,8 @@ use crate::fatbin::{device_code, DeviceCode};
 use crate::hipk::HipkMetadata;
 use crate::input::map_file;
 use crate::loader::Loader;
-use crate::offload::elf::{
-    align_up, restore_room, rewrite, Payload, Request, TransformError, Transformed,
-};
+use crate::offload::elf::{align_up, restore_room, rewrite, Payload, Request, TransformError};
+use crate::offload::rewritten::Transformed;
 use crate::offload::{archive_key, verify_fat_layout, write_checked};
 use crate::output::{parent_dir, write_atomically_as};
 use crate::prune::{keeps, Selection};

@@ -8,16 +8,19 @@
 //! ([`crate::image::Image`]), streams that into a temporary file beside the
 //! output and checks the file as written ([`write_checked`]), writes the
 //! archives, and renames the binary into place last. ELF binaries go through
-//! [`elf::transform`] and [`verify::verify_elf`], PE images through [`pe`]; the
+//! [`elf::transform`] and [`elf::verify::verify_elf`], PE images through [`pe`]; the
 //! rest (archives, metadata, atomic output, re-runs) is the same for both.
 
 pub mod collect;
-pub mod pe;
 pub mod elf;
+pub mod pe;
+pub mod rewritten;
+pub mod section;
+pub mod wrappers;
 
 /// The verifiers of rewritten binaries: ELF's, and what PE's shares with
 /// it ([`pe::verify`] is PE's).
-pub use elf::verify;
+pub mod verify;
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -38,9 +41,11 @@ use crate::{ArchiveWriter, FileRange, FrameParams, KernelData};
 
 use collect::{collect, CollectOptions, Located};
 
+pub use elf::verify::{verify_elf, verify_fat, verify_fat_layout, VerifiedFat};
+pub use elf::TransformError;
 pub use pe::PeTransformError;
-pub use elf::{TransformError, Transformed, WrapperChange};
-pub use verify::{verify_elf, verify_fat, verify_fat_layout, Verified, VerifiedFat, VerifyError};
+pub use rewritten::{Transformed, WrapperChange};
+pub use verify::{Verified, VerifyError};
 
 /// The placeholder for a target ID in search paths.
 pub use crate::hipk::GFXARCH;
@@ -630,11 +635,17 @@ fn not_fat(path: &Path, bin: Option<&HostBinary>) -> Error {
     match bin {
         Some(HostBinary::Pe(_)) => Error::PeTransform {
             path,
-            source: PeTransformError::NotFat,
+            source: section::SectionError::NotFat {
+                section: crate::pe::FATBIN_SECTION,
+            }
+            .into(),
         },
         _ => Error::Transform {
             path,
-            source: TransformError::NotFat,
+            source: section::SectionError::NotFat {
+                section: crate::elf::FATBIN_SECTION,
+            }
+            .into(),
         },
     }
 }
@@ -656,7 +667,7 @@ pub fn verify_fat_file(path: &Path) -> Result<VerifiedFat> {
 /// Check an offloaded binary (ELF or PE) on disk (`kpack verify-binary`,
 /// `kpack verify-elf`, artifact verification): whoever wrote it, so the
 /// reference tools' shipped defects are accepted with warnings
-/// ([`verify::Rules::Shipped`]).
+/// ([`elf::verify::Rules::Shipped`]).
 pub fn verify_file(path: &Path) -> Result<Verified> {
     let mapped = map_file(path)?;
     verify_shipped(&mapped).with_path(path)
@@ -664,12 +675,12 @@ pub fn verify_file(path: &Path) -> Result<Verified> {
 
 /// Check an offloaded binary (ELF or PE) whoever wrote it: the reference
 /// tools' shipped defects are accepted with warnings
-/// ([`verify::Rules::Shipped`]).
+/// ([`elf::verify::Rules::Shipped`]).
 pub fn verify_shipped(b: &[u8]) -> Result<Verified, VerifyError> {
     if crate::pe::is_pe(b) {
         return pe::verify_pe(b, None);
     }
-    verify::verify_elf_with(b, None, verify::Rules::Shipped)
+    elf::verify::verify_elf_with(b, None, elf::verify::Rules::Shipped)
 }
 
 #[cfg(test)]

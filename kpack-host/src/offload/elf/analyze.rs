@@ -4,13 +4,16 @@
 use object::elf;
 use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _};
 
-use super::{TransformError, WrapperChange};
-use crate::binary::{Address, HostBinary, WrapperError, WrapperSlot, WrapperTable};
+use super::TransformError;
+use crate::binary::{Address, HostBinary, WrapperSlot, WrapperTable};
 use crate::bundle::list_fatbin;
 use crate::elf::{
     file_size, ElfError, ElfView, PhdrExt, Pointer, ProgramHeader, RelocKinds, Relocations,
     SectionHeader, FATBIN_SECTION, LE, METADATA_SECTION, PHDR_SIZE,
 };
+use crate::offload::rewritten::WrapperChange;
+use crate::offload::section::{Reloc, SectionError};
+use crate::offload::wrappers::{bundle_index, check_hipf, resolved, BundleRange, WrapperError};
 
 /// What the transform needs to know about its input.
 pub struct Input<'a> {
@@ -185,7 +188,9 @@ fn validate_layout(elf: &ElfView) -> Result<(), TransformError> {
 fn find_fatbin(elf: &ElfView) -> Result<(Fatbin, Vec<(usize, usize)>), TransformError> {
     let index = elf
         .section_index(FATBIN_SECTION)
-        .ok_or(TransformError::NotFat)?;
+        .ok_or(SectionError::NotFat {
+            section: FATBIN_SECTION,
+        })?;
     let sh = &elf.shdrs()[index];
     if sh.sh_type(LE) == elf::SHT_NOBITS {
         return Err(TransformError::HalfOffloaded);
@@ -273,22 +278,18 @@ fn resolve_wrappers(
     f: &Fatbin,
     bundle_starts: &[(usize, usize)],
 ) -> Result<Wrappers, TransformError> {
+    let range = BundleRange {
+        section: FATBIN_SECTION,
+        start: f.addr,
+        end: f.end(),
+        starts: bundle_starts,
+        address: Address::Virtual,
+    };
     let mut out = Wrappers::default();
     for slot in &table.slots {
-        slot.check_hipf()?;
-        let p = slot.resolved()?;
-        let co_index = p
-            .value
-            .checked_sub(f.addr)
-            .and_then(|rel| bundle_starts.iter().find(|&&(s, _)| s as u64 == rel))
-            .map(|&(_, bundle)| bundle)
-            .ok_or(WrapperError::PointerNotAtBundle {
-                index: slot.index,
-                pointer: Address::Virtual(p.value),
-                section: FATBIN_SECTION,
-                start: f.addr,
-                end: f.end(),
-            })? as u32;
+        check_hipf(slot)?;
+        let p = resolved(slot)?;
+        let co_index = bundle_index(slot, p, &range)?;
         out.push(slot, p, co_index);
         out.targets.push(p.value - f.addr);
     }
@@ -304,11 +305,15 @@ fn check_relocations(
     f: &Fatbin,
     wrapper_ptrs: &[u64],
 ) -> Result<(), TransformError> {
-    let hit = |r_offset: u64, what: &'static str| TransformError::RelocationIntoRemoved {
-        r_offset,
-        what,
-        start: f.addr,
-        end: f.end(),
+    let hit = |r_offset: u64, what: &'static str| -> TransformError {
+        SectionError::RelocationIntoRemoved {
+            reloc: Reloc::Elf(r_offset),
+            what,
+            section: FATBIN_SECTION,
+            start: f.addr,
+            end: f.end(),
+        }
+        .into()
     };
     let in_headers = in_headers(elf);
     for r in relocs.relas(elf) {
@@ -495,7 +500,7 @@ fn hipk_wrappers(table: &WrapperTable) -> Result<Wrappers, TransformError> {
     }
     let mut wrappers = Wrappers::default();
     for slot in &table.slots {
-        let p = slot.resolved()?;
+        let p = resolved(slot)?;
         let co_index = u32::try_from(slot.wrapper.reserved1)
             .map_err(|_| not_restorable("a wrapper's code object index does not fit in 32 bits"))?;
         wrappers.push(slot, p, co_index);

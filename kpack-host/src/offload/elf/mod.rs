@@ -41,20 +41,18 @@ pub use plan::align_up;
 #[cfg(test)]
 mod tests;
 
-use crate::binary::WrapperError;
 use crate::bundle::BundleError;
-pub use crate::elf::PointerKind;
 use crate::elf::{ElfError, ElfView, FATBIN_SECTION};
-use crate::image::Image;
+use crate::offload::rewritten::Transformed;
+use crate::offload::section::SectionError;
+use crate::offload::wrappers::WrapperError;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TransformError {
     #[error(transparent)]
     Elf(#[from] ElfError),
-    #[error("{FATBIN_SECTION}: {0}")]
-    Bundle(#[from] BundleError),
-    #[error("no {FATBIN_SECTION} section: not a fat binary")]
-    NotFat,
+    #[error(transparent)]
+    Section(#[from] SectionError),
     #[error("{FATBIN_SECTION} holds no bundle: no device code to move")]
     NoBundles,
     #[error("{FATBIN_SECTION} is already NOBITS but the wrappers are not all HIPK")]
@@ -63,15 +61,6 @@ pub enum TransformError {
     UnsupportedMachine(u16),
     #[error("unsupported ELF type {0} (kpack rewrites executables and shared objects)")]
     UnsupportedType(u16),
-    #[error(transparent)]
-    Wrapper(#[from] WrapperError),
-    #[error("relocation at {r_offset:#x} {what} inside {FATBIN_SECTION} [{start:#x}, {end:#x}), whose bytes are removed")]
-    RelocationIntoRemoved {
-        r_offset: u64,
-        what: &'static str,
-        start: u64,
-        end: u64,
-    },
     #[error("relocation at {0:#x} applies to the ELF header or the program header table, which the transform rewrites")]
     RelocationIntoHeaders(u64),
     #[error("{FATBIN_SECTION} is not inside the file-backed part of a PT_LOAD segment")]
@@ -97,14 +86,17 @@ pub enum TransformError {
     NotRestorable(String),
 }
 
-/// What the transform did to one wrapper.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct WrapperChange {
-    pub index: usize,
-    /// The bundle index the wrapper pointed at: its `reserved1` now.
-    pub co_index: u32,
-    /// How the pointer is applied at load time.
-    pub pointer: PointerKind,
+impl From<BundleError> for TransformError {
+    fn from(source: BundleError) -> Self {
+        let section = FATBIN_SECTION;
+        SectionError::Bundle { section, source }.into()
+    }
+}
+
+impl From<WrapperError> for TransformError {
+    fn from(e: WrapperError) -> Self {
+        SectionError::Wrapper(e).into()
+    }
 }
 
 /// What the transform does with the section's range: the payload kept at
@@ -166,59 +158,6 @@ impl Request<'_> {
             Request::Prune { bundles, .. } => Payload::Bytes(bundles),
             Request::Restore { bundles, .. } => bundles.clone(),
         }
-    }
-}
-
-/// The result of [`transform`] and [`rewrite`]: the output as pieces of
-/// the input and new bytes ([`Image`]; [`Image::write_to`] streams it into
-/// a file), and what changed.
-#[derive(Debug, Clone)]
-pub struct Transformed<'a> {
-    pub image: Image<'a>,
-    /// PE: where the image checksum goes, computed over the output once it
-    /// is written (`offload::write_checked`; [`Transformed::to_vec`] in
-    /// memory).
-    pub checksum_at: Option<u64>,
-    pub wrappers: Vec<WrapperChange>,
-    /// Address of the payload: the metadata (offload) or the first bundle.
-    pub metadata_addr: u64,
-    /// Where the payload is in `bytes`.
-    pub payload_off: u64,
-    /// Number of bundles in the input's `.hip_fatbin` (0 for an offloaded
-    /// input).
-    pub bundles: usize,
-    /// Bytes removed from the file (whole pages).
-    pub removed: u64,
-    /// Bytes put back into the file (restore: whole pages).
-    pub inserted: u64,
-    /// Whether the program header table moved.
-    pub moved_phdrs: bool,
-}
-
-impl Transformed<'_> {
-    /// The whole output in memory (tests, and small binaries), checksum
-    /// included.
-    pub fn to_vec(&self) -> Vec<u8> {
-        let mut out = self.image.to_vec();
-        if let Some(at) = self.checksum_at {
-            let sum = crate::pe::checksum(&out, at).to_le_bytes();
-            if let Some(field) = usize::try_from(at)
-                .ok()
-                .and_then(|a| out.get_mut(a..a.checked_add(4)?))
-            {
-                field.copy_from_slice(&sum);
-            }
-        }
-        out
-    }
-
-    /// The output's length.
-    pub fn len(&self) -> u64 {
-        self.image.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.image.is_empty()
     }
 }
 

@@ -14,12 +14,13 @@ use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _}
 
 use super::analyze::{Fatbin, Hole, Input};
 use super::{Request, TransformError};
-use crate::binary::{Address, WrapperError};
+use crate::binary::Address;
 use crate::elf::{
     file_size, offset_mapping_problems, ElfView, MappingProblem, PhdrExt, ProgramHeader,
     SectionHeader, FATBIN_SECTION, LE, PHDR_SIZE,
 };
 use crate::hipk::{HIPF_MAGIC, HIPK_MAGIC};
+use crate::offload::wrappers::WrapperError;
 
 /// The file range of the input that leaves the file (`[start, end)`,
 /// `removed` bytes), or, for restore, the place where `inserted` zero bytes

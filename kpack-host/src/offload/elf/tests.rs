@@ -9,11 +9,12 @@ use object::write::elf::{FileHeader, ProgramHeader, Rel, SectionHeader, Sym, Wri
 
 use super::plan::plan;
 use super::*;
-use crate::binary::{classify, Class, WrapperError};
+use crate::binary::{classify, Class};
 use crate::bundle::write_bundle;
-use crate::elf::{ElfView, PhdrExt, EHDR_SIZE, LE, PHDR_SIZE};
+use crate::elf::{ElfView, PhdrExt, PointerKind, EHDR_SIZE, LE, PHDR_SIZE};
 use crate::hipk::{Wrapper, HIPF_MAGIC, HIPK_MAGIC};
-use crate::offload::verify::verify_elf;
+use crate::offload::elf::verify::verify_elf;
+use crate::offload::wrappers::WrapperError;
 
 const PAGE: u64 = 0x1000;
 
@@ -438,14 +439,17 @@ fn analyze_refuses_what_cannot_be_rewritten() {
             wrappers: vec![None],
             ..Spec::default()
         }),
-        TransformError::Wrapper(WrapperError::PointerNotAtBundle { index: 0, .. })
+        TransformError::Section(SectionError::Wrapper(WrapperError::PointerNotAtBundle {
+            index: 0,
+            ..
+        }))
     ));
     assert!(matches!(
         err(Spec {
             stray_reloc: true,
             ..Spec::default()
         }),
-        TransformError::RelocationIntoRemoved { what: "points", .. }
+        TransformError::Section(SectionError::RelocationIntoRemoved { what: "points", .. })
     ));
     // Without a wrapper table, a relocation into the section still counts.
     let mut b = build(&Spec {
@@ -458,7 +462,7 @@ fn analyze_refuses_what_cannot_be_rewritten() {
     b[at + 1] = b'X';
     assert!(matches!(
         analyze(&b).err().unwrap(),
-        TransformError::RelocationIntoRemoved { what: "points", .. }
+        TransformError::Section(SectionError::RelocationIntoRemoved { what: "points", .. })
     ));
     // A wrapper that is already HIPK beside PROGBITS device code.
     let mut b = build(&Spec::default());
@@ -471,7 +475,7 @@ fn analyze_refuses_what_cannot_be_rewritten() {
     crate::bytes::put_u32(&mut b, at as usize, HIPK_MAGIC);
     assert_eq!(
         analyze(&b).err().unwrap(),
-        TransformError::Wrapper(WrapperError::Mixed)
+        TransformError::Section(SectionError::Wrapper(WrapperError::Mixed))
     );
 }
 
@@ -791,7 +795,7 @@ fn prune_keeps_the_bundles_and_removes_the_pages_after_them() {
     };
     let t = rewrite(&b, &req).unwrap();
     let t_bytes = t.to_vec();
-    let v = crate::offload::verify::verify_fat(&t_bytes).unwrap();
+    let v = crate::offload::elf::verify::verify_fat(&t_bytes).unwrap();
     assert_eq!((v.bundles, v.wrapper_bundles.clone()), (1, vec![0, 0]));
     assert_eq!(classify(&t_bytes), Class::Fat);
     assert!(t.removed > 0 && t.removed.is_multiple_of(PAGE));
@@ -851,7 +855,7 @@ fn restore_puts_the_pages_back() {
     assert_eq!(r.inserted, t.removed);
     // The pages back, one section header (the metadata's) less.
     assert_eq!(r_bytes.len() as u64, t_bytes.len() as u64 + r.inserted - 64);
-    let v = crate::offload::verify::verify_fat(&r_bytes).unwrap();
+    let v = crate::offload::elf::verify::verify_fat(&r_bytes).unwrap();
     assert_eq!(v.wrapper_bundles, vec![0, 1]);
     let out = ElfView::parse(&r_bytes).unwrap();
     assert!(out.section(".rocm_kpack_ref").unwrap().is_none());
@@ -868,7 +872,7 @@ fn restore_puts_the_pages_back() {
     let r = rewrite(&t_bytes, &req).unwrap();
     let r_bytes = r.to_vec();
     assert!(r.inserted < t.removed && r.inserted.is_multiple_of(PAGE));
-    let v = crate::offload::verify::verify_fat(&r_bytes).unwrap();
+    let v = crate::offload::elf::verify::verify_fat(&r_bytes).unwrap();
     assert_eq!(v.wrapper_bundles, vec![0, 0]);
     let out = ElfView::parse(&r_bytes).unwrap();
     assert_eq!(

@@ -12,26 +12,14 @@ use object::elf;
 use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _};
 use serde::Serialize;
 
-use crate::binary::{HostBinary, WrapperSlot};
+use crate::binary::HostBinary;
 use crate::bundle::{check_fatbin, list_fatbin};
 use crate::elf::{
-    offset_mapping_problems, ElfError, ElfView, PhdrExt, ProgramHeader, RelocKinds, Relocations,
+    offset_mapping_problems, ElfView, PhdrExt, ProgramHeader, RelocKinds, Relocations,
     FATBIN_SECTION, LE, METADATA_SECTION, PHDR_SIZE, WRAPPER_SECTION,
 };
-use crate::hipk::{HipkMetadata, HIPF_MAGIC, HIPK_MAGIC, MAX_METADATA_SIZE};
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum VerifyError {
-    #[error(transparent)]
-    Elf(#[from] ElfError),
-    #[error(transparent)]
-    Pe(#[from] crate::pe::PeError),
-    #[error("not a valid offloaded binary: {}", .0.join("; "))]
-    Problems(Vec<String>),
-    /// What [`verify_fat`] finds wrong: the rules of a fat binary.
-    #[error("not a valid fat binary: {}", .0.join("; "))]
-    FatProblems(Vec<String>),
-}
+use crate::hipk::{HipkMetadata, HIPF_MAGIC, MAX_METADATA_SIZE};
+use crate::offload::verify::{check_hipk_wrapper, Verified, VerifyError};
 
 /// Which binaries [`verify_elf_with`] accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,18 +34,6 @@ pub enum Rules {
     /// with a warning; anything else (a wrong magic, overwritten
     /// metadata) is still a problem.
     Shipped,
-}
-
-/// What a valid offloaded binary holds.
-#[derive(Debug, Clone, Serialize)]
-pub struct Verified {
-    pub metadata: HipkMetadata,
-    pub metadata_addr: u64,
-    /// `reserved1` (the code object index) of each wrapper.
-    pub co_indices: Vec<u64>,
-    /// The reference tools' defects found and accepted ([`Rules::Shipped`]).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub warnings: Vec<String>,
 }
 
 /// What a check found: problems (the binary is refused) and, under
@@ -474,30 +450,6 @@ fn check_wrappers(
         }
     }
     co_indices
-}
-
-/// The checks of an offloaded wrapper that ELF and PE share: HIPK,
-/// version 1, a code object index that names a bundle (of `bundles`, when
-/// known). Returns that index.
-pub(crate) fn check_hipk_wrapper(
-    slot: &WrapperSlot,
-    bundles: Option<usize>,
-    bad: &mut Vec<String>,
-) -> u64 {
-    let (k, w) = (slot.index, slot.wrapper);
-    if w.magic != HIPK_MAGIC {
-        bad.push(format!("wrapper {k}: magic {:#010x} is not HIPK", w.magic));
-    }
-    if w.version != 1 {
-        bad.push(format!("wrapper {k}: version {} is not 1", w.version));
-    }
-    if w.reserved1 > u64::from(u32::MAX) || bundles.is_some_and(|n| w.reserved1 >= n as u64) {
-        bad.push(format!(
-            "wrapper {k}: code object index {} names no bundle",
-            w.reserved1
-        ));
-    }
-    w.reserved1
 }
 
 /// What a valid fat binary (a pruned or restored one) holds.

@@ -2,10 +2,12 @@
 //! plan relies on, before anything is planned or written.
 
 use super::PeTransformError as E;
-use crate::binary::{Address, HostBinary, WrapperError, WrapperTable};
+use crate::binary::{Address, HostBinary, WrapperTable};
 use crate::bundle::list_fatbin;
 use crate::elf::PointerKind;
-use crate::offload::WrapperChange;
+use crate::offload::rewritten::WrapperChange;
+use crate::offload::section::{Reloc, SectionError};
+use crate::offload::wrappers::{bundle_index, check_hipf, resolved, BundleRange, WrapperError};
 use crate::pe::{
     BaseReloc, PeSection, PeView, DEBUG_ENTRY_SIZE, FATBIN_SECTION, IMAGE_DIRECTORY_ENTRY_DEBUG,
     IMAGE_REL_BASED_DIR64, METADATA_SECTION, SECTION_HEADER_SIZE,
@@ -40,7 +42,11 @@ pub fn analyze(pe: PeView<'_>) -> Result<Input<'_>, E> {
     if pe.section_index(METADATA_SECTION).is_some() {
         return Err(E::HasMetadata);
     }
-    let fatbin = pe.section_index(FATBIN_SECTION).ok_or(E::NotFat)?;
+    let fatbin = pe
+        .section_index(FATBIN_SECTION)
+        .ok_or(SectionError::NotFat {
+            section: FATBIN_SECTION,
+        })?;
     let f = &sections[fatbin];
     if f.raw_size == 0 {
         return Err(E::FatbinEmpty);
@@ -144,31 +150,27 @@ fn resolve_wrappers(
     starts: &[(usize, usize)],
     relocatable: bool,
 ) -> Result<(Vec<u64>, Vec<WrapperChange>), E> {
+    let range = BundleRange {
+        section: FATBIN_SECTION,
+        start: f.rva,
+        end: f.rva + f.mem_size(),
+        starts,
+        address: Address::Rva,
+    };
     let mut offsets = Vec::new();
     let mut changes = Vec::new();
     for slot in &table.slots {
         let index = slot.index;
-        slot.check_hipf()?;
+        check_hipf(slot)?;
         if slot.wrapper.version != 1 {
             let version = slot.wrapper.version;
             return Err(WrapperError::UnknownVersion { index, version }.into());
         }
-        let p = slot.resolved()?;
+        let p = resolved(slot)?;
         if relocatable && p.kind != PointerKind::BaseRelocDir64 {
             return Err(WrapperError::NotRebased { index }.into());
         }
-        let co_index = p
-            .value
-            .checked_sub(f.rva)
-            .and_then(|rel| starts.iter().find(|&&(s, _)| s as u64 == rel))
-            .map(|&(_, bundle)| bundle)
-            .ok_or(WrapperError::PointerNotAtBundle {
-                index,
-                pointer: Address::Rva(p.value),
-                section: FATBIN_SECTION,
-                start: f.rva,
-                end: f.rva + f.mem_size(),
-            })? as u32;
+        let co_index = bundle_index(slot, p, &range)?;
         offsets.push(slot.offset);
         changes.push(WrapperChange {
             index,
@@ -187,11 +189,15 @@ fn check_relocations(
     f: &PeSection,
     wrapper_slots: &[u64],
 ) -> Result<(), E> {
-    let hit = |rva: u64, what: &'static str| E::RelocationIntoRemoved {
-        rva,
-        what,
-        start: f.rva,
-        end: f.rva + f.mem_size(),
+    let hit = |rva: u64, what: &'static str| -> E {
+        SectionError::RelocationIntoRemoved {
+            reloc: Reloc::Pe(rva),
+            what,
+            section: FATBIN_SECTION,
+            start: f.rva,
+            end: f.rva + f.mem_size(),
+        }
+        .into()
     };
     for r in relocs {
         if f.contains_rva(r.rva) {

@@ -37,9 +37,10 @@ mod write;
 #[cfg(test)]
 mod tests;
 
-use crate::binary::WrapperError;
 use crate::bundle::BundleError;
-use crate::offload::elf::Transformed;
+use crate::offload::rewritten::Transformed;
+use crate::offload::section::SectionError;
+use crate::offload::wrappers::WrapperError;
 use crate::pe::{PeError, PeView, FATBIN_SECTION, METADATA_SECTION};
 
 pub use verify::verify_pe;
@@ -48,35 +49,28 @@ pub use verify::verify_pe;
 pub enum PeTransformError {
     #[error(transparent)]
     Pe(#[from] PeError),
-    #[error("{FATBIN_SECTION}: {0}")]
-    Bundle(#[from] BundleError),
-    #[error("no {FATBIN_SECTION} section: not a fat binary")]
-    NotFat,
+    #[error(transparent)]
+    Section(#[from] SectionError),
     #[error("{FATBIN_SECTION} has no bytes in the file")]
     FatbinEmpty,
     #[error("a {METADATA_SECTION} section exists already")]
     HasMetadata,
-    /// A wrapper the transform cannot take; one whose pointer does not
-    /// resolve, or is not rebased, is a layout it does not support.
-    #[error("{}{}", layout_prefix(.0), .0)]
-    Wrapper(#[from] WrapperError),
-    #[error("base relocation at RVA {rva:#x} {what} inside {FATBIN_SECTION} [{start:#x}, {end:#x}), whose bytes are removed")]
-    RelocationIntoRemoved {
-        rva: u64,
-        what: &'static str,
-        start: u64,
-        end: u64,
-    },
     #[error("no room for one more section header below SizeOfHeaders ({why})")]
     NoRoomForHeader { why: String },
     #[error("unsupported layout: {0}")]
     Layout(String),
 }
 
-fn layout_prefix(e: &WrapperError) -> &'static str {
-    match e {
-        WrapperError::Pointer { .. } | WrapperError::NotRebased { .. } => "unsupported layout: ",
-        _ => "",
+impl From<BundleError> for PeTransformError {
+    fn from(source: BundleError) -> Self {
+        let section = FATBIN_SECTION;
+        SectionError::Bundle { section, source }.into()
+    }
+}
+
+impl From<WrapperError> for PeTransformError {
+    fn from(e: WrapperError) -> Self {
+        SectionError::Wrapper(e).into()
     }
 }
 

@@ -9,10 +9,12 @@ use object::LittleEndian as LE;
 
 use super::plan::plan;
 use super::*;
-use crate::binary::{classify, Address, Class, HostBinary, WrapperError};
+use crate::binary::{classify, Address, Class, HostBinary};
 use crate::bundle::{write_bundle, BUNDLE_MAGIC};
 use crate::bytes::{put_u16, put_u32, put_u64, u32_at, u64_at};
 use crate::hipk::{HipkMetadata, HIPF_MAGIC, HIPK_MAGIC};
+use crate::offload::section::Reloc;
+use crate::offload::wrappers::WrapperError;
 use crate::pe::{checksum, PeView, CHECKSUM_OFFSET, IMAGE_REL_BASED_DIR64};
 
 /// Step 1 on a file's bytes.
@@ -426,11 +428,11 @@ fn refuses_pointers_and_relocations_into_the_removed_bytes() {
     assert!(
         matches!(
             e,
-            PeTransformError::Wrapper(WrapperError::PointerNotAtBundle {
+            PeTransformError::Section(SectionError::Wrapper(WrapperError::PointerNotAtBundle {
                 index: 0,
                 pointer: Address::Rva(0x3010),
                 ..
-            })
+            }))
         ),
         "{e}"
     );
@@ -446,11 +448,11 @@ fn refuses_pointers_and_relocations_into_the_removed_bytes() {
     assert!(
         matches!(
             e,
-            PeTransformError::RelocationIntoRemoved {
-                rva: 0x1000,
+            PeTransformError::Section(SectionError::RelocationIntoRemoved {
+                reloc: Reloc::Pe(0x1000),
                 what: "points",
                 ..
-            }
+            })
         ),
         "{e}"
     );
@@ -502,16 +504,16 @@ fn refuses_mixed_wrappers_and_a_full_header() {
     put_u32(&mut b, (HEADERS + FA + 24) as usize, HIPK_MAGIC);
     assert_eq!(
         transform(&b, &meta()).unwrap_err(),
-        PeTransformError::Wrapper(WrapperError::Mixed)
+        PeTransformError::Section(SectionError::Wrapper(WrapperError::Mixed))
     );
     put_u32(&mut b, (HEADERS + FA + 24) as usize, HIPF_MAGIC);
     put_u32(&mut b, (HEADERS + FA + 4) as usize, 7);
     assert_eq!(
         transform(&b, &meta()).unwrap_err(),
-        PeTransformError::Wrapper(WrapperError::UnknownVersion {
+        PeTransformError::Section(SectionError::Wrapper(WrapperError::UnknownVersion {
             index: 0,
             version: 7
-        })
+        }))
     );
     let e = refused(&Spec {
         tight_headers: true,
