@@ -17,9 +17,10 @@ use kpack_engine::artifact::{
     VerifyOptions,
 };
 use kpack_engine::{with_jobs, ArtifactError, Database, Observer};
-use kpack_format::archive::Scheme;
 use kpack_format::bytes::format_size;
 use serde::Serialize;
+
+use crate::cli::Compression;
 
 type CliResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -41,22 +42,6 @@ pub enum ArtifactCommand {
     /// Pack a whole install tree: a host-only copy plus
     /// `.kpack/<group>_<target>.kpack` archives at its root.
     PackTree(PackTreeArgs),
-}
-
-#[derive(Clone, Copy, clap::ValueEnum)]
-pub enum Compression {
-    #[value(alias = "noop")]
-    None,
-    Zstd,
-}
-
-impl Compression {
-    fn scheme(self) -> Scheme {
-        match self {
-            Compression::None => Scheme::None,
-            Compression::Zstd => Scheme::ZstdPerKernel,
-        }
-    }
 }
 
 #[derive(Args)]
@@ -511,7 +496,7 @@ fn print_pack_tree(summary: &PackTreeSummary) {
 }
 
 fn print_json(v: &impl Serialize) {
-    crate::print_json(v);
+    crate::capture::print_json(v);
 }
 
 /// Notes (under --verbose) and warnings on stderr, and a progress bar of

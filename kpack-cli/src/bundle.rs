@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use kpack_engine::bundle::{self, BundleOptions, Layout};
 
-use crate::print_json;
+use crate::capture::print_json;
 
 /// Copy offloaded binaries (and, with --with-deps, the libraries they need
 /// from their prefix) into DIR with the archives their search paths name

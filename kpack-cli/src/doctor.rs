@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use kpack_engine::doctor::{self, DoctorOptions, DoctorReport};
 use kpack_engine::ArtifactError;
 
-use crate::print_json;
+use crate::capture::print_json;
 
 /// Resolve every offloaded binary under PATH... for every GPU target of
 /// this machine (or each --arch), as the runtime would (ROCM_KPACK_*

@@ -8,9 +8,9 @@ use kpack_engine::wheel::{
     self, OutputFormat, SplitWheelOptions, VariantFormat, WheelError, WheelSummary,
 };
 use kpack_engine::{with_jobs, Database, Observer};
-use kpack_format::archive::Scheme;
 
 use crate::artifacts::Reporter;
+use crate::cli::Compression;
 
 /// A flag that takes one value is refused when given twice; list flags
 /// (`--input`, `--device-requires-dist`, `--databases`) keep the values of
@@ -114,13 +114,6 @@ enum Variants {
     Pep825,
 }
 
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum Compression {
-    #[value(alias = "noop")]
-    None,
-    Zstd,
-}
-
 pub fn split_wheels(a: SplitWheelsArgs) -> Result<(), Box<dyn std::error::Error>> {
     // Bad options are errors about the (first) input, before anything is
     // read.
@@ -143,10 +136,7 @@ pub fn split_wheels(a: SplitWheelsArgs) -> Result<(), Box<dyn std::error::Error>
     let mut opts = SplitWheelOptions::new(&a.output_dir, &a.device_package_prefix, &a.overlay_root);
     opts.device_requires_dist = a.device_requires_dist.clone();
     opts.databases = databases;
-    opts.scheme = match a.compression {
-        Compression::None => Scheme::None,
-        Compression::Zstd => Scheme::ZstdPerKernel,
-    };
+    opts.scheme = a.compression.scheme();
     opts.level = a.compression_level;
     opts.output_format = match a.output_format {
         Format::Wheel => OutputFormat::Wheel,
@@ -174,8 +164,8 @@ pub fn split_wheels(a: SplitWheelsArgs) -> Result<(), Box<dyn std::error::Error>
     reporter.finish();
     let summaries = summaries??;
     match (a.json, summaries.as_slice()) {
-        (true, [one]) => crate::print_json(one),
-        (true, all) => crate::print_json(&all),
+        (true, [one]) => crate::capture::print_json(one),
+        (true, all) => crate::capture::print_json(&all),
         (false, all) => all.iter().for_each(print_summary),
     }
     Ok(())

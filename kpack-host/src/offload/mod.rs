@@ -635,17 +635,11 @@ fn not_fat(path: &Path, bin: Option<&HostBinary>) -> Error {
     match bin {
         Some(HostBinary::Pe(_)) => Error::PeTransform {
             path,
-            source: section::SectionError::NotFat {
-                section: crate::pe::FATBIN_SECTION,
-            }
-            .into(),
+            source: section::SectionError::NotFat(section::Container::Pe).into(),
         },
         _ => Error::Transform {
             path,
-            source: section::SectionError::NotFat {
-                section: crate::elf::FATBIN_SECTION,
-            }
-            .into(),
+            source: section::SectionError::NotFat(section::Container::Elf).into(),
         },
     }
 }

@@ -8,23 +8,39 @@ use crate::offload::wrappers::WrapperError;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SectionError {
-    #[error("{section}: {source}")]
+    #[error("{}: {source}", .container.fatbin_section())]
     Bundle {
-        section: &'static str,
-        source: BundleError,
+        container: Container,
+        source: Box<BundleError>,
     },
-    #[error("no {section} section: not a fat binary")]
-    NotFat { section: &'static str },
+    #[error("no {} section: not a fat binary", .0.fatbin_section())]
+    NotFat(Container),
     #[error(transparent)]
     Wrapper(#[from] WrapperError),
-    #[error("{reloc} {what} inside {section} [{start:#x}, {end:#x}), whose bytes are removed")]
+    #[error("{reloc} {what} inside {} [{start:#x}, {end:#x}), whose bytes are removed", .reloc.container().fatbin_section())]
     RelocationIntoRemoved {
         reloc: Reloc,
         what: &'static str,
-        section: &'static str,
         start: u64,
         end: u64,
     },
+}
+
+/// The container of a host binary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Container {
+    Elf,
+    Pe,
+}
+
+impl Container {
+    /// The name of its section of bundles.
+    pub fn fatbin_section(self) -> &'static str {
+        match self {
+            Container::Elf => crate::elf::FATBIN_SECTION,
+            Container::Pe => crate::pe::FATBIN_SECTION,
+        }
+    }
 }
 
 /// A relocation as its container names it.
@@ -34,6 +50,15 @@ pub enum Reloc {
     Elf(u64),
     /// A PE base relocation, by the RVA it applies to.
     Pe(u64),
+}
+
+impl Reloc {
+    fn container(self) -> Container {
+        match self {
+            Reloc::Elf(_) => Container::Elf,
+            Reloc::Pe(_) => Container::Pe,
+        }
+    }
 }
 
 impl fmt::Display for Reloc {

@@ -12,7 +12,7 @@ use crate::elf::{
     SectionHeader, FATBIN_SECTION, LE, METADATA_SECTION, PHDR_SIZE,
 };
 use crate::offload::rewritten::WrapperChange;
-use crate::offload::section::{Reloc, SectionError};
+use crate::offload::section::{Container, Reloc, SectionError};
 use crate::offload::wrappers::{bundle_index, check_hipf, resolved, BundleRange, WrapperError};
 
 /// What the transform needs to know about its input.
@@ -188,9 +188,7 @@ fn validate_layout(elf: &ElfView) -> Result<(), TransformError> {
 fn find_fatbin(elf: &ElfView) -> Result<(Fatbin, Vec<(usize, usize)>), TransformError> {
     let index = elf
         .section_index(FATBIN_SECTION)
-        .ok_or(SectionError::NotFat {
-            section: FATBIN_SECTION,
-        })?;
+        .ok_or(SectionError::NotFat(Container::Elf))?;
     let sh = &elf.shdrs()[index];
     if sh.sh_type(LE) == elf::SHT_NOBITS {
         return Err(TransformError::HalfOffloaded);
@@ -309,7 +307,6 @@ fn check_relocations(
         SectionError::RelocationIntoRemoved {
             reloc: Reloc::Elf(r_offset),
             what,
-            section: FATBIN_SECTION,
             start: f.addr,
             end: f.end(),
         }

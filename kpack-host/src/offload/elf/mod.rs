@@ -44,7 +44,7 @@ mod tests;
 use crate::bundle::BundleError;
 use crate::elf::{ElfError, ElfView, FATBIN_SECTION};
 use crate::offload::rewritten::Transformed;
-use crate::offload::section::SectionError;
+use crate::offload::section::{Container, SectionError};
 use crate::offload::wrappers::WrapperError;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -88,8 +88,9 @@ pub enum TransformError {
 
 impl From<BundleError> for TransformError {
     fn from(source: BundleError) -> Self {
-        let section = FATBIN_SECTION;
-        SectionError::Bundle { section, source }.into()
+        let container = Container::Elf;
+        let source = Box::new(source);
+        SectionError::Bundle { container, source }.into()
     }
 }
 

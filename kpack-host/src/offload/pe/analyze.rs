@@ -6,7 +6,7 @@ use crate::binary::{Address, HostBinary, WrapperTable};
 use crate::bundle::list_fatbin;
 use crate::elf::PointerKind;
 use crate::offload::rewritten::WrapperChange;
-use crate::offload::section::{Reloc, SectionError};
+use crate::offload::section::{Container, Reloc, SectionError};
 use crate::offload::wrappers::{bundle_index, check_hipf, resolved, BundleRange, WrapperError};
 use crate::pe::{
     BaseReloc, PeSection, PeView, DEBUG_ENTRY_SIZE, FATBIN_SECTION, IMAGE_DIRECTORY_ENTRY_DEBUG,
@@ -44,9 +44,7 @@ pub fn analyze(pe: PeView<'_>) -> Result<Input<'_>, E> {
     }
     let fatbin = pe
         .section_index(FATBIN_SECTION)
-        .ok_or(SectionError::NotFat {
-            section: FATBIN_SECTION,
-        })?;
+        .ok_or(SectionError::NotFat(Container::Pe))?;
     let f = &sections[fatbin];
     if f.raw_size == 0 {
         return Err(E::FatbinEmpty);
@@ -193,7 +191,6 @@ fn check_relocations(
         SectionError::RelocationIntoRemoved {
             reloc: Reloc::Pe(rva),
             what,
-            section: FATBIN_SECTION,
             start: f.rva,
             end: f.rva + f.mem_size(),
         }

@@ -39,7 +39,7 @@ mod tests;
 
 use crate::bundle::BundleError;
 use crate::offload::rewritten::Transformed;
-use crate::offload::section::SectionError;
+use crate::offload::section::{Container, SectionError};
 use crate::offload::wrappers::WrapperError;
 use crate::pe::{PeError, PeView, FATBIN_SECTION, METADATA_SECTION};
 
@@ -63,8 +63,9 @@ pub enum PeTransformError {
 
 impl From<BundleError> for PeTransformError {
     fn from(source: BundleError) -> Self {
-        let section = FATBIN_SECTION;
-        SectionError::Bundle { section, source }.into()
+        let container = Container::Pe;
+        let source = Box::new(source);
+        SectionError::Bundle { container, source }.into()
     }
 }
 
