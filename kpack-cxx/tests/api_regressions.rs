@@ -8,7 +8,7 @@ use rocm_kpack::*;
 
 use crate::common::cpath;
 
-/// formats.md §3.1, §5.2 (issue 11): a 20-byte file `KPAK`, version 999 is
+/// formats.md §3.1, §5.2: a 20-byte file `KPAK`, version 999 is
 /// UNSUPPORTED_VERSION (it was INVALID_FORMAT: the length was checked
 /// first), from `kpack_open` and `kpack_enumerate_architectures` alike.
 #[test]
