@@ -139,24 +139,49 @@ fn shard_of(target: &str) -> (&'static str, &'static str) {
         .unwrap()
 }
 
+/// The tutorial's run, once for the tests below: its shards, its working
+/// directory and the split and recombined artifacts it made.
+struct Tutorial {
+    root: PathBuf,
+    artifacts: PathBuf,
+    work: PathBuf,
+    split: PathBuf,
+    rec: PathBuf,
+}
+
+/// Run the tutorial (once per test process) under the test target's
+/// scratch directory.
+fn tutorial() -> &'static Tutorial {
+    static RUN: std::sync::OnceLock<Tutorial> = std::sync::OnceLock::new();
+    RUN.get_or_init(|| {
+        let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("pipeline-tutorial");
+        let _ = fs::remove_dir_all(&root);
+        let artifacts = root.join("artifacts");
+        let work = root.join("work");
+        fs::create_dir_all(&work).unwrap();
+        make_shards(&artifacts);
+        let start = std::time::Instant::now();
+        let blocks = run_tutorial(&artifacts, &work);
+        eprintln!(
+            "tutorial: {blocks} blocks in {:.1} s",
+            start.elapsed().as_secs_f64()
+        );
+        Tutorial {
+            split: work.join("split-artifacts"),
+            rec: work.join("recombined-artifacts"),
+            root,
+            artifacts,
+            work,
+        }
+    })
+}
+
+/// Split summaries: counts, and the prefix that does not exist.
 #[test]
-fn tutorial_end_to_end() {
-    let tmp = tempfile::tempdir().unwrap();
-    let artifacts = tmp.path().join("artifacts");
-    let work = tmp.path().join("work");
-    fs::create_dir_all(&work).unwrap();
-    make_shards(&artifacts);
-    let start = std::time::Instant::now();
-    let blocks = run_tutorial(&artifacts, &work);
-    eprintln!(
-        "tutorial: {blocks} blocks in {:.1} s",
-        start.elapsed().as_secs_f64()
-    );
-
-    let split = work.join("split-artifacts");
-    let rec = work.join("recombined-artifacts");
-
-    // Split summaries: counts, and the prefix that does not exist.
+fn tutorial_split_summaries() {
+    let t = tutorial();
+    let work = &t.work;
+    let split = &t.split;
     for (shard, _, targets) in SHARDS {
         let s = json(&work.join(format!("split-{shard}.json")));
         let t = &s["totals"];
@@ -191,8 +216,15 @@ fn tutorial_end_to_end() {
             assert!(!m.contains(FFT_MISSING_PREFIX));
         }
     }
+}
 
-    // The generic split outputs: offloaded binaries with formats.md §4.5 metadata,
+/// The generic split outputs: offloaded binaries with formats.md §4.5
+/// metadata, symlinks and modes kept.
+#[test]
+fn tutorial_generic_outputs() {
+    let t = tutorial();
+    let artifacts = &t.artifacts;
+    let split = &t.split;
     // symlinks and modes kept.
     let g = split.join("gfx110X-build/blas_lib_generic");
     for (ap, prefix, rel) in FAT_BINARIES {
@@ -257,15 +289,27 @@ fn tutorial_end_to_end() {
         )
         .unwrap()
     );
-    // No staging or scratch directories left behind.
+}
+
+/// No staging or scratch directories left behind.
+#[test]
+fn tutorial_leaves_nothing_behind() {
+    let t = tutorial();
+    let work = &t.work;
+    let split = &t.split;
     for (shard, _, _) in SHARDS {
         for n in names(&split.join(shard)) {
             assert!(!n.starts_with('.'), "{shard}: left behind: {n}");
         }
     }
-    assert!(names(&work).iter().all(|n| !n.starts_with(".kpack")));
+    assert!(names(work).iter().all(|n| !n.starts_with(".kpack")));
+}
 
-    // Recombine summary.
+/// The recombine summary: primary shard, groups per component.
+#[test]
+fn tutorial_recombine_summary() {
+    let t = tutorial();
+    let work = &t.work;
     let r = json(&work.join("recombine.json"));
     assert_eq!(r["primary_shard"], "gfx110X-build");
     assert_eq!(r["unassigned_targets"], serde_json::json!([]));
@@ -283,9 +327,15 @@ fn tutorial_end_to_end() {
             assert_eq!(groups.len(), 3);
         }
     }
+}
 
-    // The invariants of the tutorial's "inspect" step, on every artifact.
-    for name in names(&rec) {
+/// The invariants of the tutorial's "inspect" step, on every artifact.
+#[test]
+fn tutorial_inspect_invariants() {
+    let t = tutorial();
+    let split = &t.split;
+    let rec = &t.rec;
+    for name in names(rec) {
         let dir = rec.join(&name);
         let manifest = fs::read_to_string(dir.join("artifact_manifest.txt")).unwrap();
         for p in manifest.lines() {
@@ -322,8 +372,16 @@ fn tutorial_end_to_end() {
             );
         }
     }
+}
 
-    // Install per group and resolve every wrapper through the loader.
+/// Install per group and resolve every wrapper through the loader, to
+/// the bytes clang-offload-bundler extracts from the original.
+#[test]
+fn tutorial_installs_resolve_to_the_bundlers_bytes() {
+    let t = tutorial();
+    let artifacts = &t.artifacts;
+    let work = &t.work;
+    let rec = &t.rec;
     let config = json(&work.join("packaging-config.json"));
     let mut truth: BTreeMap<PathBuf, BTreeMap<(usize, String), Vec<u8>>> = BTreeMap::new();
     let mut resolved = 0;
@@ -335,10 +393,7 @@ fn tutorial_end_to_end() {
             .map(|t| t.as_str().unwrap())
             .collect();
         for component in ["blas_lib", "fft_lib"] {
-            let root = tmp
-                .path()
-                .join("install")
-                .join(format!("{component}-{group}"));
+            let root = t.root.join("install").join(format!("{component}-{group}"));
             install(
                 &[
                     rec.join(format!("{component}_generic")),
