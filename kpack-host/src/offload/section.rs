@@ -69,3 +69,25 @@ impl fmt::Display for Reloc {
         }
     }
 }
+
+/// `From` a bundle error and a wrapper error for a rewrite's error `$error`
+/// (which has a `Section(SectionError)` variant), for binaries of
+/// `$container`: `?` on either names the container's section.
+macro_rules! from_section_errors {
+    ($error:ty, $container:expr) => {
+        impl From<$crate::bundle::BundleError> for $error {
+            fn from(source: $crate::bundle::BundleError) -> Self {
+                let container = $container;
+                let source = Box::new(source);
+                $crate::offload::section::SectionError::Bundle { container, source }.into()
+            }
+        }
+
+        impl From<$crate::offload::wrappers::WrapperError> for $error {
+            fn from(e: $crate::offload::wrappers::WrapperError) -> Self {
+                $crate::offload::section::SectionError::Wrapper(e).into()
+            }
+        }
+    };
+}
+pub(crate) use from_section_errors;

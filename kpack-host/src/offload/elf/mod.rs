@@ -41,11 +41,9 @@ pub use plan::align_up;
 #[cfg(test)]
 mod tests;
 
-use crate::bundle::BundleError;
 use crate::elf::{ElfError, ElfView, FATBIN_SECTION};
 use crate::offload::rewritten::Transformed;
 use crate::offload::section::{Container, SectionError};
-use crate::offload::wrappers::WrapperError;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TransformError {
@@ -86,19 +84,7 @@ pub enum TransformError {
     NotRestorable(String),
 }
 
-impl From<BundleError> for TransformError {
-    fn from(source: BundleError) -> Self {
-        let container = Container::Elf;
-        let source = Box::new(source);
-        SectionError::Bundle { container, source }.into()
-    }
-}
-
-impl From<WrapperError> for TransformError {
-    fn from(e: WrapperError) -> Self {
-        SectionError::Wrapper(e).into()
-    }
-}
+crate::offload::section::from_section_errors!(TransformError, Container::Elf);
 
 /// What the transform does with the section's range: the payload kept at
 /// its start, the form the section takes and where the wrappers point.

@@ -37,10 +37,8 @@ mod write;
 #[cfg(test)]
 mod tests;
 
-use crate::bundle::BundleError;
 use crate::offload::rewritten::Transformed;
 use crate::offload::section::{Container, SectionError};
-use crate::offload::wrappers::WrapperError;
 use crate::pe::{PeError, PeView, FATBIN_SECTION, METADATA_SECTION};
 
 pub use verify::verify_pe;
@@ -61,19 +59,7 @@ pub enum PeTransformError {
     Layout(String),
 }
 
-impl From<BundleError> for PeTransformError {
-    fn from(source: BundleError) -> Self {
-        let container = Container::Pe;
-        let source = Box::new(source);
-        SectionError::Bundle { container, source }.into()
-    }
-}
-
-impl From<WrapperError> for PeTransformError {
-    fn from(e: WrapperError) -> Self {
-        SectionError::Wrapper(e).into()
-    }
-}
+crate::offload::section::from_section_errors!(PeTransformError, Container::Pe);
 
 /// Transform a fat PE image. `metadata` is the encoded HIPK metadata.
 pub fn transform<'a>(b: &'a [u8], metadata: &[u8]) -> Result<Transformed<'a>, PeTransformError> {
