@@ -21,7 +21,7 @@ pub struct Lib {
     pub artifact_prefix: &'static str,
     /// Symlinks next to the library in the artifact: (name, target).
     pub links: &'static [(&'static str, &'static str)],
-    /// Peak RSS limit of split, MiB (issue 8), if any.
+    /// Peak RSS limit of split, MiB, if any.
     pub split_rss_limit_mib: Option<f64>,
     /// Limit of the offload transform alone, seconds, if any.
     pub transform_limit_s: Option<f64>,

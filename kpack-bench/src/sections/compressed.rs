@@ -1,4 +1,4 @@
-//! Compressed bundles (issue 22): kpack on librocsparse re-bundled into
+//! Compressed bundles: kpack on librocsparse re-bundled into
 //! CCOB v3 bundles inside a linked library ([`crate::compressed`]), against
 //! the floor of the same bytes measured in the same run: `zstd -d` of the
 //! compressed bundles' payloads piped into `zstd -3 -T1` (two processes on
@@ -28,7 +28,6 @@ use crate::inputs::{link_or_copy, remove, ROCSPARSE};
 use crate::measure::{load_average, note_load, resident, timed, tree_size, warm, Runs};
 use crate::report::{FloorRatio, Row, Stats, Target};
 
-const SECTION: &str = "compressed";
 const RSS_LIMIT_MIB: f64 = 256.0;
 const FLOOR_FACTOR: f64 = 1.2;
 const LS_LIMIT_S: f64 = 1.0;
@@ -38,10 +37,16 @@ const GROWTH: f64 = 1.25;
 const WHEEL_VERSION: &str = "2.10.0+ccob";
 const WHEEL_TAG: &str = "cp311-cp311-linux_x86_64";
 
+section!(
+    "compressed",
+    "offload, split, extract, pack-tree, restore, ls and split-wheels of librocsparse re-bundled into compressed bundles (clang-19, lld-19)",
+    run
+);
+
 pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
     if !Path::new(ROCSPARSE.path).is_file() {
         return Ok(vec![Row::not_installed(
-            SECTION,
+            NAME,
             "offload",
             "offload, compressed librocsparse",
             ROCSPARSE.path,
@@ -53,7 +58,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
         library(ctx, &[0, 1, 2, 3])?,
     ];
     let wheel = wheel(ctx)?;
-    let dir = ctx.work.join(SECTION);
+    let dir = ctx.work.join(NAME);
     remove(&dir)?;
     std::fs::create_dir_all(&dir)?;
     let load_before = load_average();
@@ -334,14 +339,14 @@ fn rows(
     };
     let vs_floor = |r: &Runs| {
         vec![FloorRatio {
-            floor: format!("{SECTION}.floor"),
+            floor: format!("{NAME}.floor"),
             ratio: median(r) / floor,
         }]
     };
     let mut rows = Vec::new();
 
     let mut row = Row::new(
-        SECTION,
+        NAME,
         "floor",
         "floor: zstd -d of the compressed bundles' payloads, piped into zstd -3 -T1, 1× library",
     );
@@ -350,7 +355,7 @@ fn rows(
     row.details = json!({ "decompressed_bytes": one.decompressed });
     rows.push(row);
 
-    let mut row = Row::new(SECTION, "offload", "offload, 1× compressed librocsparse");
+    let mut row = Row::new(NAME, "offload", "offload, 1× compressed librocsparse");
     m.offload[0].fill(&mut row);
     row.bytes_in = Some(size(&one.path));
     row.bytes_out = Some(m.offload_out);
@@ -369,7 +374,7 @@ fn rows(
     rows.push(row);
 
     let mut row = Row::new(
-        SECTION,
+        NAME,
         "split",
         "split, 1× compressed librocsparse (one artifact)",
     );
@@ -393,7 +398,7 @@ fn rows(
             &m.restore,
         ),
     ] {
-        let mut row = Row::new(SECTION, id, work);
+        let mut row = Row::new(NAME, id, work);
         runs.fill(&mut row);
         row.bytes_in = Some(size(&one.path));
         row.floors = vs_floor(runs);
@@ -401,7 +406,7 @@ fn rows(
         rows.push(row);
     }
 
-    let mut row = Row::new(SECTION, "ls", "ls, 4× compressed librocsparse");
+    let mut row = Row::new(NAME, "ls", "ls, 4× compressed librocsparse");
     m.ls.fill(&mut row);
     row.bytes_in = Some(size(&libs[2].path));
     row.targets = vec![
@@ -418,7 +423,7 @@ fn rows(
     let base = worst_rss_mib(&m.offload[0]);
     for (i, mult) in [(1, 2), (2, 4)] {
         let mut row = Row::new(
-            SECTION,
+            NAME,
             &format!("offload_{mult}x"),
             format!("offload, {mult}× compressed librocsparse (memory against the bundles)"),
         );
@@ -437,7 +442,7 @@ fn rows(
     }
 
     let mut row = Row::new(
-        SECTION,
+        NAME,
         "split_wheels",
         "split-wheels -j 2, torch-like wheel (2 compressed librocsparse, distinct)",
     );

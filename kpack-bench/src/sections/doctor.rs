@@ -18,20 +18,25 @@ use crate::inputs::{remove, ROCRAND};
 use crate::measure::{resident, timed, tree_size, warm, Runs};
 use crate::report::Row;
 
-const SECTION: &str = "doctor";
 const HOST_LIBRARIES: usize = 280;
 const OFFLOADED: usize = 20;
+
+section!(
+    "doctor",
+    "kpack doctor over a site-packages of 300 binaries",
+    run
+);
 
 pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
     if !Path::new(ROCRAND.path).is_file() {
         return Ok(vec![Row::not_installed(
-            SECTION,
+            NAME,
             "doctor",
             "kpack doctor",
             ROCRAND.path,
         )]);
     }
-    let dir = ctx.work.join(SECTION);
+    let dir = ctx.work.join(NAME);
     remove(&dir)?;
     std::fs::create_dir_all(&dir)?;
     let site = site_packages(ctx, &dir)?;
@@ -62,7 +67,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
             archs.len(),
             HOST_LIBRARIES + OFFLOADED
         );
-        let mut row = Row::new(SECTION, id, work);
+        let mut row = Row::new(NAME, id, work);
         runs.fill(&mut row);
         row.bytes_in = Some(tree_size(&site));
         rows.push(row);

@@ -9,9 +9,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
+use super::Section;
 use crate::args;
 use crate::context::Ctx;
-use crate::inputs::{make_artifact, remove, write_device_code, Lib};
+use crate::inputs::{self, make_artifact, remove, write_device_code, Lib};
 use crate::measure::{resident, timed, tree_size, warm, Runs};
 use crate::report::{fmt_time, FloorRatio, Row, Stats, Target};
 
@@ -83,9 +84,25 @@ fn ratio(i: u64, o: u64) -> Option<f64> {
     (o > 0).then(|| i as f64 / o as f64)
 }
 
+/// Section `rocrand`: librocrand's split and offload.
+pub const ROCRAND: Section = Section {
+    name: inputs::ROCRAND.section,
+    about: "split and offload of librocrand, against zstd over its device code and cp",
+    run: |ctx| run(ctx, &inputs::ROCRAND),
+};
+
+/// Section `rocsparse`: librocsparse's split (and per-shard split) and
+/// offload.
+pub const ROCSPARSE: Section = Section {
+    name: inputs::ROCSPARSE.section,
+    about: "split (whole and per shard) and offload of librocsparse, against zstd over its \
+            device code and cp",
+    run: |ctx| run(ctx, &inputs::ROCSPARSE),
+};
+
 /// Measures `lib`'s split and offload and the floors; its rows (split and
 /// offload unavailable if the library is not installed).
-pub fn run(ctx: &Ctx, lib: &Lib) -> Result<Vec<Row>> {
+fn run(ctx: &Ctx, lib: &Lib) -> Result<Vec<Row>> {
     let input = Path::new(lib.path);
     if !input.is_file() {
         let why = format!("{} is not installed", lib.path);

@@ -31,7 +31,6 @@ use crate::inputs::{link_or_copy, remove, write_device_code, ROCSPARSE};
 use crate::measure::{resident, timed, tree_size, warm, Runs};
 use crate::report::{FloorRatio, Row, Stats, Target};
 
-const SECTION: &str = "wheels";
 /// Copies of librocsparse in the wheel (its content is then ~6.5 GB and the
 /// deflated wheel about 1 GB).
 const COPIES: usize = 5;
@@ -51,6 +50,12 @@ struct Inputs {
     device: PathBuf,
     device_bytes: u64,
 }
+
+section!(
+    "wheels",
+    "kpack split-wheels over a torch-like wheel of several librocsparse copies",
+    run
+);
 
 pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
     let small = prepare(ctx, SMALL_COPIES)?;
@@ -170,7 +175,7 @@ fn many_row(
     }
     remove(&out)?;
     let mut row = Row::new(
-        SECTION,
+        NAME,
         "split_wheels_many",
         format!(
             "split-wheels -j 2 of two wheels in one run ({COPIES} × and {SMALL_COPIES} × librocsparse)"
@@ -232,7 +237,7 @@ fn vision_wheel(ctx: &Ctx, small: &Path) -> Result<PathBuf> {
 /// The one-copy wheel: peak RSS, against which the large wheel's is held.
 fn small_row(small: &Inputs, runs: &Runs, large: &Runs) -> Result<Row> {
     let mut row = Row::new(
-        SECTION,
+        NAME,
         "split_wheels_small",
         format!("split-wheels -j 2, the same wheel with {SMALL_COPIES} × librocsparse"),
     );
@@ -295,7 +300,7 @@ fn rows(
     let device = inputs.device_bytes * COPIES as u64;
     let floor_rows = floor_rows(wheel_size, device, content, [unzip, zstd, zip]);
     let mut row = Row::new(
-        SECTION,
+        NAME,
         "split_wheels",
         format!("split-wheels -j 2, torch-like wheel ({COPIES} × librocsparse + databases)"),
     );
@@ -354,7 +359,7 @@ fn floor_rows(
             content,
         ),
     ] {
-        let mut row = Row::new(SECTION, id, work);
+        let mut row = Row::new(NAME, id, work);
         runs.fill(&mut row);
         row.bytes_in = Some(bytes);
         floor_rows.push(row);
@@ -371,11 +376,11 @@ fn split_floors(wall: f64, floor: f64, [unzip, zstd, zip]: [&Runs; 3]) -> Vec<Fl
             ratio: wall / floor,
         },
         FloorRatio {
-            floor: format!("{SECTION}.unzip"),
+            floor: format!("{NAME}.unzip"),
             ratio: wall / median(unzip),
         },
         FloorRatio {
-            floor: format!("{SECTION}.zstd_t1"),
+            floor: format!("{NAME}.zstd_t1"),
             ratio: wall / median(zstd),
         },
         FloorRatio {
