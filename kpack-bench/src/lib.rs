@@ -15,21 +15,16 @@
 //! table on stdout and in `target/bench/bench.md`, everything in
 //! `target/bench/bench.json`.
 //!
-//! Modules, each depending only on those before it:
+//! The inputs (ROCm libraries laid out, their device code, torch-like
+//! wheels, libraries in compressed bundles or with a large host part) are
+//! built by the test kit ([`kpack_testkit::inputs`]); this crate measures
+//! and reports. Modules, each depending only on those before it:
 //! - [`context`]: what every section is given;
 //! - [`report`]: rows, the table and the JSON report;
 //! - [`measure`]: timing child processes, page-cache residency;
-//! - [`inputs`]: the ROCm libraries measured, laid out as inputs;
-//! - [`compressed`]: librocsparse re-bundled into compressed bundles (CCOB
-//!   v3) inside a linked library, the input of the `compressed` section;
-//! - [`large_host`]: fat libraries with a large host part, built by the
-//!   test kit, and a wheel holding one: the inputs of the `host` section;
 //! - [`sections`]: one module per section of the table.
 
-pub mod compressed;
 pub mod context;
-pub mod inputs;
-pub mod large_host;
 pub mod measure;
 pub mod report;
 pub mod sections;

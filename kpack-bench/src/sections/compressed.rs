@@ -1,5 +1,5 @@
 //! Compressed bundles: kpack on librocsparse re-bundled into
-//! CCOB v3 bundles inside a linked library ([`crate::compressed`]), against
+//! CCOB v3 bundles inside a linked library ([`kpack_testkit::inputs::ccob`]), against
 //! the floor of the same bytes measured in the same run: `zstd -d` of the
 //! compressed bundles' payloads piped into `zstd -3 -T1` (two processes on
 //! two cores: the decompression that cannot be avoided and the compression
@@ -12,21 +12,21 @@
 //! 1.25× 1×'s); `split-wheels -j 2` of a torch-like wheel holding two such
 //! libraries (≤ 256 MiB). The archives offload writes are checked to be
 //! byte-identical to those of the same bundles stored plainly (the plain
-//! twin of [`crate::compressed::plain_twin`]).
+//! twin of [`kpack_testkit::inputs::ccob::plain_twin`]).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use anyhow::{ensure, Context, Result};
+use anyhow::Result;
 use serde_json::json;
-use xshell::Shell;
 
 use crate::args;
-use crate::compressed::{library, plain_twin, CompressedLib};
 use crate::context::Ctx;
-use crate::inputs::{link_or_copy, remove, ROCSPARSE};
 use crate::measure::{load_average, note_load, resident, timed, tree_size, warm, Runs};
 use crate::report::{FloorRatio, Row, Stats, Target};
+use kpack_testkit::inputs::ccob::{self, library, plain_twin, CompressedLib};
+use kpack_testkit::inputs::rocm::ROCSPARSE;
+use kpack_testkit::tree::{link_or_copy, remove};
 
 const RSS_LIMIT_MIB: f64 = 256.0;
 const FLOOR_FACTOR: f64 = 1.2;
@@ -34,8 +34,6 @@ const LS_LIMIT_S: f64 = 1.0;
 const LS_RSS_MIB: f64 = 32.0;
 /// Most peak RSS may grow from 1× to 4× the bundles.
 const GROWTH: f64 = 1.25;
-const WHEEL_VERSION: &str = "2.10.0+ccob";
-const WHEEL_TAG: &str = "cp311-cp311-linux_x86_64";
 
 section!(
     "compressed",
@@ -53,11 +51,11 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
         )]);
     }
     let libs = [
-        library(ctx, &[0])?,
-        library(ctx, &[0, 1])?,
-        library(ctx, &[0, 1, 2, 3])?,
+        library(&ctx.root, &[0])?,
+        library(&ctx.root, &[0, 1])?,
+        library(&ctx.root, &[0, 1, 2, 3])?,
     ];
-    let wheel = wheel(ctx)?;
+    let wheel = ccob::wheel(&ctx.root, &ctx.work)?;
     let dir = ctx.work.join(NAME);
     remove(&dir)?;
     std::fs::create_dir_all(&dir)?;
@@ -280,7 +278,7 @@ fn wheel_args(wheel: &Path, out: &Path, scratch: &Path) -> Vec<OsString> {
 fn same_archives_as_plain(ctx: &Ctx, one: &CompressedLib, dir: &Path) -> Result<bool> {
     let (a, b) = (dir.join("check-ccob"), dir.join("check-plain"));
     let twin_dir = dir.join("plain-twin");
-    let twin = plain_twin(ctx, &twin_dir)?;
+    let twin = plain_twin(&ctx.root, &twin_dir)?;
     timed(&ctx.kpack, &offload_args(&one.path, &a), &ctx.work)?;
     timed(&ctx.kpack, &offload_args(&twin, &b), &ctx.work)?;
     remove(&twin_dir)?;
@@ -473,49 +471,4 @@ fn scaling_rows(libs: &[CompressedLib; 3], wheel: &Path, m: &Measured) -> Vec<Ro
     row.targets = vec![rss_target(&m.wheel)];
     rows.push(row);
     rows
-}
-
-/// The torch-like wheel: copies 0 and 1 as `torch/lib/libtorch_hip_<i>.so`
-/// (built once, in the cache).
-fn wheel(ctx: &Ctx) -> Result<PathBuf> {
-    let cache = ctx.root.join("target/bench/cache/ccob-rocsparse/wheel");
-    let wheel = cache.join(format!("torch-{WHEEL_VERSION}-{WHEEL_TAG}.whl"));
-    if wheel.is_file() {
-        return Ok(wheel);
-    }
-    let libs = [library(ctx, &[0])?, library(ctx, &[1])?];
-    eprintln!("building the torch-like wheel of compressed libraries (once)");
-    let tree = ctx.work.join("ccob-wheel-tree");
-    remove(&tree)?;
-    let t = tree.join("torch");
-    std::fs::create_dir_all(t.join("lib"))?;
-    for (i, l) in libs.iter().enumerate() {
-        link_or_copy(&l.path, &t.join(format!("lib/libtorch_hip_{i}.so")))?;
-    }
-    std::fs::write(t.join("__init__.py"), "# torch-like bench wheel\n")?;
-    let di = tree.join(format!("torch-{WHEEL_VERSION}.dist-info"));
-    std::fs::create_dir_all(&di)?;
-    std::fs::write(
-        di.join("METADATA"),
-        format!("Metadata-Version: 2.1\nName: torch\nVersion: {WHEEL_VERSION}\n"),
-    )?;
-    std::fs::write(
-        di.join("WHEEL"),
-        format!(
-            "Wheel-Version: 1.0\nGenerator: kpack-bench\nRoot-Is-Purelib: false\nTag: {WHEEL_TAG}\n"
-        ),
-    )?;
-    std::fs::write(di.join("RECORD"), "")?;
-    std::fs::create_dir_all(&cache)?;
-    let python = super::wheels::python(ctx)?;
-    let sh = Shell::new()?;
-    xshell::cmd!(sh, "{python} -m wheel pack {tree} -d {cache}")
-        .quiet()
-        .run()
-        .context("python -m wheel pack")?;
-    remove(&tree)?;
-    // Only the wheel is needed: copy 1 alone is not measured.
-    remove(libs[1].path.parent().context("a library directory")?)?;
-    ensure!(wheel.is_file(), "{} was not made", wheel.display());
-    Ok(wheel)
 }

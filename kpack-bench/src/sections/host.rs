@@ -1,4 +1,4 @@
-//! Fat libraries with a large host part ([`crate::large_host`]: 256 MiB
+//! Fat libraries with a large host part ([`kpack_testkit::inputs::large_host`]: 256 MiB
 //! and 1 GiB of incompressible `.rodata` beside about 0.8 MB of device
 //! code for four targets, linked by lld), and a torch-like wheel holding
 //! the 1 GiB one.
@@ -22,10 +22,10 @@ use serde_json::json;
 use super::job::Job;
 use crate::args;
 use crate::context::Ctx;
-use crate::inputs::{link_or_copy, remove};
-use crate::large_host::{self, Size, LIB_NAME, SIZES};
 use crate::measure::{load_average, note_load, warm};
 use crate::report::{FloorRatio, Row, Target};
+use kpack_testkit::inputs::large_host::{self, Size, LIB_NAME, SIZES};
+use kpack_testkit::tree::{link_or_copy, remove};
 
 const RSS_LIMIT_MIB: f64 = 256.0;
 /// Offload against `cp` of its input.
@@ -44,7 +44,7 @@ section!(
 pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
     let mut libs = Vec::new();
     for size in &SIZES {
-        match large_host::library(ctx, size) {
+        match large_host::library(&ctx.root, size) {
             Ok(lib) => libs.push(lib),
             Err(e) => {
                 eprintln!("host: not measured: {e:#}");
@@ -256,8 +256,8 @@ fn library_rows(measured: &[(Size, Vec<Job>)]) -> Vec<Row> {
 /// `split-wheels -j 2` of the torch-like wheel holding the library of
 /// `size`, and the floors `unzip` and `zip -r`, interleaved.
 fn wheel_rows(ctx: &Ctx, size: &Size) -> Result<Vec<Row>> {
-    let lib = large_host::library(ctx, size)?;
-    let wheel = large_host::wheel(ctx, size, &lib)?;
+    let lib = large_host::library(&ctx.root, size)?;
+    let wheel = large_host::wheel(&ctx.root, &ctx.work, size, &lib)?;
     let dir = ctx.work.join(format!("{NAME}-wheel"));
     remove(&dir)?;
     std::fs::create_dir_all(&dir)?;

@@ -17,9 +17,9 @@ use anyhow::{bail, Context, Result};
 use serde_json::json;
 
 use crate::context::Ctx;
-use crate::inputs::remove;
 use crate::measure::{resident, timed, Runs};
 use crate::report::Row;
+use kpack_testkit::tree::remove;
 
 /// Total kernel bytes: past 4 GiB.
 const TOTAL: u64 = 4608 << 20;

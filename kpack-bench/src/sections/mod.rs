@@ -37,8 +37,6 @@ mod runtime;
 mod wheels;
 mod xla;
 
-pub(crate) use wheels::python;
-
 use anyhow::Result;
 use clap::builder::{PossibleValue, PossibleValuesParser};
 

@@ -16,9 +16,11 @@ use serde_json::json;
 
 use crate::args;
 use crate::context::Ctx;
-use crate::inputs::{link_or_copy, make_artifact, remove, ROCRAND, ROCSPARSE};
 use crate::measure::{resident, timed, tree_size, warm, Run, Runs};
 use crate::report::{FloorRatio, Row};
+use kpack_testkit::inputs::rocm::make_artifact;
+use kpack_testkit::inputs::rocm::{ROCRAND, ROCSPARSE};
+use kpack_testkit::tree::{link_or_copy, remove};
 
 const ROCSPARSE_CONFIG: &str = r#"{
   "primary_shard": "rocsparse-build",

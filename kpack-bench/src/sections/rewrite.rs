@@ -14,9 +14,10 @@ use serde_json::{json, Value};
 
 use crate::args;
 use crate::context::Ctx;
-use crate::inputs::{remove, ROCSPARSE};
 use crate::measure::{resident, timed, warm, Runs};
 use crate::report::{FloorRatio, Row};
+use kpack_testkit::inputs::rocm::ROCSPARSE;
+use kpack_testkit::tree::remove;
 
 section!(
     "rewrite",

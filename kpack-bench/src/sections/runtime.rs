@@ -28,9 +28,10 @@ use serde_json::json;
 
 use crate::args;
 use crate::context::Ctx;
-use crate::inputs::{remove, ROCRAND, ROCSPARSE};
 use crate::measure::{resident, timed, warm};
 use crate::report::{fmt_bytes, FloorRatio, Row, Stats, Target};
+use kpack_testkit::inputs::rocm::{ROCRAND, ROCSPARSE};
+use kpack_testkit::tree::remove;
 
 /// The librocrand code object of the warm-load target (1.7 MB).
 const WARM_TARGET_SIZE: usize = 1_716_776;

@@ -23,9 +23,9 @@ use serde_json::json;
 use super::job::Job;
 use crate::args;
 use crate::context::Ctx;
-use crate::inputs::remove;
 use crate::measure::{load_average, note_load, warm};
 use crate::report::{FloorRatio, Row, Target};
+use kpack_testkit::tree::remove;
 
 const REQUIREMENT: &str = "jax-rocm7-pjrt==0.12.0";
 const WHEEL: &str = "jax_rocm7_pjrt-0.12.0-py3-none-manylinux_2_27_x86_64.whl";
@@ -137,7 +137,8 @@ fn fetch(ctx: &Ctx, cache: &Path) -> Result<(PathBuf, PathBuf)> {
 /// `pip download --no-deps jax-rocm7-pjrt==0.12.0 -d cache`, with the
 /// bench's virtual environment's pip (else `python3 -m pip`).
 fn download(ctx: &Ctx, cache: &Path) -> Result<()> {
-    let python = super::python(ctx).unwrap_or_else(|_| PathBuf::from("python3"));
+    let python = kpack_testkit::inputs::wheel::python(&ctx.root)
+        .unwrap_or_else(|_| PathBuf::from("python3"));
     eprintln!(
         "downloading {REQUIREMENT} from PyPI into {} (once)",
         cache.display()
