@@ -1,5 +1,7 @@
-//! kpack's benchmarks: speed and memory against the floors and the targets
-//! of issue 8, measured in one run (never in CI). `cargo xtask bench`
+//! kpack's benchmarks: speed and memory of the release `kpack` and
+//! `librocm_kpack` against floors (the same bytes through `zstd`, `cp`,
+//! `unzip`...) and against targets (each row's limits, in
+//! docs/performance.md), measured in one run (never in CI). `cargo xtask bench`
 //! installs what they need, builds `kpack` and `librocm_kpack` in release and
 //! runs the `kpack-bench` binary; `cargo bench -p kpack-bench` runs the
 //! in-process micro-benchmarks (`benches/`, through divan).
@@ -13,21 +15,16 @@
 //! table on stdout and in `target/bench/bench.md`, everything in
 //! `target/bench/bench.json`.
 //!
-//! Modules, each depending only on those before it:
+//! The inputs (ROCm libraries laid out, their device code, torch-like
+//! wheels, libraries in compressed bundles or with a large host part) are
+//! built by the test kit ([`kpack_testkit::inputs`]); this crate measures
+//! and reports. Modules, each depending only on those before it:
 //! - [`context`]: what every section is given;
 //! - [`report`]: rows, the table and the JSON report;
 //! - [`measure`]: timing child processes, page-cache residency;
-//! - [`inputs`]: the ROCm libraries measured, laid out as inputs;
-//! - [`compressed`]: librocsparse re-bundled into compressed bundles (CCOB
-//!   v3) inside a linked library, the input of the `compressed` section;
-//! - [`large_host`]: fat libraries with a large host part, built by the
-//!   test kit, and a wheel holding one: the inputs of the `host` section;
 //! - [`sections`]: one module per section of the table.
 
-pub mod compressed;
 pub mod context;
-pub mod inputs;
-pub mod large_host;
 pub mod measure;
 pub mod report;
 pub mod sections;
@@ -39,7 +36,6 @@ use xshell::Shell;
 
 use context::Ctx;
 use report::Report;
-use sections::SECTIONS;
 
 /// What `kpack-bench` (and `cargo xtask bench`) is asked.
 #[derive(Debug, Clone, clap::Args)]
@@ -48,13 +44,8 @@ pub struct BenchArgs {
     /// gives a meaningful spread).
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
-    /// Measure only these sections (comma-separated): rocrand, rocsparse,
-    /// pipeline, runtime, large, rewrite (prune and restore of
-    /// librocsparse), wheels, python, compressed (librocsparse in compressed
-    /// bundles), host (libraries with 256 MiB and 1 GiB of host code), xla
-    /// (JAX's ROCm plugin, downloaded from PyPI), doctor (a site-packages of
-    /// 300 binaries). Default: all.
-    #[arg(long, value_delimiter = ',')]
+    /// Measure only these sections (comma-separated). Default: all.
+    #[arg(long, value_delimiter = ',', value_parser = sections::names())]
     pub only: Vec<String>,
     /// Keep target/bench/work (the large intermediate files) afterwards.
     #[arg(long)]
@@ -100,15 +91,10 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// `--reps` at least 1, `--only` naming sections.
+/// `--reps` at least 1 (`--only` is checked by its parser).
 fn check_args(args: &BenchArgs) -> Result<()> {
     if args.reps == 0 {
         bail!("--reps must be at least 1");
-    }
-    for o in &args.only {
-        if !SECTIONS.contains(&o.as_str()) {
-            bail!("--only {o}: sections are {}", SECTIONS.join(", "));
-        }
     }
     Ok(())
 }

@@ -41,10 +41,10 @@ impl Stats {
     }
 }
 
-/// One target of the issue, checked on a row.
+/// One target (a limit a figure must meet), checked on a row.
 #[derive(Debug, Clone, Serialize)]
 pub struct Target {
-    /// What the issue asks, in words.
+    /// What it asks, in words.
     pub text: String,
     /// The figure compared (median), and its limit, in the same unit.
     pub value: f64,

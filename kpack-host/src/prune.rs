@@ -28,8 +28,7 @@ use serde::Serialize;
 
 use crate::binary::{classify_parsed, Class, Classified, HostBinary};
 use crate::bundle::{
-    compress_bundle, compress_fitting, list_fatbin, write_bundle_owned, Blob, BundleInfo, Ccob,
-    FatbinStream,
+    list_fatbin, write_bundle_owned, Blob, BundleInfo, Ccob, Compressor, FatbinStream,
 };
 use crate::elf::ElfView;
 use crate::error::{Error, Result, WithPath};
@@ -368,14 +367,15 @@ fn ccob_version(stored: &[u8]) -> u16 {
 /// Compress `plain` as the compressed bundle `ccob` was: same method, same
 /// version unless a size needs v3.
 fn recompress(input: &Path, plain: &[u8], ccob: &Ccob) -> Result<Vec<u8>> {
-    compress_fitting(plain, ccob.version, |d, v| {
-        compress_bundle(d, v, ccob.method)
-    })
-    .map_err(|source| Error::Compress {
-        path: input.into(),
-        what: "a pruned bundle",
-        source,
-    })
+    Compressor::new(ccob.method)
+        .version(ccob.version)
+        .fitting(true)
+        .compress(plain)
+        .map_err(|source| Error::Compress {
+            path: input.into(),
+            what: "a pruned bundle",
+            source,
+        })
 }
 
 /// The targets kept and dropped, over all bundles, sorted; refused when

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::binary::{classify_parsed, Class, Classified, HostBinary};
-use crate::bundle::{bundle_layout, compress_bundle_long, compress_fitting, BundleBuf};
+use crate::bundle::{bundle_layout, BundleBuf, Compressor, Method};
 use crate::elf::{ElfError, ElfView};
 use crate::error::{Error, Result, WithPath};
 use crate::fatbin::{device_code, DeviceCode};
@@ -353,13 +353,17 @@ impl Source<'_> {
     /// size needs it); the plain one is dropped at once.
     fn compressed_bundle(&self, co: u32, level: i32) -> Result<OneBundle> {
         let mut b = self.bundle(co)?;
-        b.bytes = compress_fitting(&b.bytes, 2, |d, v| compress_bundle_long(d, v, level)).map_err(
-            |source| Error::Compress {
+        b.bytes = Compressor::new(Method::Zstd)
+            .version(2)
+            .level(level)
+            .long_distance(true)
+            .fitting(true)
+            .compress(&b.bytes)
+            .map_err(|source| Error::Compress {
                 path: self.input.into(),
                 what: "a bundle",
                 source,
-            },
-        )?;
+            })?;
         Ok(b)
     }
 

@@ -15,6 +15,7 @@ mod common;
 mod archive_cli;
 mod asan_wrappers;
 mod bad_input;
+mod bench_inputs;
 mod bundle_formats;
 mod golden;
 mod ground_truth;

@@ -66,7 +66,11 @@ fn bundles(scratch: &Path) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
     let mut inner = plain(&first);
     inner.extend([0u8; 16]);
     inner.extend(plain(&second));
-    let ccob = kpack_bundle::compress_bundle_at(&inner, 3, kpack_bundle::Method::Zstd, 3).unwrap();
+    let ccob = kpack_bundle::Compressor::new(kpack_bundle::Method::Zstd)
+        .version(3)
+        .level(3)
+        .compress(&inner)
+        .unwrap();
     (ccob, inner, plain(&real))
 }
 

@@ -36,15 +36,8 @@ pub struct BenchArgs {
     /// gives a meaningful spread).
     #[arg(long, default_value_t = 3)]
     reps: usize,
-    /// Measure only these sections (comma-separated): rocrand, rocsparse,
-    /// pipeline, runtime, large, rewrite (prune and restore of
-    /// librocsparse, verify --tree over it), wheels, python,
-    /// python-upstream (the reference API: kpack's wheel against upstream's
-    /// package, named by KPACK_UPSTREAM_PYTHON), compressed
-    /// (librocsparse re-bundled into compressed bundles: needs clang-19 and
-    /// lld-19), host (libraries with 256 MiB and 1 GiB of host code, built
-    /// with clang-19 and lld-19), xla (JAX's ROCm plugin, downloaded from
-    /// PyPI), doctor (kpack doctor over a site-packages of 300 binaries).
+    /// Measure only these sections (comma-separated; `cargo run -p
+    /// kpack-bench -- --help` lists them, each with what it measures).
     /// Default: all.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,

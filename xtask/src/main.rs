@@ -62,10 +62,11 @@ enum Task {
     /// Set up a Debian 12 machine (as root: installs missing packages),
     /// build the fixtures, then run all tests, rustfmt and clippy.
     Test,
-    /// Measure speed and memory against the floors and targets of issue 8
-    /// (never in CI; as root, installs missing packages): builds and runs
-    /// the kpack-bench crate; table on stdout, target/bench/bench.json. See
-    /// docs/performance.md.
+    /// Measure the speed and memory of the release kpack and librocm_kpack
+    /// against floors (the same bytes through zstd, cp, unzip...) and each
+    /// row's targets (never in CI; as root, installs missing packages):
+    /// builds and runs the kpack-bench crate; table on stdout,
+    /// target/bench/bench.json. See docs/performance.md.
     Bench(bench::BenchArgs),
     /// Run the cargo-fuzz targets of fuzz/ on seeds made from the fixtures
     /// (nightly with AddressSanitizer when installed, else stable without).

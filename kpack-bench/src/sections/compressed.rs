@@ -1,5 +1,5 @@
-//! Compressed bundles (issue 22): kpack on librocsparse re-bundled into
-//! CCOB v3 bundles inside a linked library ([`crate::compressed`]), against
+//! Compressed bundles: kpack on librocsparse re-bundled into
+//! CCOB v3 bundles inside a linked library ([`kpack_testkit::inputs::ccob`]), against
 //! the floor of the same bytes measured in the same run: `zstd -d` of the
 //! compressed bundles' payloads piped into `zstd -3 -T1` (two processes on
 //! two cores: the decompression that cannot be avoided and the compression
@@ -12,48 +12,51 @@
 //! 1.25× 1×'s); `split-wheels -j 2` of a torch-like wheel holding two such
 //! libraries (≤ 256 MiB). The archives offload writes are checked to be
 //! byte-identical to those of the same bundles stored plainly (the plain
-//! twin of [`crate::compressed::plain_twin`]).
+//! twin of [`kpack_testkit::inputs::ccob::plain_twin`]).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use anyhow::{ensure, Context, Result};
+use anyhow::Result;
 use serde_json::json;
-use xshell::Shell;
 
 use crate::args;
-use crate::compressed::{library, plain_twin, CompressedLib};
 use crate::context::Ctx;
-use crate::inputs::{link_or_copy, remove, ROCSPARSE};
 use crate::measure::{load_average, note_load, resident, timed, tree_size, warm, Runs};
 use crate::report::{FloorRatio, Row, Stats, Target};
+use kpack_testkit::inputs::ccob::{self, library, plain_twin, CompressedLib};
+use kpack_testkit::inputs::rocm::ROCSPARSE;
+use kpack_testkit::tree::{link_or_copy, remove};
 
-const SECTION: &str = "compressed";
 const RSS_LIMIT_MIB: f64 = 256.0;
 const FLOOR_FACTOR: f64 = 1.2;
 const LS_LIMIT_S: f64 = 1.0;
 const LS_RSS_MIB: f64 = 32.0;
 /// Most peak RSS may grow from 1× to 4× the bundles.
 const GROWTH: f64 = 1.25;
-const WHEEL_VERSION: &str = "2.10.0+ccob";
-const WHEEL_TAG: &str = "cp311-cp311-linux_x86_64";
+
+section!(
+    "compressed",
+    "offload, split, extract, pack-tree, restore, ls and split-wheels of librocsparse re-bundled into compressed bundles (clang-19, lld-19)",
+    run
+);
 
 pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
     if !Path::new(ROCSPARSE.path).is_file() {
         return Ok(vec![Row::not_installed(
-            SECTION,
+            NAME,
             "offload",
             "offload, compressed librocsparse",
             ROCSPARSE.path,
         )]);
     }
     let libs = [
-        library(ctx, &[0])?,
-        library(ctx, &[0, 1])?,
-        library(ctx, &[0, 1, 2, 3])?,
+        library(&ctx.root, &[0])?,
+        library(&ctx.root, &[0, 1])?,
+        library(&ctx.root, &[0, 1, 2, 3])?,
     ];
-    let wheel = wheel(ctx)?;
-    let dir = ctx.work.join(SECTION);
+    let wheel = ccob::wheel(&ctx.root, &ctx.work)?;
+    let dir = ctx.work.join(NAME);
     remove(&dir)?;
     std::fs::create_dir_all(&dir)?;
     let load_before = load_average();
@@ -61,7 +64,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
     let m = measure(ctx, &libs, &wheel, &dir)?;
     let load_after = load_average();
     remove(&dir)?;
-    let mut rows = rows(&libs, &wheel, &m, identical)?;
+    let mut rows = rows(&libs, &wheel, &m, identical);
     note_load(&mut rows, load_before, load_after);
     Ok(rows)
 }
@@ -96,143 +99,153 @@ fn offload_args(lib: &Path, out: &Path) -> Vec<OsString> {
     .to_vec()
 }
 
-fn measure(ctx: &Ctx, libs: &[CompressedLib; 3], wheel: &Path, dir: &Path) -> Result<Measured> {
-    let one = &libs[0];
-    let mut m = Measured::default();
-    // Inputs laid out once: an artifact and an install tree holding the 1×
-    // library (hard links).
-    let artifact = dir.join("artifacts/sparse_lib_gfx-all");
-    std::fs::create_dir_all(artifact.join("stage/lib"))?;
-    std::fs::write(artifact.join("artifact_manifest.txt"), "stage\n")?;
-    link_or_copy(
-        &one.path,
-        &artifact.join("stage/lib").join(ROCSPARSE.file_name()),
-    )?;
-    let tree = dir.join("tree");
-    link_or_copy(&one.path, &tree.join("lib").join(ROCSPARSE.file_name()))?;
-    let inputs: Vec<&Path> = libs
-        .iter()
-        .map(|l| l.path.as_path())
-        .chain(one.payloads.iter().map(|p| p.as_path()))
-        .chain([wheel])
-        .collect();
-    warm(&inputs)?;
+/// Where the measured processes read and write, under the section's
+/// directory.
+struct Paths {
+    /// An artifact holding the 1× library (split's input).
+    artifact: PathBuf,
+    /// An install tree holding it (pack-tree's input).
+    tree: PathBuf,
+    offload: PathBuf,
+    split: PathBuf,
+    extract: PathBuf,
+    pack_tree: PathBuf,
+    restored: PathBuf,
+    wheel_out: PathBuf,
+    wheel_tmp: PathBuf,
+}
+
+impl Paths {
+    /// The paths, the inputs laid out (hard links to the 1× library).
+    fn lay_out(dir: &Path, one: &CompressedLib) -> Result<Paths> {
+        let p = Paths {
+            artifact: dir.join("artifacts/sparse_lib_gfx-all"),
+            tree: dir.join("tree"),
+            offload: dir.join("offload"),
+            split: dir.join("split"),
+            extract: dir.join("extract"),
+            pack_tree: dir.join("pack-tree"),
+            restored: dir.join("restored.so"),
+            wheel_out: dir.join("wheel-out"),
+            wheel_tmp: dir.join("wheel-tmp"),
+        };
+        let stage = p.artifact.join("stage/lib");
+        std::fs::create_dir_all(&stage)?;
+        std::fs::write(p.artifact.join("artifact_manifest.txt"), "stage\n")?;
+        link_or_copy(&one.path, &stage.join(ROCSPARSE.file_name()))?;
+        link_or_copy(&one.path, &p.tree.join("lib").join(ROCSPARSE.file_name()))?;
+        Ok(p)
+    }
+}
+
+/// The floor's shell command: the 1× library's payloads decompressed,
+/// piped into `zstd -3 -T1`.
+fn floor_command(one: &CompressedLib) -> String {
     let payloads: Vec<String> = one
         .payloads
         .iter()
         .map(|p| p.display().to_string())
         .collect();
-    let floor_cmd = format!(
+    format!(
         "zstd -q -d -c {} | zstd -q -3 -T1 -c > /dev/null",
         payloads.join(" ")
-    );
-    let (off, split_out, x, pt, restored, w_out) = (
-        dir.join("offload"),
-        dir.join("split"),
-        dir.join("extract"),
-        dir.join("pack-tree"),
-        dir.join("restored.so"),
-        dir.join("wheel-out"),
-    );
+    )
+}
+
+fn measure(ctx: &Ctx, libs: &[CompressedLib; 3], wheel: &Path, dir: &Path) -> Result<Measured> {
+    let one = &libs[0];
+    let p = Paths::lay_out(dir, one)?;
+    let payloads: Vec<&Path> = one.payloads.iter().map(|p| p.as_path()).collect();
+    let mut inputs: Vec<&Path> = libs.iter().map(|l| l.path.as_path()).collect();
+    inputs.extend(&payloads);
+    inputs.push(wheel);
+    warm(&inputs)?;
+    let floor_cmd = floor_command(one);
+    let mut m = Measured::default();
     for rep in 0..ctx.reps {
         eprintln!("  rep {}/{}", rep + 1, ctx.reps);
         let r = resident(&[&one.path]);
         m.floor.push(
             timed(Path::new("sh"), &args!["-c", &floor_cmd], &ctx.work)?,
-            resident(&inputs[3..inputs.len() - 1]),
+            resident(&payloads),
         );
-        remove(&off)?;
-        m.offload[0].push(
-            timed(&ctx.kpack, &offload_args(&one.path, &off), &ctx.work)?,
-            r,
-        );
-        m.offload_out = tree_size(&off);
-        remove(&restored)?;
-        m.restore.push(
-            timed(
-                &ctx.kpack,
-                &args!["restore", off.join(ROCSPARSE.file_name()), "-o", &restored],
-                &ctx.work,
-            )?,
-            1.0,
-        );
-        remove(&restored)?;
-        remove(&off)?;
-        remove(&split_out)?;
-        m.split.push(
-            timed(
-                &ctx.kpack,
-                &args![
-                    "split",
-                    "--artifact-dir",
-                    &artifact,
-                    "--artifact-prefix",
-                    "sparse_lib",
-                    "--output-dir",
-                    &split_out,
-                    "--json"
-                ],
-                &ctx.work,
-            )?,
-            resident(&[&one.path]),
-        );
-        m.split_out = tree_size(&split_out);
-        remove(&split_out)?;
-        remove(&x)?;
-        m.extract.push(
-            timed(
-                &ctx.kpack,
-                &args!["extract", &one.path, "-o", &x],
-                &ctx.work,
-            )?,
-            resident(&[&one.path]),
-        );
-        remove(&x)?;
-        remove(&pt)?;
-        m.pack_tree.push(
-            timed(
-                &ctx.kpack,
-                &args![
-                    "pack-tree",
-                    "--input",
-                    &tree,
-                    "--output",
-                    &pt,
-                    "--group-name",
-                    "sparse"
-                ],
-                &ctx.work,
-            )?,
-            resident(&[&one.path]),
-        );
-        remove(&pt)?;
-        m.ls.push(
-            timed(&ctx.kpack, &args!["ls", &libs[2].path], &ctx.work)?,
-            resident(&[&libs[2].path]),
-        );
-        for (i, lib) in libs.iter().enumerate().skip(1) {
-            remove(&off)?;
-            let r = resident(&[&lib.path]);
-            m.offload[i].push(
-                timed(&ctx.kpack, &offload_args(&lib.path, &off), &ctx.work)?,
-                r,
-            );
-            remove(&off)?;
-        }
-        remove(&w_out)?;
-        let r = resident(&[wheel]);
-        m.wheel.push(
-            timed(
-                &ctx.kpack,
-                &wheel_args(wheel, &w_out, &dir.join("wheel-tmp")),
-                &ctx.work,
-            )?,
-            r,
-        );
-        m.wheel_out = tree_size(&w_out);
-        remove(&w_out)?;
+        measure_one(ctx, one, &p, r, &mut m)?;
+        measure_scaling(ctx, libs, wheel, &p, &mut m)?;
     }
     Ok(m)
+}
+
+/// One run of each command on the 1× library (`r`: its residency before
+/// offload).
+fn measure_one(ctx: &Ctx, one: &CompressedLib, p: &Paths, r: f64, m: &mut Measured) -> Result<()> {
+    let kpack = |a: &[OsString]| timed(&ctx.kpack, a, &ctx.work);
+    let lib = ROCSPARSE.file_name();
+    remove(&p.offload)?;
+    m.offload[0].push(kpack(&offload_args(&one.path, &p.offload))?, r);
+    m.offload_out = tree_size(&p.offload);
+    remove(&p.restored)?;
+    let a = args!["restore", p.offload.join(lib), "-o", &p.restored];
+    m.restore.push(kpack(&a)?, 1.0);
+    remove(&p.restored)?;
+    remove(&p.offload)?;
+    remove(&p.split)?;
+    let a = args![
+        "split",
+        "--artifact-dir",
+        &p.artifact,
+        "--artifact-prefix",
+        "sparse_lib",
+        "--output-dir",
+        &p.split,
+        "--json"
+    ];
+    m.split.push(kpack(&a)?, resident(&[&one.path]));
+    m.split_out = tree_size(&p.split);
+    remove(&p.split)?;
+    remove(&p.extract)?;
+    let a = args!["extract", &one.path, "-o", &p.extract];
+    m.extract.push(kpack(&a)?, resident(&[&one.path]));
+    remove(&p.extract)?;
+    remove(&p.pack_tree)?;
+    let a = args![
+        "pack-tree",
+        "--input",
+        &p.tree,
+        "--output",
+        &p.pack_tree,
+        "--group-name",
+        "sparse"
+    ];
+    m.pack_tree.push(kpack(&a)?, resident(&[&one.path]));
+    remove(&p.pack_tree)
+}
+
+/// One run of `ls` of the 4× library, offload of the 2× and 4× ones, and
+/// split-wheels of the wheel.
+fn measure_scaling(
+    ctx: &Ctx,
+    libs: &[CompressedLib; 3],
+    wheel: &Path,
+    p: &Paths,
+    m: &mut Measured,
+) -> Result<()> {
+    let kpack = |a: &[OsString]| timed(&ctx.kpack, a, &ctx.work);
+    m.ls.push(
+        kpack(&args!["ls", &libs[2].path])?,
+        resident(&[&libs[2].path]),
+    );
+    for (i, lib) in libs.iter().enumerate().skip(1) {
+        remove(&p.offload)?;
+        let r = resident(&[&lib.path]);
+        m.offload[i].push(kpack(&offload_args(&lib.path, &p.offload))?, r);
+        remove(&p.offload)?;
+    }
+    remove(&p.wheel_out)?;
+    let r = resident(&[wheel]);
+    m.wheel
+        .push(kpack(&wheel_args(wheel, &p.wheel_out, &p.wheel_tmp))?, r);
+    m.wheel_out = tree_size(&p.wheel_out);
+    remove(&p.wheel_out)
 }
 
 fn wheel_args(wheel: &Path, out: &Path, scratch: &Path) -> Vec<OsString> {
@@ -265,7 +278,7 @@ fn wheel_args(wheel: &Path, out: &Path, scratch: &Path) -> Vec<OsString> {
 fn same_archives_as_plain(ctx: &Ctx, one: &CompressedLib, dir: &Path) -> Result<bool> {
     let (a, b) = (dir.join("check-ccob"), dir.join("check-plain"));
     let twin_dir = dir.join("plain-twin");
-    let twin = plain_twin(ctx, &twin_dir)?;
+    let twin = plain_twin(&ctx.root, &twin_dir)?;
     timed(&ctx.kpack, &offload_args(&one.path, &a), &ctx.work)?;
     timed(&ctx.kpack, &offload_args(&twin, &b), &ctx.work)?;
     remove(&twin_dir)?;
@@ -309,55 +322,61 @@ fn describe(l: &CompressedLib) -> String {
     )
 }
 
-fn rows(
-    libs: &[CompressedLib; 3],
-    wheel: &Path,
-    m: &Measured,
-    identical: bool,
-) -> Result<Vec<Row>> {
-    let one = &libs[0];
-    let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
-    let floor = median(&m.floor);
-    let rss_target = |r: &Runs| {
-        Target::at_most(
-            format!("peak RSS ≤ {RSS_LIMIT_MIB} MiB (worst run)"),
-            worst_rss_mib(r),
-            RSS_LIMIT_MIB,
-        )
-    };
-    let floor_target = |r: &Runs| {
-        Target::at_most(
-            format!("≤ {FLOOR_FACTOR}× the floor (zstd -d into zstd -3 -T1)"),
-            median(r) / floor,
-            FLOOR_FACTOR,
-        )
-    };
-    let vs_floor = |r: &Runs| {
-        vec![FloorRatio {
-            floor: format!("{SECTION}.floor"),
-            ratio: median(r) / floor,
-        }]
-    };
-    let mut rows = Vec::new();
+fn file_size(p: &Path) -> u64 {
+    std::fs::metadata(p).map_or(0, |m| m.len())
+}
 
+fn rss_target(r: &Runs) -> Target {
+    Target::at_most(
+        format!("peak RSS ≤ {RSS_LIMIT_MIB} MiB (worst run)"),
+        worst_rss_mib(r),
+        RSS_LIMIT_MIB,
+    )
+}
+
+fn floor_target(r: &Runs, floor: f64) -> Target {
+    Target::at_most(
+        format!("≤ {FLOOR_FACTOR}× the floor (zstd -d into zstd -3 -T1)"),
+        median(r) / floor,
+        FLOOR_FACTOR,
+    )
+}
+
+fn vs_floor(r: &Runs, floor: f64) -> Vec<FloorRatio> {
+    vec![FloorRatio {
+        floor: format!("{NAME}.floor"),
+        ratio: median(r) / floor,
+    }]
+}
+
+fn rows(libs: &[CompressedLib; 3], wheel: &Path, m: &Measured, identical: bool) -> Vec<Row> {
+    let mut rows = one_rows(&libs[0], m, identical);
+    rows.extend(scaling_rows(libs, wheel, m));
+    rows
+}
+
+/// The rows of the 1× library: the floor, offload, split, extract,
+/// pack-tree and restore.
+fn one_rows(one: &CompressedLib, m: &Measured, identical: bool) -> Vec<Row> {
+    let floor = median(&m.floor);
     let mut row = Row::new(
-        SECTION,
+        NAME,
         "floor",
         "floor: zstd -d of the compressed bundles' payloads, piped into zstd -3 -T1, 1× library",
     );
     m.floor.fill(&mut row);
-    row.bytes_in = Some(one.payloads.iter().map(|p| size(p)).sum());
+    row.bytes_in = Some(one.payloads.iter().map(|p| file_size(p)).sum());
     row.details = json!({ "decompressed_bytes": one.decompressed });
-    rows.push(row);
+    let mut rows = vec![row];
 
-    let mut row = Row::new(SECTION, "offload", "offload, 1× compressed librocsparse");
+    let mut row = Row::new(NAME, "offload", "offload, 1× compressed librocsparse");
     m.offload[0].fill(&mut row);
-    row.bytes_in = Some(size(&one.path));
+    row.bytes_in = Some(file_size(&one.path));
     row.bytes_out = Some(m.offload_out);
     row.compression_ratio = Some(one.code_bytes as f64 / m.offload_out.max(1) as f64);
-    row.floors = vs_floor(&m.offload[0]);
+    row.floors = vs_floor(&m.offload[0], floor);
     row.targets = vec![
-        floor_target(&m.offload[0]),
+        floor_target(&m.offload[0], floor),
         rss_target(&m.offload[0]),
         Target::at_most(
             "archives byte-identical to offloading the same bundles stored plainly (0 = yes)",
@@ -369,15 +388,15 @@ fn rows(
     rows.push(row);
 
     let mut row = Row::new(
-        SECTION,
+        NAME,
         "split",
         "split, 1× compressed librocsparse (one artifact)",
     );
     m.split.fill(&mut row);
-    row.bytes_in = Some(size(&one.path));
+    row.bytes_in = Some(file_size(&one.path));
     row.bytes_out = Some(m.split_out);
-    row.floors = vs_floor(&m.split);
-    row.targets = vec![floor_target(&m.split), rss_target(&m.split)];
+    row.floors = vs_floor(&m.split, floor);
+    row.targets = vec![floor_target(&m.split, floor), rss_target(&m.split)];
     rows.push(row);
 
     for (id, work, runs) in [
@@ -393,17 +412,22 @@ fn rows(
             &m.restore,
         ),
     ] {
-        let mut row = Row::new(SECTION, id, work);
+        let mut row = Row::new(NAME, id, work);
         runs.fill(&mut row);
-        row.bytes_in = Some(size(&one.path));
-        row.floors = vs_floor(runs);
+        row.bytes_in = Some(file_size(&one.path));
+        row.floors = vs_floor(runs, floor);
         row.targets = vec![rss_target(runs)];
         rows.push(row);
     }
+    rows
+}
 
-    let mut row = Row::new(SECTION, "ls", "ls, 4× compressed librocsparse");
+/// The rows of the larger inputs: ls of the 4× library, offload of the 2×
+/// and 4× ones (memory against the 1×'s), split-wheels of the wheel.
+fn scaling_rows(libs: &[CompressedLib; 3], wheel: &Path, m: &Measured) -> Vec<Row> {
+    let mut row = Row::new(NAME, "ls", "ls, 4× compressed librocsparse");
     m.ls.fill(&mut row);
-    row.bytes_in = Some(size(&libs[2].path));
+    row.bytes_in = Some(file_size(&libs[2].path));
     row.targets = vec![
         Target::at_most(format!("≤ {LS_LIMIT_S} s"), median(&m.ls), LS_LIMIT_S),
         Target::at_most(
@@ -413,17 +437,17 @@ fn rows(
         ),
     ];
     row.details = json!({ "input": describe(&libs[2]) });
-    rows.push(row);
+    let mut rows = vec![row];
 
     let base = worst_rss_mib(&m.offload[0]);
     for (i, mult) in [(1, 2), (2, 4)] {
         let mut row = Row::new(
-            SECTION,
+            NAME,
             &format!("offload_{mult}x"),
             format!("offload, {mult}× compressed librocsparse (memory against the bundles)"),
         );
         m.offload[i].fill(&mut row);
-        row.bytes_in = Some(size(&libs[i].path));
+        row.bytes_in = Some(file_size(&libs[i].path));
         row.targets = vec![
             rss_target(&m.offload[i]),
             Target::at_most(
@@ -437,59 +461,14 @@ fn rows(
     }
 
     let mut row = Row::new(
-        SECTION,
+        NAME,
         "split_wheels",
         "split-wheels -j 2, torch-like wheel (2 compressed librocsparse, distinct)",
     );
     m.wheel.fill(&mut row);
-    row.bytes_in = Some(size(wheel));
+    row.bytes_in = Some(file_size(wheel));
     row.bytes_out = Some(m.wheel_out);
     row.targets = vec![rss_target(&m.wheel)];
     rows.push(row);
-    Ok(rows)
-}
-
-/// The torch-like wheel: copies 0 and 1 as `torch/lib/libtorch_hip_<i>.so`
-/// (built once, in the cache).
-fn wheel(ctx: &Ctx) -> Result<PathBuf> {
-    let cache = ctx.root.join("target/bench/cache/ccob-rocsparse/wheel");
-    let wheel = cache.join(format!("torch-{WHEEL_VERSION}-{WHEEL_TAG}.whl"));
-    if wheel.is_file() {
-        return Ok(wheel);
-    }
-    let libs = [library(ctx, &[0])?, library(ctx, &[1])?];
-    eprintln!("building the torch-like wheel of compressed libraries (once)");
-    let tree = ctx.work.join("ccob-wheel-tree");
-    remove(&tree)?;
-    let t = tree.join("torch");
-    std::fs::create_dir_all(t.join("lib"))?;
-    for (i, l) in libs.iter().enumerate() {
-        link_or_copy(&l.path, &t.join(format!("lib/libtorch_hip_{i}.so")))?;
-    }
-    std::fs::write(t.join("__init__.py"), "# torch-like bench wheel\n")?;
-    let di = tree.join(format!("torch-{WHEEL_VERSION}.dist-info"));
-    std::fs::create_dir_all(&di)?;
-    std::fs::write(
-        di.join("METADATA"),
-        format!("Metadata-Version: 2.1\nName: torch\nVersion: {WHEEL_VERSION}\n"),
-    )?;
-    std::fs::write(
-        di.join("WHEEL"),
-        format!(
-            "Wheel-Version: 1.0\nGenerator: kpack-bench\nRoot-Is-Purelib: false\nTag: {WHEEL_TAG}\n"
-        ),
-    )?;
-    std::fs::write(di.join("RECORD"), "")?;
-    std::fs::create_dir_all(&cache)?;
-    let python = super::wheels::python(ctx)?;
-    let sh = Shell::new()?;
-    xshell::cmd!(sh, "{python} -m wheel pack {tree} -d {cache}")
-        .quiet()
-        .run()
-        .context("python -m wheel pack")?;
-    remove(&tree)?;
-    // Only the wheel is needed: copy 1 alone is not measured.
-    remove(libs[1].path.parent().context("a library directory")?)?;
-    ensure!(wheel.is_file(), "{} was not made", wheel.display());
-    Ok(wheel)
+    rows
 }

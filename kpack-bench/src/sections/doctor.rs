@@ -14,24 +14,30 @@ use anyhow::{Context, Result};
 
 use crate::args;
 use crate::context::Ctx;
-use crate::inputs::{remove, ROCRAND};
 use crate::measure::{resident, timed, tree_size, warm, Runs};
 use crate::report::Row;
+use kpack_testkit::inputs::rocm::{host_libraries, ROCRAND};
+use kpack_testkit::tree::remove;
 
-const SECTION: &str = "doctor";
 const HOST_LIBRARIES: usize = 280;
 const OFFLOADED: usize = 20;
+
+section!(
+    "doctor",
+    "kpack doctor over a site-packages of 300 binaries",
+    run
+);
 
 pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
     if !Path::new(ROCRAND.path).is_file() {
         return Ok(vec![Row::not_installed(
-            SECTION,
+            NAME,
             "doctor",
             "kpack doctor",
             ROCRAND.path,
         )]);
     }
-    let dir = ctx.work.join(SECTION);
+    let dir = ctx.work.join(NAME);
     remove(&dir)?;
     std::fs::create_dir_all(&dir)?;
     let site = site_packages(ctx, &dir)?;
@@ -62,7 +68,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
             archs.len(),
             HOST_LIBRARIES + OFFLOADED
         );
-        let mut row = Row::new(SECTION, id, work);
+        let mut row = Row::new(NAME, id, work);
         runs.fill(&mut row);
         row.bytes_in = Some(tree_size(&site));
         rows.push(row);
@@ -77,7 +83,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
 fn site_packages(ctx: &Ctx, dir: &Path) -> Result<PathBuf> {
     let input = dir.join("in/torch/lib");
     std::fs::create_dir_all(&input)?;
-    for (i, lib) in host_libraries()?.iter().enumerate() {
+    for (i, lib) in host_libraries(HOST_LIBRARIES)?.iter().enumerate() {
         let name = lib.file_name().context("a file name")?;
         std::fs::copy(
             lib,
@@ -112,26 +118,4 @@ fn site_packages(ctx: &Ctx, dir: &Path) -> Result<PathBuf> {
     }
     std::fs::write(info.join("RECORD"), record)?;
     Ok(site)
-}
-
-/// Host-only shared libraries of the system (regular files, under 8 MiB
-/// each), the first [`HOST_LIBRARIES`] by name.
-fn host_libraries() -> Result<Vec<PathBuf>> {
-    let mut libs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/x86_64-linux-gnu")?
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
-        .filter(|e| e.file_name().to_string_lossy().contains(".so"))
-        .filter(|e| e.metadata().is_ok_and(|m| m.len() < 8 << 20))
-        .map(|e| e.path())
-        .filter(|p| host_only(p))
-        .collect();
-    libs.sort();
-    libs.truncate(HOST_LIBRARIES);
-    Ok(libs)
-}
-
-/// A host library without device code.
-fn host_only(p: &Path) -> bool {
-    use kpack_host::binary::{classify, Class};
-    std::fs::read(p).is_ok_and(|b| classify(&b) == Class::HostOnly)
 }

@@ -1,4 +1,4 @@
-//! Fat libraries with a large host part ([`crate::large_host`]: 256 MiB
+//! Fat libraries with a large host part ([`kpack_testkit::inputs::large_host`]: 256 MiB
 //! and 1 GiB of incompressible `.rodata` beside about 0.8 MB of device
 //! code for four targets, linked by lld), and a torch-like wheel holding
 //! the 1 GiB one.
@@ -22,12 +22,11 @@ use serde_json::json;
 use super::job::Job;
 use crate::args;
 use crate::context::Ctx;
-use crate::inputs::{link_or_copy, remove};
-use crate::large_host::{self, Size, LIB_NAME, SIZES};
 use crate::measure::{load_average, note_load, warm};
 use crate::report::{FloorRatio, Row, Target};
+use kpack_testkit::inputs::large_host::{self, Size, LIB_NAME, SIZES};
+use kpack_testkit::tree::{link_or_copy, remove};
 
-const SECTION: &str = "host";
 const RSS_LIMIT_MIB: f64 = 256.0;
 /// Offload against `cp` of its input.
 const CP_FACTOR: f64 = 2.0;
@@ -36,16 +35,22 @@ const GROWTH: f64 = 1.25;
 /// The target `prune` keeps.
 const PRUNE_TARGET: &str = "gfx942";
 
+section!(
+    "host",
+    "offload, restore, split, pack-tree and prune of libraries with 256 MiB and 1 GiB of host code (clang-19, lld-19), and split-wheels of a wheel holding one",
+    run
+);
+
 pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
     let mut libs = Vec::new();
     for size in &SIZES {
-        match large_host::library(ctx, size) {
+        match large_host::library(&ctx.root, size) {
             Ok(lib) => libs.push(lib),
             Err(e) => {
                 eprintln!("host: not measured: {e:#}");
                 let work = format!("offload and the others, {}-host library", size.label);
                 return Ok(vec![Row::unavailable(
-                    SECTION,
+                    NAME,
                     "offload",
                     work,
                     format!("{e:#}"),
@@ -56,7 +61,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
     let before = load_average();
     let mut measured = Vec::new();
     for (size, lib) in SIZES.iter().zip(&libs) {
-        let dir = ctx.work.join(format!("{SECTION}-{}", size.id));
+        let dir = ctx.work.join(format!("{NAME}-{}", size.id));
         remove(&dir)?;
         std::fs::create_dir_all(&dir)?;
         let mut jobs = library_jobs(ctx, size, &lib.path, &dir)?;
@@ -68,7 +73,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
     match wheel_rows(ctx, &SIZES[1]) {
         Ok(r) => rows.extend(r),
         Err(e) => rows.push(Row::unavailable(
-            SECTION,
+            NAME,
             "split_wheels",
             "split-wheels -j 2, torch-like wheel",
             format!("{e:#}"),
@@ -206,14 +211,14 @@ fn library_rows(measured: &[(Size, Vec<Job>)]) -> Vec<Row> {
     for (i, (size, jobs)) in measured.iter().enumerate() {
         let cp = &jobs[0];
         for job in jobs {
-            let mut row = job.row(SECTION);
-            row.id = format!("{SECTION}.{}_{}", job.id, size.id);
+            let mut row = job.row(NAME);
+            row.id = format!("{NAME}.{}_{}", job.id, size.id);
             if job.id == "cp" {
                 rows.push(row);
                 continue;
             }
             row.floors = vec![FloorRatio {
-                floor: format!("{SECTION}.cp_{}", size.id),
+                floor: format!("{NAME}.cp_{}", size.id),
                 ratio: job.median() / cp.median(),
             }];
             row.targets.push(job.rss_target(RSS_LIMIT_MIB));
@@ -251,23 +256,23 @@ fn library_rows(measured: &[(Size, Vec<Job>)]) -> Vec<Row> {
 /// `split-wheels -j 2` of the torch-like wheel holding the library of
 /// `size`, and the floors `unzip` and `zip -r`, interleaved.
 fn wheel_rows(ctx: &Ctx, size: &Size) -> Result<Vec<Row>> {
-    let lib = large_host::library(ctx, size)?;
-    let wheel = large_host::wheel(ctx, size, &lib)?;
-    let dir = ctx.work.join(format!("{SECTION}-wheel"));
+    let lib = large_host::library(&ctx.root, size)?;
+    let wheel = large_host::wheel(&ctx.root, &ctx.work, size, &lib)?;
+    let dir = ctx.work.join(format!("{NAME}-wheel"));
     remove(&dir)?;
     std::fs::create_dir_all(&dir)?;
     let mut jobs = wheel_jobs(ctx, size, &wheel, &dir);
     warm(&[&wheel])?;
     Job::run_all(ctx, &mut jobs, "wheel", &dir)?;
     let [split, unzip, zip] = &jobs;
-    let mut row = split.row(SECTION);
+    let mut row = split.row(NAME);
     let floor = unzip.median() + zip.median();
     row.floors = vec![FloorRatio {
         floor: "unzip + zip".into(),
         ratio: split.median() / floor,
     }];
     row.targets = vec![split.rss_target(RSS_LIMIT_MIB)];
-    Ok(vec![row, unzip.row(SECTION), zip.row(SECTION)])
+    Ok(vec![row, unzip.row(NAME), zip.row(NAME)])
 }
 
 /// split-wheels of `wheel`, then `unzip` of it and `zip -r` of what it

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 
 use crate::context::Ctx;
-use crate::inputs::remove;
 use crate::measure::{resident, timed, tree_size, Runs};
 use crate::report::{Row, Stats, Target};
+use kpack_testkit::tree::remove;
 
 /// One measured process: what it runs and what it took.
 pub(super) struct Job {

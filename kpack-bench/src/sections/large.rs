@@ -17,9 +17,9 @@ use anyhow::{bail, Context, Result};
 use serde_json::json;
 
 use crate::context::Ctx;
-use crate::inputs::remove;
 use crate::measure::{resident, timed, Runs};
 use crate::report::Row;
+use kpack_testkit::tree::remove;
 
 /// Total kernel bytes: past 4 GiB.
 const TOTAL: u64 = 4608 << 20;
@@ -125,6 +125,12 @@ fn write_input(path: &Path) -> Result<()> {
     Ok(())
 }
 
+section!(
+    "large",
+    "an archive over 4 GiB, both schemes, written and read (child processes)",
+    run
+);
+
 pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
     let dir = ctx.work.join("large");
     remove(&dir)?;
@@ -169,7 +175,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
             ("read", &read, "read every kernel of"),
         ] {
             let mut row = Row::new(
-                "large",
+                NAME,
                 &format!("{id}_{scheme}"),
                 format!(
                     "{what} a {:.1} GiB archive, scheme {scheme} (64 MiB kernels)",

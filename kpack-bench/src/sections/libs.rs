@@ -9,11 +9,13 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
+use super::Section;
 use crate::args;
 use crate::context::Ctx;
-use crate::inputs::{make_artifact, remove, write_device_code, Lib};
 use crate::measure::{resident, timed, tree_size, warm, Runs};
 use crate::report::{fmt_time, FloorRatio, Row, Stats, Target};
+use kpack_testkit::inputs::rocm::{self, make_artifact, write_device_code, SystemLib};
+use kpack_testkit::tree::remove;
 
 /// `split --gpu-targets` of the library: it keeps fewer code objects and
 /// must cost no more (wall, peak RSS) than the full split.
@@ -27,12 +29,12 @@ fn gpu_targets_row(
     let mut row = Row::new(
         lib.section,
         "split_gpu_targets",
-        format!("split {} --gpu-targets {targets}", lib.name),
+        format!("split {} --gpu-targets {targets}", lib.input.name),
     );
     runs.fill(&mut row);
     let j = parse(&runs.last_stdout, "kpack split --gpu-targets")?;
     let (list, ai, ao) = archives(&j["artifacts"][0]["archives"]);
-    row.bytes_in = std::fs::metadata(lib.path).ok().map(|m| m.len());
+    row.bytes_in = std::fs::metadata(lib.input.path).ok().map(|m| m.len());
     row.bytes_out = j["totals"]["bytes_out"].as_u64();
     row.compression_ratio = ratio(ai, ao);
     row.details = json!({
@@ -83,12 +85,63 @@ fn ratio(i: u64, o: u64) -> Option<f64> {
     (o > 0).then(|| i as f64 / o as f64)
 }
 
+/// A library measured, and what its rows are held to.
+pub struct Lib {
+    /// Section of the table (`rocsparse`).
+    pub section: &'static str,
+    pub input: &'static SystemLib,
+    /// Peak RSS limit of split, MiB, if any.
+    pub split_rss_limit_mib: Option<f64>,
+    /// Limit of the offload transform alone, seconds, if any.
+    pub transform_limit_s: Option<f64>,
+    /// Runs per `--reps` (more for a small library: its runs take tens of
+    /// milliseconds, where a busy machine's noise is large).
+    pub rep_factor: usize,
+    /// Also split with `--gpu-targets` these (TheRock's per-shard split),
+    /// which must cost no more than the full split.
+    pub gpu_targets: &'static [&'static str],
+}
+
+const ROCRAND_LIB: Lib = Lib {
+    section: "rocrand",
+    input: &rocm::ROCRAND,
+    split_rss_limit_mib: None,
+    transform_limit_s: None,
+    rep_factor: 3,
+    gpu_targets: &[],
+};
+
+const ROCSPARSE_LIB: Lib = Lib {
+    section: "rocsparse",
+    input: &rocm::ROCSPARSE,
+    split_rss_limit_mib: Some(256.0),
+    transform_limit_s: Some(0.2),
+    rep_factor: 1,
+    gpu_targets: &["gfx90a", "gfx1030"],
+};
+
+/// Section `rocrand`: librocrand's split and offload.
+pub const ROCRAND: Section = Section {
+    name: ROCRAND_LIB.section,
+    about: "split and offload of librocrand, against zstd over its device code and cp",
+    run: |ctx| run(ctx, &ROCRAND_LIB),
+};
+
+/// Section `rocsparse`: librocsparse's split (and per-shard split) and
+/// offload.
+pub const ROCSPARSE: Section = Section {
+    name: ROCSPARSE_LIB.section,
+    about: "split (whole and per shard) and offload of librocsparse, against zstd over its \
+            device code and cp",
+    run: |ctx| run(ctx, &ROCSPARSE_LIB),
+};
+
 /// Measures `lib`'s split and offload and the floors; its rows (split and
 /// offload unavailable if the library is not installed).
-pub fn run(ctx: &Ctx, lib: &Lib) -> Result<Vec<Row>> {
-    let input = Path::new(lib.path);
+fn run(ctx: &Ctx, lib: &Lib) -> Result<Vec<Row>> {
+    let input = Path::new(lib.input.path);
     if !input.is_file() {
-        let why = format!("{} is not installed", lib.path);
+        let why = format!("{} is not installed", lib.input.path);
         return Ok(vec![
             Row::unavailable(lib.section, "split", split_work(lib), why.clone()),
             Row::unavailable(lib.section, "offload", offload_work(lib), why),
@@ -103,12 +156,12 @@ pub fn run(ctx: &Ctx, lib: &Lib) -> Result<Vec<Row>> {
 
 /// The split row's work.
 fn split_work(lib: &Lib) -> String {
-    format!("split {} (one artifact)", lib.name)
+    format!("split {} (one artifact)", lib.input.name)
 }
 
 /// The offload row's work.
 fn offload_work(lib: &Lib) -> String {
-    format!("offload {}", lib.name)
+    format!("offload {}", lib.input.name)
 }
 
 /// One library's work directory: the split input, its device code (one
@@ -136,16 +189,16 @@ impl<'a> Setup<'a> {
     /// Makes the work directory afresh: the artifact, the device code;
     /// warms the inputs.
     fn new(ctx: &Ctx, lib: &'a Lib) -> Result<Setup<'a>> {
-        let input = Path::new(lib.path);
+        let input = Path::new(lib.input.path);
         let dir = ctx.work.join(lib.section);
         remove(&dir)?;
         std::fs::create_dir_all(&dir)?;
         let input_size = std::fs::metadata(input)?.len();
-        let artifact = make_artifact(lib, &dir.join("artifacts"))?;
+        let artifact = make_artifact(lib.input, &dir.join("artifacts"))?;
         let devcode = dir.join("devcode.bin");
         eprintln!(
             "{}: writing its device code to {}",
-            lib.name,
+            lib.input.name,
             devcode.display()
         );
         let devfiles = dir.join("devcode.d");
@@ -176,7 +229,7 @@ impl<'a> Setup<'a> {
             "--artifact-dir",
             &self.artifact,
             "--artifact-prefix",
-            self.lib.artifact_prefix,
+            self.lib.input.artifact_prefix,
             "--output-dir",
             &self.split_out,
             "--json"
@@ -229,7 +282,7 @@ impl Measured {
         let mut m = Measured::default();
         let reps = ctx.reps * lib.rep_factor;
         for rep in 0..reps {
-            eprintln!("{}: run {}/{reps}", lib.name, rep + 1);
+            eprintln!("{}: run {}/{reps}", lib.input.name, rep + 1);
             m.split(ctx, setup)?;
             if !lib.gpu_targets.is_empty() {
                 m.split_gpu_targets(ctx, setup)?;
@@ -279,7 +332,7 @@ impl Measured {
                 "offload",
                 setup.input,
                 "-o",
-                setup.off_out.join(setup.lib.file_name()),
+                setup.off_out.join(setup.lib.input.file_name()),
                 "--archive-dir",
                 setup.off_out.join("arch"),
                 "--json"
@@ -377,7 +430,7 @@ struct Floors {
 impl Floors {
     /// The floor rows of `m`'s runs.
     fn new(setup: &Setup, m: &Measured) -> Floors {
-        let (s, name, cos) = (setup.lib.section, setup.lib.name, setup.names.len());
+        let (s, name, cos) = (setup.lib.section, setup.lib.input.name, setup.names.len());
         let mut zstd_t1 = Row::new(
             s,
             "zstd_t1",
@@ -524,7 +577,7 @@ fn transform_row(setup: &Setup, transform: Vec<f64>, j: &Value) -> Row {
         "transform",
         format!(
             "offload transform alone, {} (--json transform_seconds)",
-            lib.name
+            lib.input.name
         ),
     );
     row.wall_s = Stats::of(transform);

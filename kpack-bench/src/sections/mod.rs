@@ -1,35 +1,27 @@
-//! The sections of the table, one module each, each a `run(ctx)` that
-//! returns its rows:
-//! - `libs`: split and offload of librocrand and librocsparse (sections
-//!   `rocrand` and `rocsparse`), and the floors on the same bytes
-//!   (`zstd -3 -T1`/`-T2` over the device code, `cp` of the input);
-//! - `pipeline`: pack-tree and recombine over the end-to-end fixture tree,
-//!   and over real-size inputs;
-//! - `runtime`: the C API (`kpack-bench/c/kpack_bench.c` linked against
-//!   the release `librocm_kpack.a`): open, cold and warm loads,
-//!   `kpack_get_kernel` over every kernel, memory after one load;
-//! - [`large`]: an archive over 4 GiB written and read (child processes:
-//!   [`large::child`]);
-//! - `rewrite`: prune and restore of librocsparse, and `verify --tree`
-//!   over its offloaded form installed as a tree;
-//! - `wheels`: `kpack split-wheels` over a torch-like wheel;
-//! - `python`: kpack's Python API packing and reading librocsparse's
-//!   gfx1030 code objects, against the command and pure Python;
-//! - [`python_upstream`]: the reference `rocm_kpack` API on a library
-//!   build's job, kpack's wheel against upstream's pure-Python package;
-//! - `compressed`: offload, split, extract, pack-tree, restore, ls and
-//!   split-wheels of librocsparse re-bundled into compressed bundles, and
-//!   the floor `zstd -d | zstd -3 -T1` of the same bytes;
-//! - `host`: offload, restore, split, pack-tree and prune of fat libraries
-//!   with 256 MiB and 1 GiB of host `.rodata` (built by the test kit),
-//!   against `cp`, and split-wheels of a wheel holding one;
-//! - `xla`: offload and split-wheels of `xla_rocm_plugin.so` from PyPI's
-//!   jax-rocm7-pjrt 0.12.0 wheel, against `zstd -d | zstd -3 -T1` of its
-//!   bundles plus `cp`;
-//! - `doctor`: `kpack doctor` over a site-packages of a few hundred
-//!   binaries.
+//! The sections of the table, one module each. Each module declares its
+//! [`Section`] with `section!`: the name `--only` takes,
+//! a line on what it measures, and the function returning its rows;
+//! [`SECTIONS`] lists them in the order they run, and `--only` and its help
+//! are made from it. `libs` declares two (`rocrand` and `rocsparse`: split
+//! and offload of a ROCm library, and the floors on the same bytes).
 //!
 //! `job` is the measured process the `host` and `xla` sections share.
+
+/// `section!(name, about, run)`: the module's [`Section`], `SECTION`, and
+/// its name, `NAME`.
+macro_rules! section {
+    ($name:literal, $about:literal, $run:expr) => {
+        /// This module's section of the table.
+        pub const SECTION: $crate::sections::Section = $crate::sections::Section {
+            name: NAME,
+            about: $about,
+            run: $run,
+        };
+        /// The section's name: its rows' `section`.
+        #[allow(dead_code)]
+        const NAME: &str = $name;
+    };
+}
 
 mod compressed;
 mod doctor;
@@ -45,61 +37,81 @@ mod runtime;
 mod wheels;
 mod xla;
 
-pub(crate) use wheels::python;
-
 use anyhow::Result;
+use clap::builder::{PossibleValue, PossibleValuesParser};
 
 use crate::context::Ctx;
 use crate::report::Row;
 
-/// The sections `--only` may name, in the order they run.
-pub const SECTIONS: &[&str] = &[
-    "rocrand",
-    "rocsparse",
-    "pipeline",
-    "runtime",
-    "large",
-    "rewrite",
-    "wheels",
-    "python",
-    "python-upstream",
-    "compressed",
-    "host",
-    "xla",
-    "doctor",
+/// One section of the table.
+#[derive(Clone, Copy)]
+pub struct Section {
+    /// Its name: the `section` of its rows, what `--only` takes.
+    pub name: &'static str,
+    /// What it measures, in a line (`--help`).
+    pub about: &'static str,
+    /// Measures it: its rows.
+    pub run: fn(&Ctx) -> Result<Vec<Row>>,
+}
+
+/// Every section, in the order they run.
+pub const SECTIONS: &[Section] = &[
+    libs::ROCRAND,
+    libs::ROCSPARSE,
+    pipeline::SECTION,
+    runtime::SECTION,
+    large::SECTION,
+    rewrite::SECTION,
+    wheels::SECTION,
+    python::SECTION,
+    python_upstream::SECTION,
+    compressed::SECTION,
+    host::SECTION,
+    xla::SECTION,
+    doctor::SECTION,
 ];
 
-/// A section measured by one function (the libraries' sections aside).
-type Section = (&'static str, fn(&Ctx) -> Result<Vec<Row>>);
+/// What `--only` accepts: the sections' names, each with its line.
+pub fn names() -> PossibleValuesParser {
+    PossibleValuesParser::new(
+        SECTIONS
+            .iter()
+            .map(|s| PossibleValue::new(s.name).help(s.about)),
+    )
+}
 
 /// The rows of the sections wanted (all when `only` is empty), in order.
 pub fn run(ctx: &Ctx, only: &[String]) -> Result<Vec<Row>> {
-    let wanted = |s: &str| only.is_empty() || only.iter().any(|o| o == s);
+    let wanted = |s: &Section| only.is_empty() || only.iter().any(|o| o == s.name);
     let mut rows = Vec::new();
-    for lib in [&crate::inputs::ROCRAND, &crate::inputs::ROCSPARSE] {
-        if wanted(lib.section) {
-            eprintln!("== {}", lib.section);
-            rows.extend(libs::run(ctx, lib)?);
-        }
-    }
-    let sections: [Section; 11] = [
-        ("pipeline", pipeline::run),
-        ("runtime", runtime::run),
-        ("large", large::run),
-        ("rewrite", rewrite::run),
-        ("wheels", wheels::run),
-        ("python", python::run),
-        ("python-upstream", python_upstream::run),
-        ("compressed", compressed::run),
-        ("host", host::run),
-        ("xla", xla::run),
-        ("doctor", doctor::run),
-    ];
-    for (section, run) in sections {
-        if wanted(section) {
-            eprintln!("== {section}");
-            rows.extend(run(ctx)?);
-        }
+    for s in SECTIONS.iter().filter(|s| wanted(s)) {
+        eprintln!("== {}", s.name);
+        rows.extend((s.run)(ctx)?);
     }
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every `section!` in this directory is in [`SECTIONS`], once, and
+    /// every section in it was declared by one or is one of `libs`' pair.
+    #[test]
+    fn every_declared_section_runs() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/sections");
+        let mut declared = Vec::new();
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let text = std::fs::read_to_string(e.unwrap().path()).unwrap();
+            for part in text.split("section!(\n").skip(1) {
+                let name = part.trim_start().trim_start_matches('"');
+                declared.push(name[..name.find('"').unwrap()].to_string());
+            }
+        }
+        declared.extend([libs::ROCRAND.name.into(), libs::ROCSPARSE.name.into()]);
+        declared.sort();
+        let mut listed: Vec<String> = SECTIONS.iter().map(|s| s.name.to_string()).collect();
+        listed.sort();
+        assert_eq!(declared, listed);
+    }
 }

@@ -16,11 +16,11 @@ use serde_json::json;
 
 use crate::args;
 use crate::context::Ctx;
-use crate::inputs::{link_or_copy, make_artifact, remove, ROCRAND, ROCSPARSE};
 use crate::measure::{resident, timed, tree_size, warm, Run, Runs};
 use crate::report::{FloorRatio, Row};
-
-const SECTION: &str = "pipeline";
+use kpack_testkit::inputs::rocm::make_artifact;
+use kpack_testkit::inputs::rocm::{ROCRAND, ROCSPARSE};
+use kpack_testkit::tree::{link_or_copy, remove};
 
 const ROCSPARSE_CONFIG: &str = r#"{
   "primary_shard": "rocsparse-build",
@@ -104,9 +104,9 @@ fn row_of(
     floor: Option<&Row>,
 ) -> Row {
     match runs {
-        Err(e) => Row::unavailable(SECTION, id, work, format!("{e:#}")),
+        Err(e) => Row::unavailable(NAME, id, work, format!("{e:#}")),
         Ok(runs) => {
-            let mut row = Row::new(SECTION, id, work);
+            let mut row = Row::new(NAME, id, work);
             runs.fill(&mut row);
             row.bytes_in = Some(tree_size(input));
             row.bytes_out = Some(tree_size(out));
@@ -286,7 +286,7 @@ fn fixture_rows(ctx: &Ctx, dir: &Path) -> Result<Vec<Row>> {
             ("fixture_pack_tree", "pack-tree fixture install tree"),
         ]
         .into_iter()
-        .map(|(id, work)| Row::unavailable(SECTION, id, work, why.clone()))
+        .map(|(id, work)| Row::unavailable(NAME, id, work, why.clone()))
         .collect());
     }
     let split = dir.join("split");
@@ -314,7 +314,7 @@ fn rocrand_rows(ctx: &Ctx, dir: &Path) -> Result<Vec<Row>> {
     let work = "pack-tree, tree holding librocrand";
     if !Path::new(ROCRAND.path).is_file() {
         return Ok(vec![Row::not_installed(
-            SECTION,
+            NAME,
             "rocrand_pack_tree",
             work,
             ROCRAND.path,
@@ -362,7 +362,7 @@ fn rocsparse_rows(ctx: &Ctx, dir: &Path) -> Result<Vec<Row>> {
     let work = "recombine librocsparse's split (1 shard, 3 groups)";
     if !Path::new(ROCSPARSE.path).is_file() {
         return Ok(vec![Row::not_installed(
-            SECTION,
+            NAME,
             "rocsparse_recombine",
             work,
             ROCSPARSE.path,
@@ -373,7 +373,7 @@ fn rocsparse_rows(ctx: &Ctx, dir: &Path) -> Result<Vec<Row>> {
     let out = dir.join("rocsparse-recombined");
     let rows = if let Err(e) = split_rocsparse(ctx, dir, &shard)? {
         let why = format!("split failed: {e:#}");
-        vec![Row::unavailable(SECTION, "rocsparse_recombine", work, why)]
+        vec![Row::unavailable(NAME, "rocsparse_recombine", work, why)]
     } else {
         let config = dir.join("rocsparse-config.json");
         std::fs::write(&config, ROCSPARSE_CONFIG)?;
@@ -393,9 +393,15 @@ fn rocsparse_rows(ctx: &Ctx, dir: &Path) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
+section!(
+    "pipeline",
+    "pack-tree and recombine over the end-to-end fixture tree, and over real-size inputs (a tree holding librocrand, the split of librocsparse)",
+    run
+);
+
 /// The section's rows: the fixture tree, then the real-size inputs.
 pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
-    let dir = ctx.work.join(SECTION);
+    let dir = ctx.work.join(NAME);
     remove(&dir)?;
     std::fs::create_dir_all(&dir)?;
     let mut rows = fixture_rows(ctx, &dir)?;

@@ -27,6 +27,12 @@ use crate::report::Row;
 const FAT: &str = "/usr/lib/x86_64-linux-gnu/librocsparse.so.0.1";
 const TARGET: &str = "gfx1030";
 
+section!(
+    "python",
+    "kpack's Python API packing and reading librocsparse's gfx1030 code objects, against the command and pure Python",
+    run
+);
+
 pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
     let sh = Shell::new()?;
     let dir = ctx.work.join("python");
@@ -58,7 +64,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
     Ok(Vec::new())
 }
 
-/// Print the figures against the targets; keep them as JSON.
+/// Print the figures against their targets; keep them as JSON.
 fn report(root: &Path, json: &str) -> Result<()> {
     let v: serde_json::Value = serde_json::from_str(json.trim())?;
     let f = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);

@@ -34,7 +34,6 @@ use xshell::{cmd, Shell};
 use crate::context::Ctx;
 use crate::report::{FloorRatio, Row, Stats, Target};
 
-const SECTION: &str = "python-upstream";
 /// Names upstream's `python/` directory.
 pub const UPSTREAM_ENV: &str = "KPACK_UPSTREAM_PYTHON";
 /// Libraries whose code objects the kernels are cut from (those installed),
@@ -50,8 +49,14 @@ const SOURCES: &[(&str, Option<&str>)] = &[
 const SIZES: (u64, u64) = (10_000, 500_000);
 const SHAPES: &[&str] = &["a", "b", "c", "d"];
 const COMPRESSORS: &[&str] = &["zstd", "none"];
-/// kpack's speed over upstream's the issue asks for on every shape.
+/// kpack's speed over upstream's required on every shape.
 const SPEEDUP: f64 = 2.0;
+
+section!(
+    "python-upstream",
+    "the reference rocm_kpack API on a library build's job: kpack's wheel against upstream's pure-Python package (KPACK_UPSTREAM_PYTHON)",
+    run
+);
 
 pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
     let work = "the reference API: kpack's wheel against upstream's rocm_kpack";
@@ -59,22 +64,22 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
         Some(p) if Path::new(&p).join("rocm_kpack/kpack.py").is_file() => PathBuf::from(p),
         Some(p) => {
             let why = format!("upstream's package is missing: no rocm_kpack/kpack.py in {p:?}");
-            return Ok(vec![Row::unavailable(SECTION, "all", work, why)]);
+            return Ok(vec![Row::unavailable(NAME, "all", work, why)]);
         }
         None => {
             let why = format!(
                 "upstream's package is missing: ${UPSTREAM_ENV} is not set (set it to the python/ directory of upstream's rocm-kpack, e.g. the copy vendored beside the repository)"
             );
-            return Ok(vec![Row::unavailable(SECTION, "all", work, why)]);
+            return Ok(vec![Row::unavailable(NAME, "all", work, why)]);
         }
     };
-    let dir = ctx.work.join(SECTION);
+    let dir = ctx.work.join(NAME);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     let kernels = dir.join("kernels");
     if extract_sources(ctx, &kernels)? == 0 {
         let why = "no code objects: neither librocsparse0 nor librocrand1 is installed".into();
-        return Ok(vec![Row::unavailable(SECTION, "all", work, why)]);
+        return Ok(vec![Row::unavailable(NAME, "all", work, why)]);
     }
     let sh = Shell::new()?;
     let envs = Envs::make(&sh, &dir, &upstream)?;
@@ -245,7 +250,7 @@ fn median(v: &Value, k: &str) -> f64 {
 }
 
 /// A row per shape and compressor for each package and the floor (kpack's
-/// against both), and the issue's targets over all of them.
+/// against both), and the targets over all of them.
 fn rows(runs: &[Value; 3]) -> Vec<Row> {
     let [up, kp, floor] = runs;
     let mut rows = Vec::new();
@@ -272,7 +277,7 @@ fn rows(runs: &[Value; 3]) -> Vec<Row> {
                 (id.clone(), "kpack rocm_kpack", runs[1]),
             ]
             .map(|(id, who, v)| {
-                let mut r = Row::new(SECTION, &id, format!("{who}: {what}"));
+                let mut r = Row::new(NAME, &id, format!("{who}: {what}"));
                 r.wall_s = Stats::of(totals(v));
                 r
             });
@@ -339,7 +344,7 @@ fn print_pair(what: &str, runs: [&Value; 3], speedup: f64) {
 /// The targets over every shape: at least [`SPEEDUP`]×, and never slower.
 fn summary(speedups: &[(String, f64)]) -> Row {
     let mut row = Row::new(
-        SECTION,
+        NAME,
         "every_shape",
         "kpack against upstream, every shape above",
     );

@@ -1,4 +1,4 @@
-//! Prune and restore of librocsparse (issue 16), and what `kpack size`
+//! Prune and restore of librocsparse, and what `kpack size`
 //! shows for its targets: `kpack prune` to one target, `kpack restore` of
 //! its offloaded form (every target, from the archives), each timed as a
 //! child process; the per-target bytes of `kpack size --json` in the row's
@@ -14,12 +14,19 @@ use serde_json::{json, Value};
 
 use crate::args;
 use crate::context::Ctx;
-use crate::inputs::{remove, ROCSPARSE};
 use crate::measure::{resident, timed, warm, Runs};
 use crate::report::{FloorRatio, Row};
+use kpack_testkit::inputs::rocm::ROCSPARSE;
+use kpack_testkit::tree::remove;
+
+section!(
+    "rewrite",
+    "prune and restore of librocsparse, and verify --tree over its offloaded form installed as a tree",
+    run
+);
 
 pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
-    let s = "rewrite";
+    let s = NAME;
     let lib = &ROCSPARSE;
     let input = Path::new(lib.path);
     if !input.is_file() {
@@ -93,7 +100,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
 /// `kpack verify --tree` over librocsparse installed as a tree, and its
 /// floor (the TOCs and every code object's symbol table, one thread).
 fn verify_tree(ctx: &Ctx, dir: &Path) -> Result<Vec<Row>> {
-    let s = "rewrite";
+    let s = NAME;
     let lib = &ROCSPARSE;
     let tree = dir.join("tree");
     let host = tree.join("lib").join(lib.file_name());

@@ -28,11 +28,10 @@ use serde_json::json;
 
 use crate::args;
 use crate::context::Ctx;
-use crate::inputs::{remove, ROCRAND, ROCSPARSE};
 use crate::measure::{resident, timed, warm};
 use crate::report::{fmt_bytes, FloorRatio, Row, Stats, Target};
-
-const SECTION: &str = "runtime";
+use kpack_testkit::inputs::rocm::{ROCRAND, ROCSPARSE};
+use kpack_testkit::tree::remove;
 
 /// The librocrand code object of the warm-load target (1.7 MB).
 const WARM_TARGET_SIZE: usize = 1_716_776;
@@ -234,7 +233,7 @@ enum Source {
     Uncompressed,
 }
 
-/// A target of the issue on a latency: its text and its limit (seconds).
+/// A target on a latency: its text and its limit (seconds).
 type Limit = (&'static str, f64);
 
 /// A latency configuration: which code object, in which archive.
@@ -645,7 +644,7 @@ fn latency_row(
     last: &str,
     size: usize,
 ) -> Row {
-    let mut row = Row::new(SECTION, id, work);
+    let mut row = Row::new(NAME, id, work);
     row.wall_s = figure(figures, name);
     row.bytes_out = Some(size as u64);
     let line = last
@@ -726,7 +725,7 @@ fn libzstd_floor_row(
         }
     }
     let mut row = Row::new(
-        SECTION,
+        NAME,
         &format!("libzstd_{id}"),
         format!(
             "floor: system libzstd {version} decompressing the same frame (reused context and buffer, in process), {} #{} ({})",
@@ -752,7 +751,7 @@ fn frame_file(dir: &Path, pick: &Pick) -> PathBuf {
 /// checksum.
 fn floor_row(reps: usize, id: &str, pick: &Pick, data: &[u8], iterations: usize) -> Result<Row> {
     let mut row = Row::new(
-        SECTION,
+        NAME,
         id,
         format!(
             "floor: kpack's bundled zstd {} decompressing the same frame (reused context and buffer), {} #{} ({})",
@@ -958,7 +957,7 @@ fn get_kernel_row(
     archives: &[PathBuf],
 ) -> Result<Row> {
     let g = measure_get_kernel(exe, reps, archives)?;
-    let mut row = Row::new(SECTION, id, work);
+    let mut row = Row::new(NAME, id, work);
     row.wall_s = Stats::of(g.passes);
     row.bytes_in = archives
         .iter()
@@ -1034,7 +1033,7 @@ fn measure_memory(
 }
 
 /// The peak memory of a loader of `pick` in `source`, against the
-/// issue's limit.
+/// limit.
 fn memory_row(
     exe: &Path,
     reps: usize,
@@ -1050,7 +1049,7 @@ fn memory_row(
         "median"
     };
     let mut row = Row::new(
-        SECTION,
+        NAME,
         id,
         format!(
             "loader process after one load (VmHWM), {which} code object ({}), {}",
@@ -1099,7 +1098,7 @@ fn pss_rows(exe: &Path, reps: usize, s: &Setup) -> Result<Vec<Row>> {
             processes.push(whole);
         }
         let mut row = Row::new(
-            SECTION,
+            NAME,
             id,
             format!(
                 "{HOLDERS} processes holding the largest code object ({}), {}: total PSS of the code object",
@@ -1204,7 +1203,7 @@ fn missing_library() -> Option<Row> {
     [ROCSPARSE.path, ROCRAND.path]
         .into_iter()
         .find(|p| !Path::new(p).is_file())
-        .map(|p| Row::not_installed(SECTION, "all", "runtime", p))
+        .map(|p| Row::not_installed(NAME, "all", "runtime", p))
 }
 
 /// The section's inputs, in the details of its first row.
@@ -1221,13 +1220,19 @@ fn describe_inputs(rows: &mut [Row], s: &Setup) {
     }
 }
 
+section!(
+    "runtime",
+    "the C API against the release librocm_kpack.a: open, cold and warm loads, kpack_get_kernel over every kernel, memory after one load",
+    run
+);
+
 /// The section's rows: latencies, their floors, kpack_get_kernel over
 /// every kernel, memory.
 pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
     if let Some(row) = missing_library() {
         return Ok(vec![row]);
     }
-    let dir = ctx.work.join(SECTION);
+    let dir = ctx.work.join(NAME);
     remove(&dir)?;
     std::fs::create_dir_all(&dir)?;
     let exe = build_program(ctx, &dir)?;

@@ -19,19 +19,18 @@
 //! wheel's alone.
 
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use serde_json::json;
-use xshell::Shell;
 
 use crate::args;
 use crate::context::Ctx;
-use crate::inputs::{link_or_copy, remove, write_device_code, ROCSPARSE};
 use crate::measure::{resident, timed, tree_size, warm, Runs};
 use crate::report::{FloorRatio, Row, Stats, Target};
+use kpack_testkit::inputs::torch::{rocsparse_wheel, vision_wheel, TorchWheel as Inputs};
+use kpack_testkit::tree::remove;
 
-const SECTION: &str = "wheels";
 /// Copies of librocsparse in the wheel (its content is then ~6.5 GB and the
 /// deflated wheel about 1 GB).
 const COPIES: usize = 5;
@@ -39,22 +38,18 @@ const COPIES: usize = 5;
 const SMALL_COPIES: usize = 1;
 /// Most the peak RSS may grow from the small wheel to the large one.
 const RSS_GROWTH: f64 = 1.25;
-const VERSION: &str = "2.10.0+bench";
-const TAG: &str = "cp311-cp311-linux_x86_64";
 const RSS_LIMIT_MIB: f64 = 256.0;
 const TIME_FACTOR: f64 = 1.5;
 
-/// The cached wheel and device-code file.
-struct Inputs {
-    wheel: PathBuf,
-    /// One copy of librocsparse's device code, concatenated.
-    device: PathBuf,
-    device_bytes: u64,
-}
+section!(
+    "wheels",
+    "kpack split-wheels over a torch-like wheel of several librocsparse copies",
+    run
+);
 
 pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
-    let small = prepare(ctx, SMALL_COPIES)?;
-    let inputs = prepare(ctx, COPIES)?;
+    let small = rocsparse_wheel(&ctx.root, &ctx.work, SMALL_COPIES)?;
+    let inputs = rocsparse_wheel(&ctx.root, &ctx.work, COPIES)?;
     let wheel_size = std::fs::metadata(&inputs.wheel)?.len();
     eprintln!(
         "wheel: {} ({:.2} GB)",
@@ -138,7 +133,7 @@ fn many_row(
     alone: &Runs,
     small_alone: &Runs,
 ) -> Result<Row> {
-    let vision = vision_wheel(ctx, &small.wheel)?;
+    let vision = vision_wheel(&ctx.root, &ctx.work, &small.wheel)?;
     let out = ctx.work.join("wheels-many-out");
     let scratch = ctx.work.join("wheels-tmp");
     let args: Vec<OsString> = crate::args![
@@ -170,7 +165,7 @@ fn many_row(
     }
     remove(&out)?;
     let mut row = Row::new(
-        SECTION,
+        NAME,
         "split_wheels_many",
         format!(
             "split-wheels -j 2 of two wheels in one run ({COPIES} × and {SMALL_COPIES} × librocsparse)"
@@ -199,40 +194,10 @@ fn many_row(
     Ok(row)
 }
 
-/// The small wheel as another distribution (`torchvision`, package
-/// `torchvision/`), built once into the cache.
-fn vision_wheel(ctx: &Ctx, small: &Path) -> Result<PathBuf> {
-    let cache = ctx.root.join("target/bench/cache/torchvision-wheel");
-    let wheel = cache.join(format!("torchvision-{VERSION}-{TAG}.whl"));
-    if wheel.is_file() {
-        return Ok(wheel);
-    }
-    let tree = ctx.work.join("wheels-vision-tree");
-    remove(&tree)?;
-    let sh = Shell::new()?;
-    xshell::cmd!(sh, "unzip -q {small} -d {tree}").run()?;
-    std::fs::rename(tree.join("torch"), tree.join("torchvision"))?;
-    let di = tree.join(format!("torchvision-{VERSION}.dist-info"));
-    std::fs::rename(tree.join(format!("torch-{VERSION}.dist-info")), &di)?;
-    let metadata = std::fs::read_to_string(di.join("METADATA"))?;
-    std::fs::write(
-        di.join("METADATA"),
-        metadata.replace("Name: torch\n", "Name: torchvision\n"),
-    )?;
-    std::fs::write(di.join("RECORD"), "")?;
-    std::fs::create_dir_all(&cache)?;
-    let python = python(ctx)?;
-    xshell::cmd!(sh, "{python} -m wheel pack {tree} -d {cache}")
-        .quiet()
-        .run()?;
-    remove(&tree)?;
-    Ok(wheel)
-}
-
 /// The one-copy wheel: peak RSS, against which the large wheel's is held.
 fn small_row(small: &Inputs, runs: &Runs, large: &Runs) -> Result<Row> {
     let mut row = Row::new(
-        SECTION,
+        NAME,
         "split_wheels_small",
         format!("split-wheels -j 2, the same wheel with {SMALL_COPIES} × librocsparse"),
     );
@@ -295,7 +260,7 @@ fn rows(
     let device = inputs.device_bytes * COPIES as u64;
     let floor_rows = floor_rows(wheel_size, device, content, [unzip, zstd, zip]);
     let mut row = Row::new(
-        SECTION,
+        NAME,
         "split_wheels",
         format!("split-wheels -j 2, torch-like wheel ({COPIES} × librocsparse + databases)"),
     );
@@ -354,7 +319,7 @@ fn floor_rows(
             content,
         ),
     ] {
-        let mut row = Row::new(SECTION, id, work);
+        let mut row = Row::new(NAME, id, work);
         runs.fill(&mut row);
         row.bytes_in = Some(bytes);
         floor_rows.push(row);
@@ -371,11 +336,11 @@ fn split_floors(wall: f64, floor: f64, [unzip, zstd, zip]: [&Runs; 3]) -> Vec<Fl
             ratio: wall / floor,
         },
         FloorRatio {
-            floor: format!("{SECTION}.unzip"),
+            floor: format!("{NAME}.unzip"),
             ratio: wall / median(unzip),
         },
         FloorRatio {
-            floor: format!("{SECTION}.zstd_t1"),
+            floor: format!("{NAME}.zstd_t1"),
             ratio: wall / median(zstd),
         },
         FloorRatio {
@@ -405,131 +370,4 @@ fn split_targets(split: &Runs, floor: f64) -> Vec<Target> {
             RSS_LIMIT_MIB,
         ),
     ]
-}
-
-/// The cached wheel with `copies` copies (built when missing) and the
-/// device-code file of one copy.
-fn prepare(ctx: &Ctx, copies: usize) -> Result<Inputs> {
-    let lib = Path::new(ROCSPARSE.path);
-    if !lib.is_file() {
-        bail!("{} missing (Debian package librocsparse0)", lib.display());
-    }
-    let cache = ctx.root.join("target/bench/cache");
-    let device_dir = cache.join("torch-wheel-device");
-    std::fs::create_dir_all(&device_dir)?;
-    let device = device_dir.join("device.bin");
-    let device_bytes = match std::fs::metadata(&device) {
-        Ok(m) => m.len(),
-        Err(_) => {
-            let files = ctx.work.join("wheels-device-files");
-            let (n, _) = write_device_code(lib, &device, &files)?;
-            remove(&files)?;
-            n
-        }
-    };
-    let dir = cache.join(format!("torch-wheel-distinct-{copies}"));
-    let wheel = dir.join(format!("torch-{VERSION}-{TAG}.whl"));
-    if !wheel.is_file() {
-        std::fs::create_dir_all(&dir)?;
-        build_wheel(ctx, lib, &dir, copies)?;
-    }
-    Ok(Inputs {
-        wheel,
-        device,
-        device_bytes,
-    })
-}
-
-/// Copy `i` of the library at `dst`: copy 0 as it is, any other with the
-/// middle byte of every code object XORed with `i` (the layout and sizes
-/// unchanged, no code object shared with another copy).
-fn write_copy(lib: &Path, dst: &Path, i: usize) -> Result<()> {
-    use std::os::unix::fs::FileExt;
-    if i == 0 {
-        return link_or_copy(lib, dst);
-    }
-    std::fs::copy(lib, dst)?;
-    let mapped = kpack_loader::map_file(lib)?;
-    let cos = kpack_host::offload::code_objects(lib, &mapped)?;
-    let f = std::fs::OpenOptions::new().write(true).open(dst)?;
-    for co in cos.iter().filter(|co| !co.data.is_empty()) {
-        let at = mapped
-            .offset_of(&co.data)
-            .with_context(|| format!("{}: a compressed bundle", lib.display()))?;
-        let mid = co.data.len() / 2;
-        f.write_all_at(&[co.data[mid] ^ i as u8], at + mid as u64)?;
-    }
-    Ok(f.sync_all()?)
-}
-
-fn build_wheel(ctx: &Ctx, lib: &Path, cache: &Path, copies: usize) -> Result<()> {
-    eprintln!(
-        "building the torch-like wheel with {copies} copies (once; kept in {})",
-        cache.display()
-    );
-    let tree = ctx.work.join("wheels-tree");
-    remove(&tree)?;
-    let t = tree.join("torch");
-    std::fs::create_dir_all(t.join("lib/rocblas/library"))?;
-    std::fs::create_dir_all(t.join("share/miopen/db"))?;
-    for i in 0..copies {
-        write_copy(lib, &t.join(format!("lib/libtorch_hip_{i}.so")), i)?;
-    }
-    std::fs::write(t.join("__init__.py"), "# torch-like bench wheel\n")?;
-    std::fs::copy(
-        "/usr/lib/x86_64-linux-gnu/libz.so.1",
-        t.join("lib/libz_host.so.1"),
-    )?;
-    // One target's code objects as rocBLAS kernel libraries (database files).
-    let extracted = ctx.work.join("wheels-db");
-    remove(&extracted)?;
-    let sh = Shell::new()?;
-    let kpack = &ctx.kpack;
-    xshell::cmd!(sh, "{kpack} extract {lib} --target gfx1030 -o {extracted}")
-        .quiet()
-        .ignore_stdout()
-        .run()?;
-    for (n, e) in std::fs::read_dir(&extracted)?.enumerate() {
-        let e = e?;
-        std::fs::rename(
-            e.path(),
-            t.join(format!(
-                "lib/rocblas/library/TensileLibrary_Type_{n}_gfx1030.co"
-            )),
-        )?;
-    }
-    remove(&extracted)?;
-    std::fs::write(t.join("share/miopen/db/gfx1030.kdb"), vec![7u8; 4 << 20])?;
-    let di = tree.join(format!("torch-{VERSION}.dist-info"));
-    std::fs::create_dir_all(&di)?;
-    std::fs::write(
-        di.join("METADATA"),
-        format!("Metadata-Version: 2.1\nName: torch\nVersion: {VERSION}\n"),
-    )?;
-    std::fs::write(
-        di.join("WHEEL"),
-        format!("Wheel-Version: 1.0\nGenerator: kpack-bench\nRoot-Is-Purelib: false\nTag: {TAG}\n"),
-    )?;
-    std::fs::write(di.join("RECORD"), "")?;
-    let python = python(ctx)?;
-    xshell::cmd!(sh, "{python} -m wheel pack {tree} -d {cache}")
-        .quiet()
-        .run()?;
-    remove(&tree)
-}
-
-/// The Python of the wheel tests' virtual environment (PyPI's `wheel`):
-/// `$KPACK_PY_VENV`, else `target/py-venv` (`cargo xtask bench` and
-/// `cargo xtask py-env` make it).
-pub(crate) fn python(ctx: &Ctx) -> Result<PathBuf> {
-    let venv = std::env::var_os("KPACK_PY_VENV")
-        .map_or_else(|| ctx.root.join("target/py-venv"), PathBuf::from);
-    let python = venv.join("bin/python");
-    if !python.is_file() {
-        bail!(
-            "{} missing (`cargo xtask py-env` makes it)",
-            python.display()
-        );
-    }
-    Ok(python)
 }

@@ -23,11 +23,10 @@ use serde_json::json;
 use super::job::Job;
 use crate::args;
 use crate::context::Ctx;
-use crate::inputs::remove;
 use crate::measure::{load_average, note_load, warm};
 use crate::report::{FloorRatio, Row, Target};
+use kpack_testkit::tree::remove;
 
-const SECTION: &str = "xla";
 const REQUIREMENT: &str = "jax-rocm7-pjrt==0.12.0";
 const WHEEL: &str = "jax_rocm7_pjrt-0.12.0-py3-none-manylinux_2_27_x86_64.whl";
 const PLUGIN: &str = "xla_rocm_plugin.so";
@@ -46,6 +45,12 @@ struct Payloads {
     targets: usize,
 }
 
+section!(
+    "xla",
+    "offload and split-wheels of JAX's ROCm plugin, downloaded from PyPI",
+    run
+);
+
 pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
     let cache = ctx.root.join("target/bench/cache/xla");
     let (wheel, plugin) = match fetch(ctx, &cache) {
@@ -53,7 +58,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
         Err(e) => return Ok(unavailable(format!("{e:#}"))),
     };
     let payloads = payloads(&cache, &plugin)?;
-    let dir = ctx.work.join(SECTION);
+    let dir = ctx.work.join(NAME);
     remove(&dir)?;
     std::fs::create_dir_all(&dir)?;
     let mut jobs = jobs(ctx, &wheel, &plugin, &payloads, &dir);
@@ -61,7 +66,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
     inputs.extend(payloads.files.iter().map(PathBuf::as_path));
     warm(&inputs)?;
     let before = load_average();
-    Job::run_all(ctx, &mut jobs, SECTION, &dir)?;
+    Job::run_all(ctx, &mut jobs, NAME, &dir)?;
     let mut rows = rows(&jobs, &payloads);
     note_load(&mut rows, before, load_average());
     Ok(rows)
@@ -85,7 +90,7 @@ fn unavailable(why: String) -> Vec<Row> {
             vec![rss],
         ),
     ] {
-        let mut row = Row::unavailable(SECTION, id, work, why.clone());
+        let mut row = Row::unavailable(NAME, id, work, why.clone());
         row.targets = targets
             .into_iter()
             .map(|t| Target::at_most(t, f64::NAN, f64::NAN))
@@ -132,7 +137,8 @@ fn fetch(ctx: &Ctx, cache: &Path) -> Result<(PathBuf, PathBuf)> {
 /// `pip download --no-deps jax-rocm7-pjrt==0.12.0 -d cache`, with the
 /// bench's virtual environment's pip (else `python3 -m pip`).
 fn download(ctx: &Ctx, cache: &Path) -> Result<()> {
-    let python = super::python(ctx).unwrap_or_else(|_| PathBuf::from("python3"));
+    let python = kpack_testkit::inputs::wheel::python(&ctx.root)
+        .unwrap_or_else(|_| PathBuf::from("python3"));
     eprintln!(
         "downloading {REQUIREMENT} from PyPI into {} (once)",
         cache.display()
@@ -317,10 +323,10 @@ fn rows(jobs: &[Job], payloads: &Payloads) -> Vec<Row> {
         unreachable!("the jobs of xla::jobs")
     };
     let floor = zstd.median() + cp.median();
-    let mut z = zstd.row(SECTION);
+    let mut z = zstd.row(NAME);
     z.bytes_out = None;
     z.details = json!({ "decompressed_bytes": payloads.decompressed });
-    let mut o = offload.row(SECTION);
+    let mut o = offload.row(NAME);
     o.compression_ratio = Some(payloads.code_bytes as f64 / offload.archive_bytes.max(1) as f64);
     o.floors = vec![FloorRatio {
         floor: "zstd -d into zstd -3 -T1, + cp".into(),
@@ -344,14 +350,14 @@ fn rows(jobs: &[Job], payloads: &Payloads) -> Vec<Row> {
         "decompressed_bytes": payloads.decompressed,
         "code_object_bytes": payloads.code_bytes,
     });
-    let mut s = split.row(SECTION);
+    let mut s = split.row(NAME);
     s.floors = vec![FloorRatio {
         floor: "unzip + zstd -d into zstd -3 -T1".into(),
         ratio: split.median() / (unzip.median() + zstd.median()),
     }];
     s.targets = vec![split.rss_target(RSS_LIMIT_MIB)];
     s.details = split_summary(split.stdout());
-    vec![z, cp.row(SECTION), o, unzip.row(SECTION), s]
+    vec![z, cp.row(NAME), o, unzip.row(NAME), s]
 }
 
 /// What the row keeps of split-wheels' `--json` summary.

@@ -50,7 +50,10 @@ fn bundles_keep_their_form() {
     let c = vec![3u8; 7000];
     let plain = write_bundle(&[(HOST, b""), (A, &a), (B, &b), (C, &c)], 4096);
     let inner = write_bundle(&[(HOST, b""), (B, &b), (C, &c)], 4096);
-    let ccob = compress_bundle(&inner, 2, Method::Zstd).unwrap();
+    let ccob = Compressor::new(Method::Zstd)
+        .version(2)
+        .compress(&inner)
+        .unwrap();
     let only_a = write_bundle(&[(HOST, b""), (A, &a)], 4096);
     let mut section = plain.clone();
     section.resize(plain.len().div_ceil(4096) * 4096, 0);
@@ -99,7 +102,12 @@ fn a_damaged_compressed_bundle_is_an_error() {
     let inner = write_bundle(&[(HOST, b""), (A, &big), (B, b"small")], 4096);
     let mut section = write_bundle(&[(HOST, b""), (A, b"plain")], 8);
     section.resize(4096, 0);
-    section.extend(compress_bundle(&inner, 3, Method::Zstd).unwrap());
+    section.extend(
+        Compressor::new(Method::Zstd)
+            .version(3)
+            .compress(&inner)
+            .unwrap(),
+    );
     let n = section.len();
     section[n - 24..n - 8].iter_mut().for_each(|b| *b ^= 0x5a);
     let want = parse_fatbin(&section).unwrap_err().to_string();
@@ -198,12 +206,19 @@ mod reference {
         } else {
             ccob.version
         };
-        match compress_bundle(plain, version, ccob.method) {
-            Ok(b) if version < 3 && u32::try_from(b.len()).is_err() => {
-                compress_bundle(plain, 3, ccob.method).unwrap()
-            }
+        match Compressor::new(ccob.method)
+            .version(version)
+            .compress(plain)
+        {
+            Ok(b) if version < 3 && u32::try_from(b.len()).is_err() => Compressor::new(ccob.method)
+                .version(3)
+                .compress(plain)
+                .unwrap(),
             Ok(b) => b,
-            Err(_) if version < 3 => compress_bundle(plain, 3, ccob.method).unwrap(),
+            Err(_) if version < 3 => Compressor::new(ccob.method)
+                .version(3)
+                .compress(plain)
+                .unwrap(),
             Err(e) => panic!("{e}"),
         }
     }
@@ -287,7 +302,12 @@ fn section(r: &mut Rng) -> Vec<u8> {
             2 + r.below(2)
         }) as u16;
         let method = [Method::Zstd, Method::Zlib][r.below(2) as usize];
-        out.extend(compress_bundle(&inner, version, method).unwrap());
+        out.extend(
+            Compressor::new(method)
+                .version(version)
+                .compress(&inner)
+                .unwrap(),
+        );
     }
     out
 }

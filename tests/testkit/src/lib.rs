@@ -11,6 +11,9 @@
 //!   pipeline benchmark; [`tree`]: laying out and comparing trees;
 //! - [`large_host`]: a fat library with a large, incompressible host part
 //!   (`.rodata`), built at any size, for tests and the benchmarks;
+//! - [`inputs`]: the benchmarks' inputs (ROCm libraries laid out, their
+//!   device code, torch-like wheels, libraries in compressed bundles),
+//!   built and cached;
 //! - [`cprog`]: C/C++ test programs through the `cc` crate, and the native
 //!   libraries of the static runtime library;
 //! - [`workspace`]: the workspace root, cargo builds in the running test's
@@ -18,6 +21,7 @@
 
 pub mod cprog;
 pub mod fixtures;
+pub mod inputs;
 pub mod large_host;
 pub mod malformed;
 pub mod manifest;

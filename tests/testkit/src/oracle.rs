@@ -122,6 +122,15 @@ pub fn entries(bundle: &[u8]) -> Result<Vec<(String, Vec<u8>)>> {
     } else {
         bundle
     };
+    entry_table(bundle)?
+        .into_iter()
+        .map(|(triple, range)| Ok((triple, bundle[range].to_vec())))
+        .collect()
+}
+
+/// The device entries of one plain bundle: (triple, byte range in the
+/// bundle), in table order, host entries left out.
+pub fn entry_table(bundle: &[u8]) -> Result<Vec<(String, std::ops::Range<usize>)>> {
     ensure!(bundle.starts_with(BUNDLE_MAGIC), "not an offload bundle");
     let count = read_u64(bundle, 24)?;
     let mut pos = 32;
@@ -134,11 +143,10 @@ pub fn entries(bundle: &[u8]) -> Result<Vec<(String, Vec<u8>)>> {
         pos = add(start, triple_len)?;
         let triple = bundle.get(start..pos).context("truncated entry table")?;
         let triple = String::from_utf8(triple.to_vec()).context("triple is not UTF-8")?;
-        let data = bundle
-            .get(offset..add(offset, size)?)
-            .context("entry data runs past the bundle")?;
+        let end = add(offset, size)?;
+        ensure!(end <= bundle.len(), "entry data runs past the bundle");
         if !triple.starts_with("host-") {
-            out.push((triple, data.to_vec()));
+            out.push((triple, offset..end));
         }
     }
     Ok(out)

@@ -8,6 +8,31 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
+/// Remove `path` (file, symlink or tree) if it exists.
+pub fn remove(path: &Path) -> Result<()> {
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => {
+            fs::remove_dir_all(path).with_context(|| format!("removing {}", path.display()))
+        }
+        Ok(_) => fs::remove_file(path).with_context(|| format!("removing {}", path.display())),
+        Err(_) => Ok(()),
+    }
+}
+
+/// Hard-link `src` at `dst` (creating its directory, replacing what is
+/// there) when both are on one file system, else copy it.
+pub fn link_or_copy(src: &Path, dst: &Path) -> Result<()> {
+    if let Some(d) = dst.parent() {
+        fs::create_dir_all(d)?;
+    }
+    remove(dst)?;
+    if fs::hard_link(src, dst).is_err() {
+        fs::copy(src, dst)
+            .with_context(|| format!("copying {} to {}", src.display(), dst.display()))?;
+    }
+    Ok(())
+}
+
 /// Every entry below a directory: relative path -> (kind `d`/`f`/`l`,
 /// bytes or symlink target, mode; 0 for symlinks).
 pub type Snapshot = BTreeMap<String, (char, Vec<u8>, u32)>;

@@ -13,8 +13,8 @@
 //! code objects). LLVM 19's `clang-offload-bundler -compress` makes each
 //! bundle (zstd at its default level 3, long-distance matching, CCOB v2),
 //! which is then given the CCOB v3 header ROCm 7's compilers write (the
-//! same payload; LLVM 19 writes v2 only); kpack's own parser checks that
-//! it holds the code objects put in. Copy `k` (k > 0) has the middle byte
+//! same payload; LLVM 19 writes v2 only), and checked (decompressed, its
+//! size and hash, the code objects put in). Copy `k` (k > 0) has the middle byte
 //! of every original code object XORed with `k`, so that copies share no
 //! code object; a library is a list of copies (`[0]`, `[0, 1]`, `[0, 1, 2,
 //! 3]`: 1×, 2×, 4× the bundles).
@@ -29,12 +29,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 
-use anyhow::{bail, ensure, Context, Result};
-use kpack_bundle::{list_fatbin, BundleInfo};
+use anyhow::{ensure, Context, Result};
+use md5::{Digest, Md5};
 
-use crate::context::Ctx;
-use crate::inputs::{remove, ROCSPARSE};
+use super::cache_dir;
+use super::rocm::{code_objects, CodeObject, Mapped, ROCSPARSE};
+use crate::oracle::entry_table;
+use crate::tree::{link_or_copy, remove};
 
+const WHEEL_VERSION: &str = "2.10.0+ccob";
 /// Decompressed sizes the compressed bundles are grouped to, in turn (MB):
 /// a group closes before the bundle that would take it past its size.
 const GROUP_MB: &[u64] = &[24, 64, 118, 40, 96, 32, 80, 56, 110, 72];
@@ -73,14 +76,46 @@ struct Ccob {
     inner: usize,
 }
 
-fn cache_dir(ctx: &Ctx) -> PathBuf {
-    ctx.root.join("target/bench/cache/ccob-rocsparse")
+/// A plain bundle of librocsparse: its range in the file and its device
+/// code objects.
+struct Bundle {
+    index: usize,
+    range: std::ops::Range<u64>,
+    entries: Vec<CodeObject>,
+}
+
+impl Bundle {
+    fn entry(&self, triple: &str) -> Option<&CodeObject> {
+        self.entries.iter().find(|e| e.triple == triple)
+    }
+}
+
+/// librocsparse's plain bundles.
+fn bundles(lib: &Path, map: &Mapped) -> Result<Vec<Bundle>> {
+    let (cos, ranges) = code_objects(lib, map)?;
+    let mut bundles: Vec<Bundle> = ranges
+        .into_iter()
+        .enumerate()
+        .map(|(index, range)| Bundle {
+            index,
+            range,
+            entries: Vec::new(),
+        })
+        .collect();
+    for co in cos {
+        bundles[co.bundle].entries.push(co);
+    }
+    Ok(bundles)
+}
+
+fn ccob_dir(root: &Path) -> PathBuf {
+    cache_dir(root, "ccob-rocsparse")
 }
 
 /// The library holding the given copies of librocsparse's bundles, in
 /// order (built when missing).
-pub fn library(ctx: &Ctx, copies: &[usize]) -> Result<CompressedLib> {
-    let cache = cache_dir(ctx);
+pub fn library(root: &Path, copies: &[usize]) -> Result<CompressedLib> {
+    let cache = ccob_dir(root);
     let stamp = cache.join("STAMP");
     if std::fs::read_to_string(&stamp).ok().as_deref() != Some(STAMP) {
         remove(&cache)?;
@@ -96,7 +131,7 @@ pub fn library(ctx: &Ctx, copies: &[usize]) -> Result<CompressedLib> {
     let path = dir.join(ROCSPARSE.file_name());
     let mut all = Vec::new();
     for &k in copies {
-        all.extend(copy(ctx, k)?);
+        all.extend(copy(root, k)?);
     }
     if !path.is_file() {
         remove(&dir)?;
@@ -126,8 +161,8 @@ pub fn library(ctx: &Ctx, copies: &[usize]) -> Result<CompressedLib> {
 
 /// Copy `k` of the bundles: its compressed bundles and host objects
 /// (built when missing).
-fn copy(ctx: &Ctx, k: usize) -> Result<Vec<Ccob>> {
-    let dir = cache_dir(ctx).join(format!("copy-{k}"));
+fn copy(root: &Path, k: usize) -> Result<Vec<Ccob>> {
+    let dir = ccob_dir(root).join(format!("copy-{k}"));
     let index = dir.join("ccobs.json");
     if let Ok(s) = std::fs::read_to_string(&index) {
         if let Ok(v) = serde_json::from_str::<Vec<Ccob>>(&s) {
@@ -136,21 +171,12 @@ fn copy(ctx: &Ctx, k: usize) -> Result<Vec<Ccob>> {
     }
     remove(&dir)?;
     std::fs::create_dir_all(&dir)?;
-    let lib = Path::new(ROCSPARSE.path);
-    if !lib.is_file() {
-        bail!("{} missing (Debian package librocsparse0)", lib.display());
-    }
+    let lib = ROCSPARSE.installed()?;
     eprintln!("building compressed bundles of librocsparse, copy {k} (once)");
-    let mapped = kpack_loader::map_file(lib)?;
-    let bin = kpack_host::binary::HostBinary::parse(&mapped)?;
-    let section = bin.fatbin()?.context("librocsparse has no .hip_fatbin")?;
-    let bundles = list_fatbin(section.data)?;
-    ensure!(
-        bundles.iter().all(|b| b.compressed.is_none()),
-        "librocsparse's bundles are expected plain"
-    );
+    let map = Mapped::open(lib)?;
+    let bundles = bundles(lib, &map)?;
     let groups = group(&bundles);
-    let jobs: Vec<(usize, Vec<&BundleInfo>)> = groups.into_iter().enumerate().collect();
+    let jobs: Vec<(usize, Vec<&Bundle>)> = groups.into_iter().enumerate().collect();
     let next = Mutex::new(0usize);
     let out: Mutex<Vec<Option<Ccob>>> = Mutex::new(vec![None; jobs.len()]);
     let failed: Mutex<Option<anyhow::Error>> = Mutex::new(None);
@@ -166,7 +192,7 @@ fn copy(ctx: &Ctx, k: usize) -> Result<Vec<Ccob>> {
                 let Some((g, members)) = jobs.get(i) else {
                     break;
                 };
-                match build_ccob(ctx, &dir, k, *g, members, section.data) {
+                match build_ccob(root, &dir, k, *g, members, &map) {
                     Ok(c) => out.lock().unwrap()[i] = Some(c),
                     Err(e) => {
                         *failed.lock().unwrap() = Some(e);
@@ -189,13 +215,13 @@ fn copy(ctx: &Ctx, k: usize) -> Result<Vec<Ccob>> {
 }
 
 /// Consecutive bundles grouped to the sizes of [`GROUP_MB`] in turn.
-fn group(bundles: &[BundleInfo]) -> Vec<Vec<&BundleInfo>> {
-    let mut groups: Vec<Vec<&BundleInfo>> = Vec::new();
-    let mut cur: Vec<&BundleInfo> = Vec::new();
+fn group(bundles: &[Bundle]) -> Vec<Vec<&Bundle>> {
+    let mut groups: Vec<Vec<&Bundle>> = Vec::new();
+    let mut cur: Vec<&Bundle> = Vec::new();
     let mut size = 0u64;
     for b in bundles {
         let limit = GROUP_MB[groups.len() % GROUP_MB.len()] * 1_000_000;
-        let len = b.range.len() as u64;
+        let len = b.range.end - b.range.start;
         if !cur.is_empty() && size + len > limit {
             groups.push(std::mem::take(&mut cur));
             size = 0;
@@ -214,32 +240,19 @@ fn group(bundles: &[BundleInfo]) -> Vec<Vec<&BundleInfo>> {
 /// bytes) one after the other, made by clang-offload-bundler; and its host
 /// object.
 fn build_ccob(
-    ctx: &Ctx,
+    root: &Path,
     dir: &Path,
     k: usize,
     g: usize,
-    members: &[&BundleInfo],
-    section: &[u8],
+    members: &[&Bundle],
+    map: &Mapped,
 ) -> Result<Ccob> {
     let triples: Vec<&str> = members[0]
-        .device_entries()
+        .entries
+        .iter()
         .map(|e| e.triple.as_str())
         .collect();
-    let mut code: Vec<Vec<u8>> = vec![Vec::new(); triples.len()];
-    for b in members {
-        let bytes = &section[b.range.clone()];
-        for (t, out) in triples.iter().zip(&mut code) {
-            let e = b
-                .device_entries()
-                .find(|e| e.triple == *t)
-                .with_context(|| format!("bundle {} has no {t}", b.index))?;
-            let start = out.len();
-            out.extend_from_slice(&bytes[e.offset as usize..(e.offset + e.size) as usize]);
-            if k > 0 && e.size > 0 {
-                out[start + e.size as usize / 2] ^= k as u8;
-            }
-        }
-    }
+    let code = group_code(k, &triples, members, map)?;
     let inputs: Vec<PathBuf> = (0..triples.len())
         .map(|i| dir.join(format!("g{g}-{i}.co")))
         .collect();
@@ -274,7 +287,7 @@ fn build_ccob(
     let uncompressed = check(&v3, &triples, &code).with_context(|| format!("group {g}"))?;
     let file = dir.join(format!("ccob-{g}.bin"));
     std::fs::write(&file, &v3)?;
-    let object = host_object(ctx, dir, k, g, &file)?;
+    let object = host_object(root, dir, k, g, &file)?;
     std::fs::remove_file(&file)?;
     let payload = match k {
         0 => {
@@ -291,6 +304,31 @@ fn build_ccob(
         code_bytes: code.iter().map(|c| c.len() as u64).sum(),
         inner: 1,
     })
+}
+
+/// For each of `triples`, the code objects of `members` for it one after
+/// the other, copy `k` of their bytes.
+fn group_code(
+    k: usize,
+    triples: &[&str],
+    members: &[&Bundle],
+    map: &Mapped,
+) -> Result<Vec<Vec<u8>>> {
+    let mut code: Vec<Vec<u8>> = vec![Vec::new(); triples.len()];
+    for b in members {
+        for (t, out) in triples.iter().zip(&mut code) {
+            let e = b
+                .entry(t)
+                .with_context(|| format!("bundle {} has no {t}", b.index))?;
+            let bytes = map.bytes(&e.range);
+            let start = out.len();
+            out.extend_from_slice(bytes);
+            if k > 0 && !bytes.is_empty() {
+                out[start + bytes.len() / 2] ^= k as u8;
+            }
+        }
+    }
+    Ok(code)
 }
 
 /// A CCOB v2 (what LLVM 19 writes) as v3: the same method, sizes, hash
@@ -318,29 +356,42 @@ fn to_v3(v2: &[u8]) -> Result<Vec<u8>> {
     Ok(v3)
 }
 
-/// kpack's parser finds in the CCOB the code objects put in (and its hash
-/// matches): its uncompressed size.
+/// The CCOB decompresses to the size and hash its header states, and to
+/// one bundle holding the code objects put in: its uncompressed size.
 fn check(v3: &[u8], triples: &[&str], code: &[Vec<u8>]) -> Result<u64> {
-    let bundles = kpack_bundle::parse_fatbin(v3)?;
-    ensure!(bundles.len() == 1, "{} bundles", bundles.len());
-    let (ccob, _) = bundles[0].compressed.as_ref().context("not compressed")?;
+    let word = |at: usize| u64::from_le_bytes(v3[at..at + 8].try_into().unwrap());
+    ensure!(v3.len() >= 32, "a CCOB v3 header");
+    let (uncompressed, hash) = (word(16), word(24));
+    let plain = zstd::stream::decode_all(&v3[32..]).context("the payload")?;
     ensure!(
-        ccob.version == 3 && ccob.hash_matches == Some(true),
-        "{ccob:?}"
+        plain.len() as u64 == uncompressed,
+        "{} bytes decompressed, the header says {uncompressed}",
+        plain.len()
     );
-    for (t, c) in triples.iter().zip(code) {
-        let e = bundles[0]
-            .device_entries()
-            .find(|e| e.triple == *t)
-            .with_context(|| format!("no {t}"))?;
-        ensure!(&e.data[..] == c.as_slice(), "{t}: other bytes");
+    let digest = Md5::digest(&plain);
+    ensure!(
+        u64::from_le_bytes(digest[..8].try_into().unwrap()) == hash,
+        "the hash does not match"
+    );
+    let entries = entry_table(&plain)?;
+    ensure!(
+        entries.len() == triples.len(),
+        "{} device entries",
+        entries.len()
+    );
+    for (want, c) in triples.iter().zip(code) {
+        let (_, r) = entries
+            .iter()
+            .find(|(t, _)| t == want)
+            .with_context(|| format!("no {want}"))?;
+        ensure!(&plain[r.clone()] == c.as_slice(), "{want}: other bytes");
     }
-    Ok(ccob.uncompressed_size)
+    Ok(uncompressed)
 }
 
 /// The host object of compressed bundle `g` of copy `k`: a kernel stub
 /// and the bundle as its `.hip_fatbin`.
-fn host_object(ctx: &Ctx, dir: &Path, k: usize, g: usize, fatbin: &Path) -> Result<PathBuf> {
+fn host_object(root: &Path, dir: &Path, k: usize, g: usize, fatbin: &Path) -> Result<PathBuf> {
     let src = dir.join(format!("b{g}.hip"));
     std::fs::write(
         &src,
@@ -350,7 +401,7 @@ fn host_object(ctx: &Ctx, dir: &Path, k: usize, g: usize, fatbin: &Path) -> Resu
         ),
     )?;
     let object = dir.join(format!("b{g}.o"));
-    let hip = ctx.root.join("integration/hip");
+    let hip = root.join("integration/hip");
     let out = Command::new(CLANGXX)
         .args(["-x", "hip", "--cuda-host-only", "-fPIC", "-O2"])
         .args(["-nogpulib", "-nogpuinc", "-I"])
@@ -377,8 +428,8 @@ fn host_object(ctx: &Ctx, dir: &Path, k: usize, g: usize, fatbin: &Path) -> Resu
 /// (made again in `dir`, each with its bundle decompressed), linked at
 /// `dir/librocsparse.so.0.1`. Offloading it must write the same archives
 /// as offloading the 1× library.
-pub fn plain_twin(ctx: &Ctx, dir: &Path) -> Result<PathBuf> {
-    let ccobs = copy(ctx, 0)?;
+pub fn plain_twin(root: &Path, dir: &Path) -> Result<PathBuf> {
+    let ccobs = copy(root, 0)?;
     remove(dir)?;
     std::fs::create_dir_all(dir)?;
     let mut objects = Vec::new();
@@ -386,7 +437,7 @@ pub fn plain_twin(ctx: &Ctx, dir: &Path) -> Result<PathBuf> {
         let payload = std::fs::read(c.payload.as_ref().context("copy 0 keeps its payloads")?)?;
         let fatbin = dir.join(format!("plain-{g}.bin"));
         std::fs::write(&fatbin, zstd::stream::decode_all(&payload[..])?)?;
-        objects.push(host_object(ctx, dir, 0, g, &fatbin)?);
+        objects.push(host_object(root, dir, 0, g, &fatbin)?);
         std::fs::remove_file(&fatbin)?;
     }
     let path = dir.join(ROCSPARSE.file_name());
@@ -421,4 +472,29 @@ fn link(objects: &[PathBuf], path: &Path) -> Result<()> {
     );
     std::fs::rename(&tmp, path)?;
     Ok(())
+}
+
+/// The torch-like wheel: copies 0 and 1 as `torch/lib/libtorch_hip_<i>.so`
+/// (built once, in the cache; `work` holds its tree meanwhile).
+pub fn wheel(root: &Path, work: &Path) -> Result<PathBuf> {
+    let cache = ccob_dir(root).join("wheel");
+    let wheel = cache.join(super::wheel::file_name(WHEEL_VERSION));
+    if wheel.is_file() {
+        return Ok(wheel);
+    }
+    let libs = [library(root, &[0])?, library(root, &[1])?];
+    eprintln!("building the torch-like wheel of compressed libraries (once)");
+    let tree = work.join("ccob-wheel-tree");
+    remove(&tree)?;
+    let t = tree.join("torch");
+    std::fs::create_dir_all(t.join("lib"))?;
+    for (i, l) in libs.iter().enumerate() {
+        link_or_copy(&l.path, &t.join(format!("lib/libtorch_hip_{i}.so")))?;
+    }
+    std::fs::write(t.join("__init__.py"), "# torch-like bench wheel\n")?;
+    let wheel = super::wheel::pack_torch(root, &tree, WHEEL_VERSION, &cache)?;
+    remove(&tree)?;
+    // Only the wheel is needed: copy 1 alone is not measured.
+    remove(libs[1].path.parent().context("a library directory")?)?;
+    Ok(wheel)
 }
