@@ -645,6 +645,9 @@ fn why(binary: &Path, archs: &[String], json: bool) -> kpack_host::Result<()> {
         if let Some(t) = &w.targets {
             outln!("split for targets: {}", t.join(", "));
         }
+        if let Some(d) = &w.device_digest {
+            outln!("device code digest: {d}");
+        }
         for x in &w.wrappers {
             print_wrapper_why(x);
         }
@@ -732,6 +735,10 @@ fn attempt_outcome(outcome: &kpack_loader::AttemptOutcome) -> String {
     use kpack_loader::AttemptOutcome;
     match outcome {
         AttemptOutcome::KeyMissing => "listed, but no entry for the key".to_string(),
+        AttemptOutcome::OtherBuild { binary, archive } => format!(
+            "has the key, but of another build: {}",
+            kpack_format::provenance::builds(binary, archive)
+        ),
         AttemptOutcome::ReadFailed { error } => format!("has the key, read failed: {error}"),
         AttemptOutcome::Loaded { size } => format!("has the key: loaded, {size} bytes"),
     }

@@ -53,10 +53,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 pub use config::{
     flag_is_set, path_list, Config, ENV_DEBUG, ENV_DISABLE, ENV_PATH, ENV_PATH_PREFIX,
+    ENV_VERIFY_DIGEST,
 };
 pub use discover::{discover_binary_path, find_mapping, DiscoverError, MappedFile};
 
-use kpack_format::{archive, bytes, hipk, target};
+use kpack_format::{archive, bytes, hipk, provenance, target};
 
 pub use error::{report, ErrorCode, LoadError, OpenError};
 use hipk::{HipkError, HipkMetadata};
@@ -146,6 +147,11 @@ impl Loader {
         }
         for p in &c.path_prefix {
             self.debug(format_args!("  {ENV_PATH_PREFIX}: {}", p.display()));
+        }
+        if c.verify_digest {
+            self.debug(format_args!(
+                "  ({ENV_VERIFY_DIGEST}: code objects checked against their TOC digests)"
+            ));
         }
     }
 
@@ -293,7 +299,8 @@ impl Loader {
         let name = target.to_string();
         let agents = vec![(name.as_str(), vec![target.clone()])];
         let candidates = self.candidates(metadata, binary_path, &agents);
-        let mut search = Search::new(self, &key, candidates, false, None);
+        let digest = metadata.device_digest.as_deref();
+        let mut search = Search::new(self, &key, digest, candidates, false, None);
         let found = search.find(target, &mut |size| Some(vec![0u8; size]))?;
         match found {
             Some((Loaded::Buffer(buf), hit)) => Ok(Some((buf, hit))),
@@ -357,7 +364,8 @@ impl Loader {
         let candidates = self.candidates(&metadata, binary_path, &agents);
         // Steps 5 and 6.
         let candidate_count = candidates.len();
-        let mut search = Search::new(self, &key, candidates, zero_copy, trace);
+        let digest = metadata.device_digest.as_deref();
+        let mut search = Search::new(self, &key, digest, candidates, zero_copy, trace);
         for (arch, targets) in &agents {
             self.debug(format_args!("trying architecture: {arch}"));
             for target in targets {
