@@ -202,12 +202,7 @@ impl Loader {
             binary_path,
             co_index,
             archs,
-            |size| {
-                let mut v = Vec::new();
-                v.try_reserve_exact(size).ok()?;
-                v.resize(size, 0);
-                Some(v)
-            },
+            vec_of,
         )
     }
 
@@ -265,12 +260,7 @@ impl Loader {
             binary_path,
             co_index,
             archs,
-            |size| {
-                let mut v = Vec::new();
-                v.try_reserve_exact(size).ok()?;
-                v.resize(size, 0);
-                Some(v)
-            },
+            vec_of,
             true,
             Some(&mut trace),
         );
@@ -279,6 +269,33 @@ impl Loader {
             Loaded::Mapped(m) => m.len() as u64,
         };
         (result.map(|(loaded, hit)| (size(&loaded), hit)), trace)
+    }
+
+    /// [`Loader::load_code_object`] of decoded metadata, with its bytes and
+    /// where they were found, and the [`Trace`] of the search.
+    pub fn load_explained(
+        &self,
+        metadata: &HipkMetadata,
+        binary_path: &Path,
+        co_index: u32,
+        archs: &[&str],
+    ) -> (Result<(Vec<u8>, Hit), LoadError>, Trace) {
+        let mut trace = Trace::default();
+        let metadata = || Ok(metadata.clone());
+        let result = self.load_traced(
+            metadata,
+            binary_path,
+            co_index,
+            archs,
+            vec_of,
+            false,
+            Some(&mut trace),
+        );
+        let result = result.and_then(|(loaded, hit)| match loaded {
+            Loaded::Buffer(b) => Ok((b, hit)),
+            Loaded::Mapped(m) => Ok((m.to_vec(), hit)),
+        });
+        (result, trace)
     }
 
     /// The code object `kernel_name#co_index` for exactly `target` (no
@@ -292,6 +309,19 @@ impl Loader {
         co_index: u32,
         target: &crate::target::TargetId,
     ) -> Result<Option<(Vec<u8>, Hit)>, LoadError> {
+        self.load_target_traced(metadata, binary_path, co_index, target, None)
+    }
+
+    /// [`Loader::load_target`], reporting to `trace` when given (the
+    /// verifiers read the archives passed over in it).
+    pub fn load_target_traced(
+        &self,
+        metadata: &HipkMetadata,
+        binary_path: &Path,
+        co_index: u32,
+        target: &crate::target::TargetId,
+        trace: Option<&mut Trace>,
+    ) -> Result<Option<(Vec<u8>, Hit)>, LoadError> {
         if self.config.disabled {
             return Err(LoadError::Disabled);
         }
@@ -300,7 +330,7 @@ impl Loader {
         let agents = vec![(name.as_str(), vec![target.clone()])];
         let candidates = self.candidates(metadata, binary_path, &agents);
         let digest = metadata.device_digest.as_deref();
-        let mut search = Search::new(self, &key, digest, candidates, false, None);
+        let mut search = Search::new(self, &key, digest, candidates, false, trace);
         let found = search.find(target, &mut |size| Some(vec![0u8; size]))?;
         match found {
             Some((Loaded::Buffer(buf), hit)) => Ok(Some((buf, hit))),
@@ -422,6 +452,14 @@ impl Loader {
             }
         }
     }
+}
+
+/// A zeroed buffer of `size` bytes, or `None` when it cannot be had.
+fn vec_of(size: usize) -> Option<Vec<u8>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(size).ok()?;
+    v.resize(size, 0);
+    Some(v)
 }
 
 #[cfg(test)]

@@ -75,6 +75,9 @@ pub struct Hit {
     pub target: String,
     /// The full offload triple recorded in the entry's metadata, if any.
     pub triple: Option<String>,
+    /// The entry records the binary's own device digest: it was split from
+    /// this very build (`false` when either side records none).
+    pub same_build: bool,
 }
 
 #[derive(Default)]
@@ -364,6 +367,9 @@ impl<'l> Search<'l> {
                         archive: archive.path.clone(),
                         target: spelling.to_owned(),
                         triple: entry.metadata_str("target").map(str::to_owned),
+                        same_build: self.digest.is_some()
+                            && provenance::EntryDigests::of(entry).binary.as_deref()
+                                == self.digest,
                     };
                     return Ok(Some((buf, hit)));
                 }
