@@ -1040,8 +1040,15 @@ fn print_archive(a: &inspect::ArchiveListing) {
     );
     outln!("kernels: {}", a.kernels.len());
     for k in &a.kernels {
+        use kpack_format::provenance::short;
+        let digests = match (&k.code_object_sha256, &k.binary_sha256) {
+            (Some(c), Some(b)) => format!("  sha256 {} of binary {}", short(c), short(b)),
+            (Some(c), None) => format!("  sha256 {}", short(c)),
+            (None, Some(b)) => format!("  of binary {}", short(b)),
+            (None, None) => String::new(),
+        };
         outln!(
-            "  {:>5}  {:<40} {:<24} {:>10} bytes",
+            "  {:>5}  {:<40} {:<24} {:>10} bytes{digests}",
             k.ordinal,
             k.key,
             k.target,
@@ -1069,6 +1076,9 @@ fn print_offloaded(o: &inspect::OffloadedListing) {
     match &o.targets {
         Some(t) => outln!("split for targets ({}): {}", t.len(), t.join(", ")),
         None => outln!("split for targets: not recorded (no kpack_targets in the metadata)"),
+    }
+    if let Some(d) = &o.device_sha256 {
+        outln!("device code digest: {d}");
     }
     outln!("metadata at address {:#x}", o.metadata_address);
     print_wrappers(&o.wrappers);
