@@ -1,4 +1,4 @@
-//! Provenance (formats.md §3.5): the digests that tie an offloaded binary to
+//! Provenance (formats.md §3.6): the digests that tie an offloaded binary to
 //! the code objects it was split from, so that every later step can tell an
 //! archive of its own build from another build's.
 //!
