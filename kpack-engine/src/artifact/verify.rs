@@ -425,9 +425,10 @@ fn resolve_device(
                 |rel| format!("{}/{}", d.name, rel.display()),
             );
             found.problems.push(format!(
-                "{}: code object {}#{co} for {target} in {archive} comes from another build: {}",
+                "{}: code object {}#{co} for {target} (installed with {}) comes from another build: {} in {archive}",
                 b.shown,
                 b.kernel_name,
+                d.name,
                 o.builds()
             ));
         }
