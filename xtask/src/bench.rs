@@ -44,7 +44,8 @@ pub struct BenchArgs {
     /// (librocsparse re-bundled into compressed bundles: needs clang-19 and
     /// lld-19), host (libraries with 256 MiB and 1 GiB of host code, built
     /// with clang-19 and lld-19), xla (JAX's ROCm plugin, downloaded from
-    /// PyPI), doctor (kpack doctor over a site-packages of 300 binaries).
+    /// PyPI), doctor (kpack doctor over a site-packages of 300 binaries),
+    /// digest (loads with and without ROCM_KPACK_VERIFY_DIGEST's check).
     /// Default: all.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,

@@ -27,11 +27,14 @@
 //!   jax-rocm7-pjrt 0.12.0 wheel, against `zstd -d | zstd -3 -T1` of its
 //!   bundles plus `cp`;
 //! - `doctor`: `kpack doctor` over a site-packages of a few hundred
-//!   binaries.
+//!   binaries;
+//! - `digest`: loads through the runtime's loader with and without
+//!   `ROCM_KPACK_VERIFY_DIGEST`'s check.
 //!
 //! `job` is the measured process the `host` and `xla` sections share.
 
 mod compressed;
+mod digest;
 mod doctor;
 mod host;
 mod job;
@@ -67,6 +70,7 @@ pub const SECTIONS: &[&str] = &[
     "host",
     "xla",
     "doctor",
+    "digest",
 ];
 
 /// A section measured by one function (the libraries' sections aside).
@@ -82,7 +86,7 @@ pub fn run(ctx: &Ctx, only: &[String]) -> Result<Vec<Row>> {
             rows.extend(libs::run(ctx, lib)?);
         }
     }
-    let sections: [Section; 11] = [
+    let sections: [Section; 12] = [
         ("pipeline", pipeline::run),
         ("runtime", runtime::run),
         ("large", large::run),
@@ -94,6 +98,7 @@ pub fn run(ctx: &Ctx, only: &[String]) -> Result<Vec<Row>> {
         ("host", host::run),
         ("xla", xla::run),
         ("doctor", doctor::run),
+        ("digest", digest::run),
     ];
     for (section, run) in sections {
         if wanted(section) {
