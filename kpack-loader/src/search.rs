@@ -368,8 +368,7 @@ impl<'l> Search<'l> {
                         target: spelling.to_owned(),
                         triple: entry.metadata_str("target").map(str::to_owned),
                         same_build: self.digest.is_some()
-                            && provenance::EntryDigests::of(entry).binary.as_deref()
-                                == self.digest,
+                            && provenance::EntryDigests::of(entry).binary.as_deref() == self.digest,
                     };
                     return Ok(Some((buf, hit)));
                 }

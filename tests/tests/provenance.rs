@@ -13,8 +13,8 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::common::*;
-use kpack_format::provenance::{short, TOC_CODE_OBJECT_DIGEST};
 use kpack_format::msgpack::Value as Msgpack;
+use kpack_format::provenance::{short, TOC_CODE_OBJECT_DIGEST};
 use serde_json::Value;
 
 fn ls(path: &Path) -> Value {
@@ -60,7 +60,11 @@ fn binaries_and_archives_carry_the_same_digests() {
                 &"--archive-dir",
                 &dir.join("arch"),
             ]);
-            assert_eq!(ls(&dir.join(name))["device_sha256"], device.as_str(), "{name}");
+            assert_eq!(
+                ls(&dir.join(name))["device_sha256"],
+                device.as_str(),
+                "{name}"
+            );
             let kernels = archive_digests(&dir.join("arch"));
             assert_eq!(kernels.len(), want.len(), "{name}: {kernels:?}");
             for (_, key, target, co, binary) in &kernels {
@@ -80,7 +84,9 @@ fn binaries_and_archives_carry_the_same_digests() {
     if code_objects(&plain.path) == code_objects(&compressed.path) {
         assert_eq!(
             device_digest_of(&plain.path),
-            ls(&t.path().join("libvadd_compressed.so-a/libvadd_compressed.so"))["device_sha256"]
+            ls(&t
+                .path()
+                .join("libvadd_compressed.so-a/libvadd_compressed.so"))["device_sha256"]
         );
     }
 }
@@ -106,16 +112,26 @@ fn pack_tree_digests_do_not_depend_on_jobs() {
         // Each entry names its own binary's digest.
         for (_, key, _, _, binary) in archive_digests(&out.join(".kpack")) {
             let rel = key.rsplit_once('#').unwrap().0;
-            assert_eq!(ls(&out.join(rel))["device_sha256"], binary.as_str(), "{key}");
+            assert_eq!(
+                ls(&out.join(rel))["device_sha256"],
+                binary.as_str(),
+                "{key}"
+            );
         }
     }
     assert_eq!(trees[0], trees[1]);
     // `ls` in words: the binary's full digest, the entries' shortened.
     let text = kpack_ok(&[&"ls", &t.path().join("out-1/lib/libx.so")]);
     let device = device_digest_of(&fixture("libvadd.so").path);
-    assert!(text.contains(&format!("device code digest: {device}")), "{text}");
+    assert!(
+        text.contains(&format!("device code digest: {device}")),
+        "{text}"
+    );
     let text = kpack_ok(&[&"ls", &t.path().join("out-1/.kpack/g_gfx942.kpack")]);
-    assert!(text.contains(&format!("of binary {}", short(&device))), "{text}");
+    assert!(
+        text.contains(&format!("of binary {}", short(&device))),
+        "{text}"
+    );
 }
 
 /// A clean tree (lib/libx.so from libvadd), the same path packed from
@@ -134,11 +150,26 @@ struct Mixed {
 fn mixed() -> Mixed {
     let t = scratch();
     let clean = t.path().join("clean");
-    pack_tree_of(&[("libvadd.so", "lib/libx.so")], &t.path().join("in-a"), &clean, &[]);
+    pack_tree_of(
+        &[("libvadd.so", "lib/libx.so")],
+        &t.path().join("in-a"),
+        &clean,
+        &[],
+    );
     let other = t.path().join("other");
-    pack_tree_of(&[("librdc.so", "lib/libx.so")], &t.path().join("in-b"), &other, &[]);
+    pack_tree_of(
+        &[("librdc.so", "lib/libx.so")],
+        &t.path().join("in-b"),
+        &other,
+        &[],
+    );
     let mixed = t.path().join("mixed");
-    pack_tree_of(&[("libvadd.so", "lib/libx.so")], &t.path().join("in-a"), &mixed, &[]);
+    pack_tree_of(
+        &[("libvadd.so", "lib/libx.so")],
+        &t.path().join("in-a"),
+        &mixed,
+        &[],
+    );
     fs::copy(
         other.join(".kpack/g_gfx942.kpack"),
         mixed.join(".kpack/g_gfx942.kpack"),
@@ -170,7 +201,10 @@ fn verify_tree_doctor_and_why_name_both_builds() {
         .collect();
     assert_eq!(
         kinds,
-        [("lib/libx.so", "missing_target"), ("lib/libx.so", "foreign_code_object")],
+        [
+            ("lib/libx.so", "missing_target"),
+            ("lib/libx.so", "foreign_code_object")
+        ],
         "{v}"
     );
     let msg = p[1]["message"].as_str().unwrap();
@@ -193,14 +227,20 @@ fn verify_tree_doctor_and_why_name_both_builds() {
     assert!(!foreign.is_empty(), "{v}");
     for p in &foreign {
         let msg = p["message"].as_str().unwrap();
-        assert!(p["binary"].as_str().unwrap().ends_with("lib/libx.so"), "{p}");
+        assert!(
+            p["binary"].as_str().unwrap().ends_with("lib/libx.so"),
+            "{p}"
+        );
         assert!(msg.contains("g_gfx942.kpack") && builds(msg), "{msg}");
     }
     // why: the try on that archive, with both builds.
     let out = kpack(&[&"why", &m.mixed.join("lib/libx.so"), &"--arch", &"gfx942"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{text}");
-    assert!(text.contains(&format!("device code digest: {}", m.ours)), "{text}");
+    assert!(
+        text.contains(&format!("device code digest: {}", m.ours)),
+        "{text}"
+    );
     let line = text
         .lines()
         .find(|l| l.contains("of another build"))
@@ -287,7 +327,10 @@ fn the_runtime_passes_over_another_builds_archive() {
         &want,
         &[("ROCM_KPACK_PATH_PREFIX", &wrong)],
     );
-    assert!(out.contains("3 code objects loaded and identical, 0 failures"), "{out}\n{err}");
+    assert!(
+        out.contains("3 code objects loaded and identical, 0 failures"),
+        "{out}\n{err}"
+    );
     // Upstream's line, then kpack's reason on a line of its own.
     let lines: Vec<&str> = err.lines().collect();
     let at = lines
@@ -307,7 +350,10 @@ fn the_runtime_passes_over_another_builds_archive() {
     );
     // Only the other build's archive for gfx942: KERNEL_NOT_FOUND there.
     let (out, err) = check(&m.mixed.join("lib/libx.so"), &want, &[]);
-    assert!(out.contains("2 code objects loaded and identical, 1 failures"), "{out}\n{err}");
+    assert!(
+        out.contains("2 code objects loaded and identical, 1 failures"),
+        "{out}\n{err}"
+    );
     assert!(err.contains("(gfx942): error 5"), "{err}");
 }
 
@@ -330,11 +376,20 @@ fn verify_digest_checks_code_objects_on_load() {
     let lib = m.clean.join("lib/libx.so");
     // Unchecked, the bytes load as they are.
     let (out, err) = check(&lib, &want, &[]);
-    assert!(out.contains("3 code objects loaded and identical, 0 failures"), "{out}\n{err}");
+    assert!(
+        out.contains("3 code objects loaded and identical, 0 failures"),
+        "{out}\n{err}"
+    );
     // Checked: a load error (DECOMPRESSION_FAILED), said in a debug line.
     let (out, err) = check(&lib, &want, &[("ROCM_KPACK_VERIFY_DIGEST", Path::new("1"))]);
-    assert!(out.contains("2 code objects loaded and identical, 1 failures"), "{out}\n{err}");
+    assert!(
+        out.contains("2 code objects loaded and identical, 1 failures"),
+        "{out}\n{err}"
+    );
     assert!(err.contains("(gfx942): error 6"), "{err}");
     assert!(err.contains("but the TOC records"), "{err}");
-    assert!(err.contains("code objects checked against their TOC digests"), "{err}");
+    assert!(
+        err.contains("code objects checked against their TOC digests"),
+        "{err}"
+    );
 }

@@ -35,10 +35,18 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
     remove(&dir)?;
     std::fs::create_dir_all(&dir)?;
     let bin = dir.join(ROCRAND.file_name());
-    offload(Path::new(ROCRAND.path), &bin, &OffloadOptions::new(dir.join("arch")))?;
+    offload(
+        Path::new(ROCRAND.path),
+        &bin,
+        &OffloadOptions::new(dir.join("arch")),
+    )?;
     let v = verify_file(&bin)?;
     let metadata = v.metadata.encode();
-    let mut cos: Vec<u32> = v.co_indices.iter().filter_map(|&c| c.try_into().ok()).collect();
+    let mut cos: Vec<u32> = v
+        .co_indices
+        .iter()
+        .filter_map(|&c| c.try_into().ok())
+        .collect();
     cos.sort_unstable();
     cos.dedup();
     let mut rows = Vec::new();

@@ -31,7 +31,9 @@ use serde::Serialize;
 
 use super::config::PackagingConfig;
 use super::manifest::{read_manifest, OutputName, Suffix, MANIFEST};
-use crate::build_match::{kernels_of, other_builds, unnamed_only, NotCodeObject, OtherBuild, Resolved};
+use crate::build_match::{
+    kernels_of, other_builds, unnamed_only, NotCodeObject, OtherBuild, Resolved,
+};
 use crate::databases::{self, Database};
 use crate::hipk::HipkMetadata;
 use crate::input::map_file;
@@ -442,12 +444,9 @@ fn resolve_device(
         }
     }
     for (b, cos) in by_binary.into_values() {
-        found.problems.extend(foreign_code_objects(
-            &root.join(&b.rel),
-            b,
-            &cos,
-            &d.name,
-        ));
+        found
+            .problems
+            .extend(foreign_code_objects(&root.join(&b.rel), b, &cos, &d.name));
     }
 }
 
@@ -478,7 +477,10 @@ fn foreign_code_objects(
             same_build: w.same_build,
         })
         .collect();
-    if resolved.iter().all(|r| r.same_build || r.kernels.is_empty()) {
+    if resolved
+        .iter()
+        .all(|r| r.same_build || r.kernels.is_empty())
+    {
         return Vec::new();
     }
     let Ok(mapped) = map_file(path) else {

@@ -216,7 +216,9 @@ pub enum ArchiveError {
         expected: u64,
         actual: u64,
     },
-    #[error("kernel {key} @ {target}: its bytes have SHA-256 {actual}, but the TOC records {expected}")]
+    #[error(
+        "kernel {key} @ {target}: its bytes have SHA-256 {actual}, but the TOC records {expected}"
+    )]
     DigestMismatch {
         key: String,
         target: String,

@@ -49,7 +49,10 @@ impl Digests {
         if let Some(d) = self.of(bundle, entry) {
             out.push((TOC_CODE_OBJECT_DIGEST.to_string(), Value::from(d)));
         }
-        out.push((TOC_BINARY_DIGEST.to_string(), Value::from(self.device.as_str())));
+        out.push((
+            TOC_BINARY_DIGEST.to_string(),
+            Value::from(self.device.as_str()),
+        ));
         out
     }
 }

@@ -13,8 +13,8 @@
 
 pub mod collect;
 pub mod digest;
-pub mod pe;
 pub mod elf;
+pub mod pe;
 
 /// The verifiers of rewritten binaries: ELF's, and what PE's shares with
 /// it ([`pe::verify`] is PE's).
@@ -39,8 +39,8 @@ use crate::{ArchiveWriter, FileRange, FrameParams, KernelData};
 
 use collect::{collect, CollectOptions, Located};
 
-pub use pe::PeTransformError;
 pub use elf::{TransformError, Transformed, WrapperChange};
+pub use pe::PeTransformError;
 pub use verify::{verify_elf, verify_fat, verify_fat_layout, Verified, VerifiedFat, VerifyError};
 
 /// The placeholder for a target ID in search paths.
