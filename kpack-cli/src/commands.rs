@@ -264,6 +264,9 @@ pub(crate) fn why(binary: &Path, archs: &[String], json: bool) -> kpack_host::Re
         if let Some(t) = &w.targets {
             outln!("split for targets: {}", t.join(", "));
         }
+        if let Some(d) = &w.device_digest {
+            outln!("device code digest: {d}");
+        }
         for x in &w.wrappers {
             print_wrapper_why(x);
         }

@@ -59,6 +59,10 @@ pub(crate) fn attempt_outcome(outcome: &kpack_loader::AttemptOutcome) -> String 
     use kpack_loader::AttemptOutcome;
     match outcome {
         AttemptOutcome::KeyMissing => "listed, but no entry for the key".to_string(),
+        AttemptOutcome::OtherBuild { binary, archive } => format!(
+            "has the key, but of another build: {}",
+            kpack_format::provenance::builds(binary, archive)
+        ),
         AttemptOutcome::ReadFailed { error } => format!("has the key, read failed: {error}"),
         AttemptOutcome::Loaded { size } => format!("has the key: loaded, {size} bytes"),
     }
@@ -249,8 +253,15 @@ pub(crate) fn print_archive(a: &inspect::ArchiveListing) {
     );
     outln!("kernels: {}", a.kernels.len());
     for k in &a.kernels {
+        use kpack_format::provenance::short;
+        let digests = match (&k.code_object_sha256, &k.binary_sha256) {
+            (Some(c), Some(b)) => format!("  sha256 {} of binary {}", short(c), short(b)),
+            (Some(c), None) => format!("  sha256 {}", short(c)),
+            (None, Some(b)) => format!("  of binary {}", short(b)),
+            (None, None) => String::new(),
+        };
         outln!(
-            "  {:>5}  {:<40} {:<24} {:>10} bytes",
+            "  {:>5}  {:<40} {:<24} {:>10} bytes{digests}",
             k.ordinal,
             k.key,
             k.target,
@@ -278,6 +289,9 @@ pub(crate) fn print_offloaded(o: &inspect::OffloadedListing) {
     match &o.targets {
         Some(t) => outln!("split for targets ({}): {}", t.len(), t.join(", ")),
         None => outln!("split for targets: not recorded (no kpack_targets in the metadata)"),
+    }
+    if let Some(d) = &o.device_sha256 {
+        outln!("device code digest: {d}");
     }
     outln!("metadata at address {:#x}", o.metadata_address);
     print_wrappers(&o.wrappers);

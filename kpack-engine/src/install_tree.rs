@@ -9,21 +9,20 @@
 //! - an offloaded binary that resolves for no target at all (one missing
 //!   target among several is not a problem: components ship different
 //!   target sets);
-//! - code objects of another build under a binary's keys: a code object
-//!   none of whose kernels (`<name>.kd` symbols) the host binary names, as
-//!   a NUL-terminated string in its allocated sections. Not "every kernel
-//!   must be named": real builds define kernels their host code never
-//!   registers (Debian's librocsparse: up to half of a code object's
-//!   kernels, e.g. some template instantiations of `gpsv_strided_gather`),
-//!   while a code object of another build shares no kernel with the
-//!   binary;
+//! - code objects of another build under a binary's keys, by the rule of
+//!   [`crate::build_match`]: entries whose provenance digest is not the
+//!   binary's (the runtime passes them over; a runtime that does not check
+//!   digests would load them), and, without digests, code objects none of
+//!   whose kernels (`<name>.kd` symbols) the host binary names;
 //! - and what the binary verifier checks of each offloaded binary, and that
 //!   every archive reads.
 //!
 //! Each code object a binary's wrappers resolve to is read once, through
 //! the runtime's own search ([`Loader::load_target`] for each target the
 //! tree's archives serve), and its symbol table read; each binary's
-//! strings are scanned once for all the kernels of its code objects.
+//! strings are scanned once for all the kernels of its code objects. A code
+//! object must be what its target runs (a SPIR-V module for SPIR-V, else an
+//! ELF file); one that is not is an invalid archive.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -31,13 +30,13 @@ use std::path::Path;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::loader::{Config, Loader};
+use crate::build_match::{kernels_of, other_builds, unnamed_only, OtherBuild, Resolved};
+use crate::loader::{Config, Loader, Trace};
 use crate::target::TargetId;
 use crate::tree::{rel_string, scan, NodeKind};
 use crate::{Observer, Result};
-use kpack_host::binary::{classify_parsed, could_be_binary, Class};
+use kpack_host::binary::{classify_parsed, could_be_binary, Class, HostBinary};
 use kpack_host::fatbin::{device_code, DeviceCode};
-use kpack_host::kernels::{defined_kernels, unnamed_kernels};
 use kpack_host::offload::verify_shipped;
 
 /// What a problem is about.
@@ -213,11 +212,7 @@ fn check_file(
         return out;
     }
     let file = classify_parsed(&mapped);
-    let problem = |kind, message: String| TreeProblem {
-        binary: rel.to_string(),
-        kind,
-        message,
-    };
+    let problem = |kind, message: String| tree_problem(rel, kind, message);
     match &file.class {
         Class::Fat => {
             out.binary = true;
@@ -259,8 +254,8 @@ fn check_file(
     out
 }
 
-/// An offloaded binary: valid, resolving for some target, and naming every
-/// kernel of the code objects it resolves to.
+/// An offloaded binary: valid, resolving for some target, and its code
+/// objects of its own build ([`crate::build_match`]).
 fn check_offloaded(
     out: &mut Checked,
     path: &Path,
@@ -270,23 +265,11 @@ fn check_offloaded(
     targets: &[TargetId],
     loader: &Loader,
 ) {
-    let problem = |kind, message: String| TreeProblem {
-        binary: rel.to_string(),
-        kind,
-        message,
-    };
-    let shown = |archive: &Path| {
-        archive
-            .strip_prefix(real_root)
-            .unwrap_or(archive)
-            .display()
-            .to_string()
-    };
     let v = match verify_shipped(file.bytes) {
         Ok(v) => v,
         Err(e) => {
             out.problems
-                .push(problem(ProblemKind::InvalidBinary, e.to_string()));
+                .push(tree_problem(rel, ProblemKind::InvalidBinary, e.to_string()));
             return;
         }
     };
@@ -295,35 +278,19 @@ fn check_offloaded(
     let Ok(bin) = &file.binary else {
         return;
     };
-    let mut cos = v.co_indices.clone();
-    cos.sort_unstable();
-    cos.dedup();
-    // Every (target, code object) through the loader, in parallel: one
-    // big binary has hundreds.
-    let pairs: Vec<(&TargetId, u64)> = targets
-        .iter()
-        .flat_map(|t| cos.iter().map(move |&co| (t, co)))
-        .filter(|&(_, co)| u32::try_from(co).is_ok())
-        .collect();
-    let loaded: Vec<Loaded> = pairs
-        .par_iter()
-        .map(|&(t, co)| load_one(loader, &v.metadata, path, t, co, &shown))
-        .collect();
-    // (target, co_index) -> (archive, kernels defined).
-    let mut found: BTreeMap<(String, u64), (String, BTreeSet<String>)> = BTreeMap::new();
-    for (&(t, co), l) in pairs.iter().zip(loaded) {
-        match l {
-            Loaded::Found(archive, kernels) => {
-                out.code_objects += 1;
-                found.insert((t.to_string(), co), (archive, kernels));
-            }
-            Loaded::Missing => {}
-            Loaded::Failed(kind, message) => out.problems.push(problem(kind, message)),
-        }
-    }
+    let shown = |archive: &Path| {
+        archive
+            .strip_prefix(real_root)
+            .unwrap_or(archive)
+            .display()
+            .to_string()
+    };
+    let (found, others) = resolve_all(out, rel, loader, &v, path, targets, &shown);
+    other_build_archives(out, rel, &others, &shown);
     if found.is_empty() {
         let t: Vec<String> = targets.iter().map(|t| t.to_string()).collect();
-        out.problems.push(problem(
+        out.problems.push(tree_problem(
+            rel,
             ProblemKind::Unresolved,
             format!(
                 "resolves for no target: no archive its search paths ({}) reach holds {}#N for any of {}",
@@ -335,38 +302,121 @@ fn check_offloaded(
         return;
     }
     missing_targets(out, rel, &v.metadata, targets, &found);
-    let all: BTreeSet<String> = found
-        .values()
-        .flat_map(|(_, k)| k.iter().cloned())
-        .collect();
-    let missing = unnamed_kernels(bin, &all);
-    if missing.is_empty() {
-        return;
+    unnamed_kernel_archives(out, rel, bin, &found);
+}
+
+/// A problem of the binary (or archive) at `rel`.
+fn tree_problem(rel: &str, kind: ProblemKind, message: String) -> TreeProblem {
+    TreeProblem {
+        binary: rel.to_string(),
+        kind,
+        message,
     }
-    // One problem per archive holding foreign code objects.
-    let mut by_archive: BTreeMap<&str, Vec<(String, u64, usize, usize)>> = BTreeMap::new();
-    let mut example = None;
-    for ((t, co), (archive, kernels)) in &found {
-        // Builds define kernels their host code never registers (see the
-        // module's doc): another build's code object is one none of whose
-        // kernels the binary names.
-        if kernels.is_empty() || !kernels.iter().all(|k| missing.contains(k)) {
-            continue;
+}
+
+/// (target, co_index) -> what was found for it.
+type FoundMap = BTreeMap<(String, u64), Found>;
+
+/// Every (target, code object) of the binary through the loader, in
+/// parallel (one big binary has hundreds): what resolved, and the entries
+/// of another build passed over on the way. Read failures are problems.
+fn resolve_all(
+    out: &mut Checked,
+    rel: &str,
+    loader: &Loader,
+    v: &kpack_host::offload::Verified,
+    path: &Path,
+    targets: &[TargetId],
+    shown: &(dyn Fn(&Path) -> String + Sync),
+) -> (FoundMap, Vec<OtherBuild>) {
+    let mut cos = v.co_indices.clone();
+    cos.sort_unstable();
+    cos.dedup();
+    let pairs: Vec<(&TargetId, u64)> = targets
+        .iter()
+        .flat_map(|t| cos.iter().map(move |&co| (t, co)))
+        .filter(|&(_, co)| u32::try_from(co).is_ok())
+        .collect();
+    let loaded: Vec<(Loaded, Vec<OtherBuild>)> = pairs
+        .par_iter()
+        .map(|&(t, co)| load_one(loader, &v.metadata, path, t, co, shown))
+        .collect();
+    let mut found = FoundMap::new();
+    let mut others = Vec::new();
+    for (&(t, co), (l, passed)) in pairs.iter().zip(loaded) {
+        others.extend(passed.into_iter().map(|o| (co, o)));
+        match l {
+            Loaded::Found(f) => {
+                out.code_objects += 1;
+                found.insert((t.to_string(), co), f);
+            }
+            Loaded::Missing => {}
+            Loaded::Failed(kind, message) => out.problems.push(tree_problem(rel, kind, message)),
         }
-        if let Some(k) = kernels.first() {
+    }
+    let others = others
+        .into_iter()
+        .map(|(co, mut o)| {
+            o.target = format!("#{co} for {}", o.target);
+            o
+        })
+        .collect();
+    (found, others)
+}
+
+/// One problem per archive holding entries of another build by their
+/// digests (`others`: each target given as `#co for target`).
+fn other_build_archives(
+    out: &mut Checked,
+    rel: &str,
+    others: &[OtherBuild],
+    shown: &dyn Fn(&Path) -> String,
+) {
+    let mut by_archive: BTreeMap<(String, String), Vec<&str>> = BTreeMap::new();
+    for o in others {
+        by_archive
+            .entry((shown(&o.archive), o.builds()))
+            .or_default()
+            .push(&o.target);
+    }
+    for ((archive, builds), cos) in by_archive {
+        out.problems.push(tree_problem(
+            rel,
+            ProblemKind::ForeignCodeObject,
+            format!(
+                "code objects of another build in {archive}: {} ({builds}): the runtime passes them over, and a runtime that does not check digests would load them",
+                cos.join(", ")
+            ),
+        ));
+    }
+}
+
+/// One problem per archive holding code objects none of whose kernels the
+/// binary names (the rule without digests).
+fn unnamed_kernel_archives(out: &mut Checked, rel: &str, bin: &HostBinary, found: &FoundMap) {
+    let resolved: Vec<Resolved> = found
+        .values()
+        .map(|f| Resolved {
+            kernels: &f.kernels,
+            same_build: f.same_build,
+        })
+        .collect();
+    let foreign = unnamed_only(bin, &resolved);
+    let mut by_archive: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    let mut example = None;
+    for (((t, co), f), _) in found.iter().zip(&foreign).filter(|(_, &x)| x) {
+        if let Some(k) = f.kernels.first() {
             example.get_or_insert_with(|| k.clone());
         }
+        let n = f.kernels.len();
         by_archive
-            .entry(archive)
+            .entry(&f.archive)
             .or_default()
-            .push((t.clone(), *co, kernels.len(), kernels.len()));
+            .push(format!("#{co} for {t} ({n} kernels)"));
     }
-    for (archive, cos) in by_archive {
-        let list: Vec<String> = cos
-            .iter()
-            .map(|(t, co, _, of)| format!("#{co} for {t} ({of} kernels)"))
-            .collect();
-        out.problems.push(problem(
+    for (archive, list) in by_archive {
+        out.problems.push(tree_problem(
+            rel,
             ProblemKind::ForeignCodeObject,
             format!(
                 "code objects of another build in {archive}: {} define only kernels this binary does not name (e.g. {}): HIP would not find the binary's kernels there",
@@ -397,30 +447,40 @@ fn missing_targets<V>(
             .iter()
             .any(|r| TargetId::parse(r).as_ref() == Ok(t));
         if recorded_here && !found.keys().any(|(ft, _)| *ft == name) {
-            out.problems.push(TreeProblem {
-                binary: rel.to_string(),
-                kind: ProblemKind::MissingTarget,
-                message: format!(
+            out.problems.push(tree_problem(
+                rel,
+                ProblemKind::MissingTarget,
+                format!(
                     "split for {name} (kpack_targets), and the tree's archives serve {name}, but none its search paths ({}) reach holds {}#N for it",
                     metadata.search_paths.join(", "),
                     metadata.kernel_name
                 ),
-            });
+            ));
         }
     }
 }
 
+/// A code object found for one (target, code object) of a binary.
+struct Found {
+    /// The archive (shown path).
+    archive: String,
+    /// The kernels it defines.
+    kernels: BTreeSet<String>,
+    /// Its entry records the binary's own device digest.
+    same_build: bool,
+}
+
 /// What the loader gave for one (target, code object) of a binary.
 enum Loaded {
-    /// Found in this archive (shown path), defining these kernels.
-    Found(String, BTreeSet<String>),
+    Found(Found),
     /// No archive has it for that target.
     Missing,
     Failed(ProblemKind, String),
 }
 
 /// Load code object `co` of the binary at `path` for exactly `t` and list
-/// the kernels it defines (none for a SPIR-V module).
+/// the kernels it defines (none for a SPIR-V module), with the entries of
+/// another build the search passed over.
 fn load_one(
     loader: &Loader,
     metadata: &kpack_format::hipk::HipkMetadata,
@@ -428,16 +488,19 @@ fn load_one(
     t: &TargetId,
     co: u64,
     shown: &dyn Fn(&Path) -> String,
-) -> Loaded {
+) -> (Loaded, Vec<OtherBuild>) {
     let key = format!("{}#{co}", metadata.kernel_name);
-    match loader.load_target(metadata, path, co as u32, t) {
+    let mut trace = Trace::default();
+    let r = loader.load_target_traced(metadata, path, co as u32, t, Some(&mut trace));
+    let loaded = match r {
         Ok(Some((bytes, hit))) => {
             let archive = shown(&hit.archive);
-            if !bytes.starts_with(b"\x7fELF") {
-                return Loaded::Found(archive, BTreeSet::new());
-            }
-            match defined_kernels(&bytes) {
-                Ok(k) => Loaded::Found(archive, k),
+            match kernels_of(&bytes, &t.to_string()) {
+                Ok(kernels) => Loaded::Found(Found {
+                    archive,
+                    kernels,
+                    same_build: hit.same_build,
+                }),
                 Err(e) => Loaded::Failed(
                     ProblemKind::InvalidArchive,
                     format!("{key} for {t} in {archive}: {e}"),
@@ -446,5 +509,6 @@ fn load_one(
         }
         Ok(None) => Loaded::Missing,
         Err(e) => Loaded::Failed(ProblemKind::InvalidArchive, format!("{key} for {t}: {e}")),
-    }
+    };
+    (loaded, other_builds(&trace))
 }

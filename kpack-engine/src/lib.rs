@@ -9,6 +9,9 @@
 //!   which GPU target);
 //! - `observer` ([`Observer`]): notes, warnings and progress, for the CLI to show;
 //! - [`size`]: where the bytes of binaries, archives, trees and wheels go;
+//! - `build_match`: whether the code objects a binary resolves to are of
+//!   its own build (digests, else the kernels it names): the one rule of
+//!   verify, `verify --tree` and doctor;
 //! - [`install_tree`]: `verify --tree`, install trees that mix builds;
 //! - [`bundle`]: application-local copies of offloaded binaries and
 //!   their archives, re-pointed where the layout changes;
@@ -21,6 +24,7 @@
 #![deny(unsafe_code)]
 
 pub mod artifact;
+mod build_match;
 pub mod bundle;
 mod databases;
 pub mod doctor;

@@ -1,13 +1,16 @@
 //! The engine shared by split and pack-tree: offload many files in
 //! parallel, then write one archive per target.
 //!
-//! Phase 1 handles every file on its own (in parallel): a fat binary is
-//! rewritten into its host-only form at its destination and its code objects
-//! are recorded, not copied: a code object stored plainly in the input is
-//! recorded as a range of the input file. The code objects of compressed
-//! bundles are read afterwards, one binary at a time
+//! Phase 1 handles every file on its own (in parallel): a fat binary's
+//! device code is hashed (`kpack_host::offload::digest`: the digests its
+//! metadata and its archive entries carry), it is rewritten into its
+//! host-only form at its destination and its code objects are recorded, not
+//! copied: a code object stored plainly in the input is recorded as a range
+//! of the input file. Binaries with compressed bundles are handled
+//! afterwards, one binary at a time: hashed (their bundles decompressed for
+//! that), rewritten, and their code objects read
 //! (`kpack_host::offload::collect`: each compressed bundle decompressed
-//! once, as a stream, its code objects compressed into the archives' zstd
+//! again, as a stream, its code objects compressed into the archives' zstd
 //! frames in parallel batches while the next batch is decompressed), and
 //! their frames spilled to a scratch file (in `--tmp-dir`); one binary at a
 //! time, so that memory holds one decompressor's window, however many jobs
@@ -34,8 +37,10 @@ use crate::msgpack::Value;
 use crate::tree::{copy_file, copy_symlink, create_file, make_dirs, Node, NodeKind};
 use crate::{ArtifactError, Observer, Result};
 use kpack_bundle::list_fatbin;
+use kpack_bundle::BundleInfo;
 use kpack_host::binary::{as_is_note, classify_parsed, could_be_binary, Class, Classified};
 use kpack_host::offload::collect::{collect, CollectOptions, Located};
+use kpack_host::offload::digest::{digests, Digests};
 use kpack_host::offload::{archive_file_name, GFXARCH};
 use kpack_host::offload::{archive_key, rewrite_binary, split_targets, write_rewritten};
 use kpack_host::{ArchiveWriter, FrameParams, KernelData, WithPath};
@@ -86,6 +91,8 @@ pub struct CodeRef {
     pub target: String,
     pub triple: String,
     pub bundle: usize,
+    /// Its position in its bundle's entry table.
+    pub entry: usize,
     pub bytes: KernelData<'static>,
 }
 
@@ -96,8 +103,10 @@ pub struct Offloaded {
     pub code_objects: Vec<CodeRef>,
     pub dropped: usize,
     pub wrappers: usize,
-    /// It has compressed bundles, whose code objects are read after the
-    /// parallel pass (one binary at a time).
+    /// The digests of its device code, which its archive entries carry.
+    pub digests: Digests,
+    /// It has compressed bundles: it is hashed, rewritten and its code
+    /// objects read after the parallel pass (one binary at a time).
     deferred: bool,
 }
 
@@ -275,11 +284,16 @@ impl Packer<'_> {
             .collect();
         let mut done: Vec<Done> = results.into_iter().collect::<Result<_>>()?;
         for (i, (d, job)) in done.iter_mut().zip(jobs).enumerate() {
-            if let Outcome::Offloaded(b) = &mut d.outcome {
+            let Done {
+                outcome, bytes_out, ..
+            } = d;
+            if let Outcome::Offloaded(b) = outcome {
                 if b.deferred {
                     let mapped = map_file(&job.src)?;
                     let classified = classify_parsed(&mapped);
-                    self.collect(i, job, &mapped, &classified, b)?;
+                    let section = fatbin_section(&job.src, &classified)?;
+                    let bundles = list_fatbin(section).with_path(&job.src)?;
+                    *bytes_out = self.finish(i, job, &mapped, &classified, &bundles, b)?;
                 }
             }
         }
@@ -344,9 +358,10 @@ impl Packer<'_> {
         })
     }
 
-    /// A fat binary: its host-only form written to the destination, its
-    /// code objects (those `keep_target` takes) recorded where their bytes
-    /// are.
+    /// A fat binary: hashed, its host-only form written to the destination,
+    /// its code objects (those `keep_target` takes) recorded where their
+    /// bytes are; one with compressed bundles is left to [`Packer::run`]'s
+    /// second pass.
     fn offload(
         &self,
         index: usize,
@@ -358,16 +373,53 @@ impl Packer<'_> {
             .kernel_name
             .clone()
             .ok_or_else(|| ArtifactError::input(&job.src, "file name is not valid UTF-8"))?;
-        let bin = (classified.binary.as_ref())
-            .map_err(|e| kpack_host::Error::binary(&job.src, e.clone()))?;
+        // A binary that does not parse is reported before its bundles.
+        (classified.binary.as_ref()).map_err(|e| kpack_host::Error::binary(&job.src, e.clone()))?;
         // Bundles are listed from their entry tables (errors in them are
         // reported as the bundles' own, before the rewrite's).
         let section = fatbin_section(&job.src, classified)?;
         let bundles = list_fatbin(section).with_path(&job.src)?;
         let deferred = bundles.iter().any(|b| b.compressed.is_some());
+        let mut b = Offloaded {
+            kernel_name,
+            source_prefix: job.source_prefix.clone(),
+            code_objects: Vec::new(),
+            dropped: 0,
+            wrappers: 0,
+            digests: Digests::default(),
+            deferred,
+        };
+        let bytes_out = match deferred {
+            true => 0,
+            false => self.finish(index, job, mapped, classified, &bundles, &mut b)?,
+        };
+        Ok(Done {
+            outcome: Outcome::Offloaded(Box::new(b)),
+            bytes_out,
+            note: None,
+        })
+    }
+
+    /// A fat binary with these bundles: its device code hashed, its
+    /// host-only form (carrying the device digest) written to the
+    /// destination, its code objects collected. Returns the bytes written.
+    fn finish(
+        &self,
+        index: usize,
+        job: &FileJob,
+        mapped: &Mapped,
+        classified: &Classified,
+        bundles: &[BundleInfo],
+        b: &mut Offloaded,
+    ) -> Result<u64> {
+        let bin = (classified.binary.as_ref())
+            .map_err(|e| kpack_host::Error::binary(&job.src, e.clone()))?;
+        let section = fatbin_section(&job.src, classified)?;
+        let d = digests(&job.src, mapped, section)?;
         let keep = self.keep_target.map(|k| k as &dyn Fn(&str) -> bool);
-        let metadata = HipkMetadata::new(kernel_name.clone(), vec![job.search_path.clone()])
-            .with_targets(split_targets(&bundles, keep));
+        let metadata = HipkMetadata::new(b.kernel_name.clone(), vec![job.search_path.clone()])
+            .with_targets(split_targets(bundles, keep))
+            .with_device_digest(Some(d.device.clone()));
         let t = rewrite_binary(&job.src, bin, &metadata)?;
         let source = File::open(&job.src).map_err(|e| ArtifactError::io(&job.src, e))?;
         create_file(&job.dst, job.mode, |f| {
@@ -375,22 +427,10 @@ impl Packer<'_> {
         })?;
         // The pages the rewrite read of the host part are not needed again.
         mapped.release(0..mapped.len());
-        let mut b = Offloaded {
-            kernel_name,
-            source_prefix: job.source_prefix.clone(),
-            code_objects: Vec::new(),
-            dropped: 0,
-            wrappers: t.wrappers.len(),
-            deferred,
-        };
-        if !deferred {
-            self.collect(index, job, mapped, classified, &mut b)?;
-        }
-        Ok(Done {
-            outcome: Outcome::Offloaded(Box::new(b)),
-            bytes_out: t.len(),
-            note: None,
-        })
+        b.wrappers = t.wrappers.len();
+        b.digests = d;
+        self.collect(index, job, mapped, classified, b)?;
+        Ok(t.len())
     }
 
     /// The code objects to keep of an offloaded binary, recorded where
@@ -464,6 +504,7 @@ impl Packer<'_> {
             if let Some(p) = &b.source_prefix {
                 meta.push(("source_prefix".to_string(), Value::from(p.as_str())));
             }
+            meta.extend(b.digests.entry_metadata(co.bundle, co.entry));
             w.add(
                 archive_key(&b.kernel_name, co.bundle),
                 target.to_string(),
@@ -527,6 +568,7 @@ fn code_ref(c: Located) -> CodeRef {
         target: c.target,
         triple: c.triple,
         bundle: c.bundle,
+        entry: c.entry,
         bytes: c.data,
     }
 }

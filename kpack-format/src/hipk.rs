@@ -6,7 +6,8 @@
 //! The metadata is a MessagePack map
 //! `{"kpack_search_paths": [str, ...], "kernel_name": str}`, to which kpack
 //! adds optional keys the reference's readers ignore (`kpack_targets`:
-//! the targets the binary's code objects were split for).
+//! the targets the binary's code objects were split for; `kpack_device_sha256`:
+//! the digest of the device code it was split from).
 //! [`HipkMetadata::encode`] writes the two keys byte for byte as the
 //! reference (Python `msgpack.packb(..., use_bin_type=True)`) does, then
 //! each optional key that is present; [`HipkMetadata::decode`] accepts any
@@ -38,6 +39,9 @@ pub(crate) const KEY_SEARCH_PATHS: &str = "kpack_search_paths";
 pub(crate) const KEY_KERNEL_NAME: &str = "kernel_name";
 /// Key of the optional list of targets the code objects were split for.
 pub const KEY_TARGETS: &str = "kpack_targets";
+/// Key of the optional device digest: the SHA-256 of the code objects the
+/// binary was split from (see [`crate::provenance`]).
+pub const KEY_DEVICE_DIGEST: &str = "kpack_device_sha256";
 /// Stands for a target ID in search paths (`lib_@GFXARCH@.kpack`).
 pub const GFXARCH: &str = "@GFXARCH@";
 
@@ -174,6 +178,11 @@ pub struct HipkMetadata {
     /// readers ignore as they ignore unknown keys).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub targets: Option<Vec<String>>,
+    /// `kpack_device_sha256`: the device digest of the fat binary it was
+    /// split from ([`crate::provenance::device_digest`]); `None` when absent
+    /// (or not 64 hex digits, which readers ignore).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_digest: Option<String>,
 }
 
 impl HipkMetadata {
@@ -183,7 +192,14 @@ impl HipkMetadata {
             kernel_name: kernel_name.into(),
             search_paths,
             targets: None,
+            device_digest: None,
         }
+    }
+
+    /// The same with `kpack_device_sha256` set (`None`: without it).
+    pub fn with_device_digest(mut self, digest: Option<String>) -> Self {
+        self.device_digest = digest.as_deref().and_then(crate::provenance::parse);
+        self
     }
 
     /// The same with `kpack_targets` set to `targets` (sorted, each once).
@@ -203,7 +219,7 @@ impl HipkMetadata {
 
     /// Encode as the reference does: keys `kpack_search_paths` then
     /// `kernel_name`; then the optional keys that are present
-    /// (`kpack_targets`).
+    /// (`kpack_targets`, `kpack_device_sha256`).
     pub fn encode(&self) -> Vec<u8> {
         msgpack::to_vec(&Wire(self))
     }
@@ -235,6 +251,9 @@ impl HipkMetadata {
             kernel_name: kernel_name(&value)?,
             search_paths: search_paths(&value)?,
             targets: str_list(&value, KEY_TARGETS),
+            device_digest: msgpack::get(&value, KEY_DEVICE_DIGEST)
+                .and_then(Value::as_str)
+                .and_then(crate::provenance::parse),
         })
     }
 }
@@ -300,12 +319,15 @@ struct Wire<'a>(&'a HipkMetadata);
 impl Serialize for Wire<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let md = self.0;
-        let optional = usize::from(md.targets.is_some());
+        let optional = usize::from(md.targets.is_some()) + usize::from(md.device_digest.is_some());
         let mut m = s.serialize_map(Some(2 + optional))?;
         m.serialize_entry(KEY_SEARCH_PATHS, &md.search_paths)?;
         m.serialize_entry(KEY_KERNEL_NAME, &md.kernel_name)?;
         if let Some(t) = &md.targets {
             m.serialize_entry(KEY_TARGETS, t)?;
+        }
+        if let Some(d) = &md.device_digest {
+            m.serialize_entry(KEY_DEVICE_DIGEST, d)?;
         }
         m.end()
     }
@@ -377,6 +399,32 @@ mod tests {
         let none: [&str; 0] = [];
         let empty = sample().with_targets(none);
         assert_eq!(HipkMetadata::decode(&empty.encode()).unwrap(), empty);
+    }
+
+    #[test]
+    fn device_digest_key_encodes_last_and_reads_back() {
+        let d = crate::provenance::code_object_digest(b"abc");
+        let m = sample()
+            .with_targets(["gfx942"])
+            .with_device_digest(Some(d.clone()));
+        let b = m.encode();
+        assert_eq!(b[0], 0x84);
+        // The reference's two keys first, as they are written without it.
+        assert_eq!(b[1..unhex(SAMPLE_PY).len()], unhex(SAMPLE_PY)[1..]);
+        let back = HipkMetadata::decode(&b).unwrap();
+        assert_eq!(back.device_digest.as_deref(), Some(d.as_str()));
+        assert_eq!(back, m);
+        // Kept when the search paths change (`kpack bundle`).
+        let moved = back.with_search_paths(vec!["elsewhere".into()]);
+        assert_eq!(moved.device_digest.as_deref(), Some(d.as_str()));
+        // A malformed value is ignored.
+        let v = msgpack::str_map([
+            ("kernel_name", Value::from("k")),
+            ("kpack_search_paths", Value::Array(vec!["p".into()])),
+            (KEY_DEVICE_DIGEST, Value::from("xyz")),
+        ]);
+        let m = HipkMetadata::decode(&msgpack::encode(&v)).unwrap();
+        assert_eq!(m.device_digest, None);
     }
 
     #[test]

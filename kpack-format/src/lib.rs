@@ -13,6 +13,8 @@
 //! - [`hipk`]: HIPK metadata and the `HIPF`/`HIPK` wrapper records;
 //! - [`offloading`]: LLVM's offload binaries (`.llvm.offloading`, clang's
 //!   new offload driver);
+//! - [`provenance`]: the digests that tie an offloaded binary to the
+//!   code objects it was split from;
 //! - [`processors`]: what each AMDGPU processor supports (features,
 //!   generic targets) and the kernel driver's `gfx_target_version`.
 
@@ -24,4 +26,5 @@ pub mod hipk;
 pub mod msgpack;
 pub mod offloading;
 pub mod processors;
+pub mod provenance;
 pub mod target;

@@ -116,6 +116,13 @@ pub struct KernelListing {
     pub target: String,
     pub ordinal: u64,
     pub original_size: u64,
+    /// The digest of its code object (`code_object_sha256`), if recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub code_object_sha256: Option<String>,
+    /// The device digest of the binary it was split from
+    /// (`binary_sha256`), if recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub binary_sha256: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -134,6 +141,10 @@ pub struct OffloadedListing {
     /// `null` when the metadata does not record them (the reference tools,
     /// older kpack).
     pub targets: Option<Vec<String>>,
+    /// The digest of the device code it was split from
+    /// (`kpack_device_sha256`), when the metadata records it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_sha256: Option<String>,
     pub metadata_address: u64,
     pub wrappers: Vec<WrapperListing>,
 }
@@ -198,6 +209,7 @@ pub fn list(path: &Path) -> Result<Listing> {
             kernel_name: o.metadata.kernel_name.clone(),
             search_paths: o.metadata.search_paths.clone(),
             targets: o.metadata.targets.clone(),
+            device_sha256: o.metadata.device_digest.clone(),
             metadata_address: o.metadata_addr,
             wrappers: wrappers(&o.wrappers),
         }),
@@ -220,11 +232,16 @@ fn archive_listing(path: &Path, file: String, file_size: u64) -> Result<ArchiveL
     let a = kpack_loader::open_archive(path)?;
     let kernels = a
         .entries_by_ordinal()
-        .map(|(key, target, e)| KernelListing {
-            key: key.to_string(),
-            target: target.to_string(),
-            ordinal: e.ordinal.into(),
-            original_size: e.original_size,
+        .map(|(key, target, e)| {
+            let d = kpack_format::provenance::EntryDigests::of(e);
+            KernelListing {
+                key: key.to_string(),
+                target: target.to_string(),
+                ordinal: e.ordinal.into(),
+                original_size: e.original_size,
+                code_object_sha256: d.code_object,
+                binary_sha256: d.binary,
+            }
         })
         .collect();
     Ok(ArchiveListing {

@@ -61,6 +61,9 @@ pub struct Why {
     /// Whether one of them runs on a device with these ISAs (`null` when
     /// the binary records no targets): when not, no archive can help.
     pub has_code: Option<bool>,
+    /// The device digest of the code it was split from
+    /// (`kpack_device_sha256`), when it records one.
+    pub device_digest: Option<String>,
     pub archs: Vec<String>,
     pub wrappers: Vec<WrapperWhy>,
 }
@@ -132,6 +135,7 @@ pub(crate) fn why_with(loader: &Loader, binary: &Path, archs: &[String]) -> Resu
         kernel_name: o.metadata.kernel_name,
         search_paths: o.metadata.search_paths,
         targets: o.metadata.targets,
+        device_digest: o.metadata.device_digest,
         archs: archs.to_vec(),
         wrappers,
     })

@@ -13,6 +13,9 @@ pub const ENV_DEBUG: &str = "ROCM_KPACK_DEBUG";
 pub const ENV_PATH: &str = "ROCM_KPACK_PATH";
 /// Archive paths searched before the embedded search paths.
 pub const ENV_PATH_PREFIX: &str = "ROCM_KPACK_PATH_PREFIX";
+/// Set (same rule): every code object loaded is checked against the
+/// digest its TOC entry records, if it records one.
+pub const ENV_VERIFY_DIGEST: &str = "ROCM_KPACK_VERIFY_DIGEST";
 
 /// The loader's configuration, normally read from the environment once.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -28,6 +31,9 @@ pub struct Config {
     /// `ROCM_KPACK_PATH_PREFIX`: literal archive paths searched before the
     /// embedded ones.
     pub path_prefix: Vec<PathBuf>,
+    /// `ROCM_KPACK_VERIFY_DIGEST`: check each code object loaded against
+    /// its entry's `code_object_sha256`; a mismatch is a read error.
+    pub verify_digest: bool,
 }
 
 impl Config {
@@ -44,6 +50,7 @@ impl Config {
             debug: flag_is_set(var(ENV_DEBUG).as_deref()),
             path_override: (!list.is_empty()).then_some(list),
             path_prefix: path_list(var(ENV_PATH_PREFIX).as_deref()),
+            verify_digest: flag_is_set(var(ENV_VERIFY_DIGEST).as_deref()),
         }
     }
 }
@@ -100,8 +107,9 @@ mod tests {
             (ENV_DEBUG, "0"),
             (ENV_PATH, "::/a/x.kpack::rel/y.kpack:"),
             (ENV_PATH_PREFIX, ":/p.kpack"),
+            (ENV_VERIFY_DIGEST, "1"),
         ]);
-        assert!(c.disabled && !c.debug);
+        assert!(c.disabled && !c.debug && c.verify_digest);
         assert_eq!(
             c.path_override,
             Some(vec![

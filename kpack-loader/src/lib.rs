@@ -53,10 +53,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 pub use config::{
     flag_is_set, path_list, Config, ENV_DEBUG, ENV_DISABLE, ENV_PATH, ENV_PATH_PREFIX,
+    ENV_VERIFY_DIGEST,
 };
 pub use discover::{discover_binary_path, find_mapping, DiscoverError, MappedFile};
 
-use kpack_format::{archive, bytes, hipk, target};
+use kpack_format::{archive, bytes, hipk, provenance, target};
 
 pub use error::{report, ErrorCode, LoadError, OpenError};
 use hipk::{HipkError, HipkMetadata};
@@ -147,6 +148,11 @@ impl Loader {
         for p in &c.path_prefix {
             self.debug(format_args!("  {ENV_PATH_PREFIX}: {}", p.display()));
         }
+        if c.verify_digest {
+            self.debug(format_args!(
+                "  ({ENV_VERIFY_DIGEST}: code objects checked against their TOC digests)"
+            ));
+        }
     }
 
     /// The configuration in force.
@@ -196,12 +202,7 @@ impl Loader {
             binary_path,
             co_index,
             archs,
-            |size| {
-                let mut v = Vec::new();
-                v.try_reserve_exact(size).ok()?;
-                v.resize(size, 0);
-                Some(v)
-            },
+            vec_of,
         )
     }
 
@@ -259,12 +260,7 @@ impl Loader {
             binary_path,
             co_index,
             archs,
-            |size| {
-                let mut v = Vec::new();
-                v.try_reserve_exact(size).ok()?;
-                v.resize(size, 0);
-                Some(v)
-            },
+            vec_of,
             true,
             Some(&mut trace),
         );
@@ -273,6 +269,33 @@ impl Loader {
             Loaded::Mapped(m) => m.len() as u64,
         };
         (result.map(|(loaded, hit)| (size(&loaded), hit)), trace)
+    }
+
+    /// [`Loader::load_code_object`] of decoded metadata, with its bytes and
+    /// where they were found, and the [`Trace`] of the search.
+    pub fn load_explained(
+        &self,
+        metadata: &HipkMetadata,
+        binary_path: &Path,
+        co_index: u32,
+        archs: &[&str],
+    ) -> (Result<(Vec<u8>, Hit), LoadError>, Trace) {
+        let mut trace = Trace::default();
+        let metadata = || Ok(metadata.clone());
+        let result = self.load_traced(
+            metadata,
+            binary_path,
+            co_index,
+            archs,
+            vec_of,
+            false,
+            Some(&mut trace),
+        );
+        let result = result.and_then(|(loaded, hit)| match loaded {
+            Loaded::Buffer(b) => Ok((b, hit)),
+            Loaded::Mapped(m) => Ok((m.to_vec(), hit)),
+        });
+        (result, trace)
     }
 
     /// The code object `kernel_name#co_index` for exactly `target` (no
@@ -286,6 +309,19 @@ impl Loader {
         co_index: u32,
         target: &crate::target::TargetId,
     ) -> Result<Option<(Vec<u8>, Hit)>, LoadError> {
+        self.load_target_traced(metadata, binary_path, co_index, target, None)
+    }
+
+    /// [`Loader::load_target`], reporting to `trace` when given (the
+    /// verifiers read the archives passed over in it).
+    pub fn load_target_traced(
+        &self,
+        metadata: &HipkMetadata,
+        binary_path: &Path,
+        co_index: u32,
+        target: &crate::target::TargetId,
+        trace: Option<&mut Trace>,
+    ) -> Result<Option<(Vec<u8>, Hit)>, LoadError> {
         if self.config.disabled {
             return Err(LoadError::Disabled);
         }
@@ -293,7 +329,8 @@ impl Loader {
         let name = target.to_string();
         let agents = vec![(name.as_str(), vec![target.clone()])];
         let candidates = self.candidates(metadata, binary_path, &agents);
-        let mut search = Search::new(self, &key, candidates, false, None);
+        let digest = metadata.device_digest.as_deref();
+        let mut search = Search::new(self, &key, digest, candidates, false, trace);
         let found = search.find(target, &mut |size| Some(vec![0u8; size]))?;
         match found {
             Some((Loaded::Buffer(buf), hit)) => Ok(Some((buf, hit))),
@@ -357,7 +394,8 @@ impl Loader {
         let candidates = self.candidates(&metadata, binary_path, &agents);
         // Steps 5 and 6.
         let candidate_count = candidates.len();
-        let mut search = Search::new(self, &key, candidates, zero_copy, trace);
+        let digest = metadata.device_digest.as_deref();
+        let mut search = Search::new(self, &key, digest, candidates, zero_copy, trace);
         for (arch, targets) in &agents {
             self.debug(format_args!("trying architecture: {arch}"));
             for target in targets {
@@ -414,6 +452,14 @@ impl Loader {
             }
         }
     }
+}
+
+/// A zeroed buffer of `size` bytes, or `None` when it cannot be had.
+fn vec_of(size: usize) -> Option<Vec<u8>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(size).ok()?;
+    v.resize(size, 0);
+    Some(v)
 }
 
 #[cfg(test)]

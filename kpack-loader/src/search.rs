@@ -13,6 +13,7 @@ use crate::archive::Entry;
 use crate::config::{ENV_PATH, ENV_PATH_PREFIX};
 use crate::hipk::{HipkMetadata, GFXARCH};
 use crate::input::ArchiveFile;
+use crate::provenance;
 use crate::target::{TargetId, AGENT_ISA_PREFIX};
 
 /// An archive the loader opened, with its `gfx_arches` parsed once.
@@ -74,6 +75,9 @@ pub struct Hit {
     pub target: String,
     /// The full offload triple recorded in the entry's metadata, if any.
     pub triple: Option<String>,
+    /// The entry records the binary's own device digest: it was split from
+    /// this very build (`false` when either side records none).
+    pub same_build: bool,
 }
 
 #[derive(Default)]
@@ -254,6 +258,8 @@ impl Loader {
 pub(super) struct Search<'l> {
     loader: &'l Loader,
     key: &'l str,
+    /// The binary's device digest, if its metadata carries one.
+    digest: Option<&'l str>,
     /// Hand out code objects stored uncompressed as private mappings.
     zero_copy: bool,
     candidates: Vec<PathBuf>,
@@ -272,6 +278,7 @@ impl<'l> Search<'l> {
     pub(super) fn new(
         loader: &'l Loader,
         key: &'l str,
+        digest: Option<&'l str>,
         candidates: Vec<PathBuf>,
         zero_copy: bool,
         trace: Option<&'l mut Trace>,
@@ -289,6 +296,7 @@ impl<'l> Search<'l> {
         Search {
             loader,
             key,
+            digest,
             zero_copy,
             opened: vec![None; candidates.len()],
             candidates,
@@ -334,6 +342,21 @@ impl<'l> Search<'l> {
                 self.attempted(target, i, AttemptOutcome::KeyMissing);
                 continue;
             };
+            if let Err(m) = provenance::same_build(self.digest, entry) {
+                // Another build's code: as if the key were missing.
+                let why = format!(
+                    "{}: {} for {spelling} is of another build: {m}",
+                    archive.path.display(),
+                    self.key
+                );
+                self.not_here(ErrorCode::KernelNotFound, Some(&why));
+                let outcome = AttemptOutcome::OtherBuild {
+                    binary: m.binary,
+                    archive: m.archive,
+                };
+                self.attempted(target, i, outcome);
+                continue;
+            }
             match self.read(&archive, entry, spelling, alloc)? {
                 Ok(buf) => {
                     let size = entry.original_size;
@@ -344,6 +367,8 @@ impl<'l> Search<'l> {
                         archive: archive.path.clone(),
                         target: spelling.to_owned(),
                         triple: entry.metadata_str("target").map(str::to_owned),
+                        same_build: self.digest.is_some()
+                            && provenance::EntryDigests::of(entry).binary.as_deref() == self.digest,
                     };
                     return Ok(Some((buf, hit)));
                 }
@@ -378,9 +403,18 @@ impl<'l> Search<'l> {
         if let Err(e) = archive.archive.check(entry) {
             return Ok(Err(self.failed(archive, spelling, e)));
         }
+        let verify = |bytes: &[u8]| match self.loader.config.verify_digest {
+            true => provenance::verify(entry, bytes),
+            false => Ok(()),
+        };
         if self.zero_copy {
             match archive.archive.map_code_object(entry) {
-                Ok(Some(map)) => return Ok(Ok(Loaded::Mapped(map))),
+                Ok(Some(map)) => {
+                    return Ok(match verify(&map) {
+                        Ok(()) => Ok(Loaded::Mapped(map)),
+                        Err(e) => Err(self.failed(archive, spelling, e)),
+                    })
+                }
                 Ok(None) => {}
                 Err(e) => return Ok(Err(self.failed(archive, spelling, e))),
             }
@@ -392,7 +426,11 @@ impl<'l> Search<'l> {
         };
         let len = usize::try_from(size).map_err(|_| out_of_memory())?;
         let mut buf = alloc(len).ok_or_else(out_of_memory)?;
-        match archive.archive.read_into(entry, buf.as_mut()) {
+        match archive
+            .archive
+            .read_into(entry, buf.as_mut())
+            .and_then(|()| verify(buf.as_mut()))
+        {
             Ok(()) => Ok(Ok(Loaded::Buffer(buf))),
             Err(e) => Ok(Err(self.failed(archive, spelling, e))),
         }

@@ -68,6 +68,9 @@ pub struct Attempt {
 pub enum AttemptOutcome {
     /// The archive lists the target but has no entry for the key.
     KeyMissing,
+    /// The entry is there but was split from another build than the binary
+    /// (their device digests differ): passed over as a missing key is.
+    OtherBuild { binary: String, archive: String },
     /// The entry is there but does not read (the search goes on).
     ReadFailed { error: String },
     /// Found and read: the search ends here.

@@ -90,6 +90,9 @@ pub fn read_marker<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Option<Bound
     if let Some(t) = md.targets {
         d.set_item(kpack_format::hipk::KEY_TARGETS, t)?;
     }
+    if let Some(digest) = md.device_digest {
+        d.set_item(kpack_format::hipk::KEY_DEVICE_DIGEST, digest)?;
+    }
     Ok(Some(d))
 }
 

@@ -42,6 +42,7 @@ mod large_archives;
 mod no_device_code;
 mod pipeline;
 mod pipeline_bad;
+mod provenance;
 mod rocfft_caches;
 mod therock;
 mod verify_tree;

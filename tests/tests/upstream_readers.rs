@@ -1,9 +1,10 @@
 //! Upstream's Python readers on what kpack writes: the reference package
 //! (`rocm_kpack` of ROCm's rocm-kpack, not on PyPI) reads the HIPK metadata
-//! of kpack's offloaded ELF and PE binaries, which carry kpack's extra key
-//! `kpack_targets` (also once `kpack bundle` has re-pointed them), its
+//! of kpack's offloaded ELF and PE binaries, which carry kpack's extra keys
+//! `kpack_targets` and `kpack_device_sha256` (also once `kpack bundle` has
+//! re-pointed them), its
 //! binary verifiers accept them, and its archive reader gets every code
-//! object back.
+//! object back from archives whose entries carry provenance digests.
 //!
 //! Optional: `KPACK_UPSTREAM_PYTHON` names upstream's `python/` directory.
 //! Without it the test says on stderr that it was not exercised, and
@@ -146,7 +147,12 @@ fn check_binary(b: &Value, name: &str, search_dir: &str) {
         "{name}: upstream's verifier: {}",
         b["errors"]
     );
-    let keys = serde_json::json!(["kpack_search_paths", "kernel_name", "kpack_targets"]);
+    let keys = serde_json::json!([
+        "kpack_search_paths",
+        "kernel_name",
+        "kpack_targets",
+        "kpack_device_sha256"
+    ]);
     assert_eq!(b["keys"], keys, "{name}");
     let m = &b["marker"];
     let path = format!("{search_dir}/{stem}_@GFXARCH@.kpack");
@@ -155,6 +161,11 @@ fn check_binary(b: &Value, name: &str, search_dir: &str) {
     let mut targets = fx.targets.clone();
     targets.sort();
     assert_eq!(m["kpack_targets"], serde_json::json!(targets), "{name}");
+    assert_eq!(
+        m["kpack_device_sha256"],
+        device_digest_of(&fx.path).as_str(),
+        "{name}"
+    );
 }
 
 #[test]
@@ -183,6 +194,18 @@ fn upstream_reads_kpack_outputs_with_the_targets_key() {
         .map(|v| v.as_str().expect("upstream found the kernel").to_string())
         .collect();
     assert_eq!(sums, expected, "upstream's archive reader");
+    // The digests the entries record are those of the bytes upstream read.
+    for (k, sum) in kernels.iter().zip(&sums) {
+        let ls: Value =
+            serde_json::from_str(&kpack_ok(&[&"ls", &k[0].as_str().unwrap(), &"--json"])).unwrap();
+        let entry = ls["kernels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["key"] == k[1] && e["target"] == k[2])
+            .unwrap();
+        assert_eq!(entry["code_object_sha256"], sum.as_str(), "{k}");
+    }
     eprintln!(
         "upstream readers: exercised ({} binaries, {} code objects)",
         binaries.len(),

@@ -24,6 +24,7 @@ macro_rules! section {
 }
 
 mod compressed;
+mod digest;
 mod doctor;
 mod host;
 mod job;
@@ -69,6 +70,7 @@ pub const SECTIONS: &[Section] = &[
     host::SECTION,
     xla::SECTION,
     doctor::SECTION,
+    digest::SECTION,
 ];
 
 /// What `--only` accepts: the sections' names, each with its line.

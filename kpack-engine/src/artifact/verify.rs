@@ -17,9 +17,10 @@
 //!   ([`Loader`]) for every target the artifact serves. A binary that has
 //!   no code object at all for one of those targets (it was built for fewer
 //!   targets than its neighbours) is a warning, not a problem: the fat
-//!   binary could not have run there either. A code object that loads but
-//!   defines only kernels the binary does not name comes from another
-//!   build (as `verify --tree` reports, formats.md §6.7).
+//!   binary could not have run there either. A code object of another
+//!   build (by its provenance digest, else by defining only kernels the
+//!   binary does not name: [`crate::build_match`], the rule `verify --tree`
+//!   applies too) is a problem.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -30,7 +31,11 @@ use serde::Serialize;
 
 use super::config::PackagingConfig;
 use super::manifest::{read_manifest, OutputName, Suffix, MANIFEST};
+use crate::build_match::{
+    kernels_of, other_builds, unnamed_only, NotCodeObject, OtherBuild, Resolved,
+};
 use crate::databases::{self, Database};
+use crate::hipk::HipkMetadata;
 use crate::input::map_file;
 use crate::loader::{Config, Loader};
 use crate::target::TargetId;
@@ -38,7 +43,6 @@ use crate::tree::{copy_symlink, make_dirs, rel_string, scan, Node, NodeKind};
 use crate::{ArtifactError, Observer, Result};
 use kpack_host::binary::{classify, Class};
 use kpack_host::elf::FATBIN_SECTION;
-use kpack_host::kernels::{defined_kernels, unnamed_kernels};
 use kpack_host::offload::verify_file;
 use kpack_host::output;
 
@@ -99,7 +103,7 @@ struct Binary {
     /// Path relative to the install root (the flattened layout).
     rel: PathBuf,
     shown: String,
-    metadata: Vec<u8>,
+    metadata: HipkMetadata,
     kernel_name: String,
     co_indices: Vec<u64>,
 }
@@ -380,37 +384,7 @@ fn resolve_component(
                 }
             }
         }
-        let loader = Loader::new(Config::default());
-        let results: Vec<std::result::Result<BTreeSet<String>, String>> = tasks
-            .par_iter()
-            .map(|(b, target, co)| load_wrapper(&loader, root.path(), b, target, *co, &d.name))
-            .collect();
-        report.wrappers_resolved += results.iter().filter(|r| r.is_ok()).count();
-        // Code objects of another build: kernels the binary does not name
-        // (formats.md §6.7), per binary, one pass over its strings.
-        let mut by_binary: BTreeMap<&str, Vec<LoadedCodeObject>> = BTreeMap::new();
-        let mut binary_of: BTreeMap<&str, &Binary> = BTreeMap::new();
-        for ((b, target, co), r) in tasks.iter().zip(results) {
-            match r {
-                Ok(kernels) => {
-                    binary_of.insert(&b.shown, b);
-                    by_binary
-                        .entry(&b.shown)
-                        .or_default()
-                        .push((target, *co, kernels));
-                }
-                Err(problem) => found.problems.push(problem),
-            }
-        }
-        for (shown, cos) in by_binary {
-            let b = binary_of[shown];
-            found.problems.extend(foreign_code_objects(
-                &root.path().join(&b.rel),
-                b,
-                &cos,
-                &d.name,
-            ));
-        }
+        resolve_device(d, root.path(), &tasks, report, found);
     }
     for b in binaries {
         if !found_anywhere.contains(&b.kernel_name) {
@@ -423,12 +397,70 @@ fn resolve_component(
     Ok(())
 }
 
-/// The first word of a SPIR-V module (0x07230203), as stored.
-const SPIRV_MAGIC: [u8; 4] = 0x0723_0203u32.to_le_bytes();
+/// One wrapper to load: the binary, the target, the code object index.
+type Task<'b> = (&'b Binary, &'b str, u64);
 
-/// A code object loaded for a binary: (target, code object index, the
-/// kernels it defines).
-type LoadedCodeObject<'a> = (&'a str, u64, BTreeSet<String>);
+/// Load every task through the loader in the tree `root` (the generic
+/// artifact installed with the device artifact `d`); what does not load,
+/// and code objects of another build ([`crate::build_match`]), are
+/// problems.
+fn resolve_device(
+    d: &Artifact,
+    root: &Path,
+    tasks: &[Task],
+    report: &mut VerifyReport,
+    found: &mut Findings,
+) {
+    let loader = Loader::new(Config::default());
+    let results: Vec<(std::result::Result<WrapperLoad, String>, Vec<OtherBuild>)> = tasks
+        .par_iter()
+        .map(|(b, target, co)| load_wrapper(&loader, root, b, target, *co, &d.name))
+        .collect();
+    report.wrappers_resolved += results.iter().filter(|(r, _)| r.is_ok()).count();
+    let base = fs::canonicalize(&d.dir).unwrap_or_else(|_| d.dir.clone());
+    // Per binary, one pass over its strings.
+    let mut by_binary: BTreeMap<&str, (&Binary, Vec<LoadedCodeObject>)> = BTreeMap::new();
+    for ((b, target, co), (r, others)) in tasks.iter().zip(results) {
+        for o in others {
+            let archive = o.archive.strip_prefix(&base).map_or_else(
+                |_| o.archive.display().to_string(),
+                |rel| format!("{}/{}", d.name, rel.display()),
+            );
+            found.problems.push(format!(
+                "{}: code object {}#{co} for {target} (installed with {}) comes from another build: {} in {archive}",
+                b.shown,
+                b.kernel_name,
+                d.name,
+                o.builds()
+            ));
+        }
+        match r {
+            Ok(w) => by_binary
+                .entry(&b.shown)
+                .or_insert_with(|| (b, Vec::new()))
+                .1
+                .push((target, *co, w)),
+            Err(problem) => found.problems.push(problem),
+        }
+    }
+    for (b, cos) in by_binary.into_values() {
+        found
+            .problems
+            .extend(foreign_code_objects(&root.join(&b.rel), b, &cos, &d.name));
+    }
+}
+
+/// A code object loaded for a binary: (target, code object index, what
+/// it is).
+type LoadedCodeObject<'a> = (&'a str, u64, WrapperLoad);
+
+/// What loading one wrapper gave.
+struct WrapperLoad {
+    /// The kernels it defines (none for a SPIR-V module).
+    kernels: BTreeSet<String>,
+    /// Its entry records the binary's own device digest.
+    same_build: bool,
+}
 
 /// The problems of code objects of `b` (installed at `path`) none of
 /// whose kernels `b` names: another build's, installed with `device`.
@@ -438,8 +470,17 @@ fn foreign_code_objects(
     cos: &[LoadedCodeObject],
     device: &str,
 ) -> Vec<String> {
-    let all: BTreeSet<String> = cos.iter().flat_map(|(_, _, k)| k.iter().cloned()).collect();
-    if all.is_empty() {
+    let resolved: Vec<Resolved> = cos
+        .iter()
+        .map(|(_, _, w)| Resolved {
+            kernels: &w.kernels,
+            same_build: w.same_build,
+        })
+        .collect();
+    if resolved
+        .iter()
+        .all(|r| r.same_build || r.kernels.is_empty())
+    {
         return Vec::new();
     }
     let Ok(mapped) = map_file(path) else {
@@ -448,21 +489,17 @@ fn foreign_code_objects(
     let Ok(bin) = kpack_host::binary::HostBinary::parse(&mapped) else {
         return Vec::new();
     };
-    let missing = unnamed_kernels(&bin, &all);
+    let foreign = unnamed_only(&bin, &resolved);
     cos.iter()
-        .filter_map(|(target, co, kernels)| {
-            // Builds define kernels their host code never registers: only
-            // a code object none of whose kernels the binary names is
-            // another build's.
-            if !kernels.iter().all(|k| missing.contains(k)) {
-                return None;
-            }
-            let first = kernels.first()?;
+        .zip(foreign)
+        .filter(|(_, f)| *f)
+        .filter_map(|((target, co, w), _)| {
+            let first = w.kernels.first()?;
             Some(format!(
                 "{}: code object {}#{co} for {target} (installed with {device}) comes from another build: the binary names none of its {} kernels (e.g. {first})",
                 b.shown,
                 b.kernel_name,
-                kernels.len()
+                w.kernels.len()
             ))
         })
         .collect()
@@ -470,7 +507,8 @@ fn foreign_code_objects(
 
 /// Load code object `co` of binary `b` for `target` through the loader, in
 /// the install tree `root` (where `device` was installed): the kernels it
-/// defines, or the problem if it does not load or is not an ELF file.
+/// defines, or the problem if it does not load or is not a code object
+/// for the target; and the entries of another build passed over.
 fn load_wrapper(
     loader: &Loader,
     root: &Path,
@@ -478,39 +516,37 @@ fn load_wrapper(
     target: &str,
     co: u64,
     device: &str,
-) -> std::result::Result<BTreeSet<String>, String> {
+) -> (std::result::Result<WrapperLoad, String>, Vec<OtherBuild>) {
     let path = root.join(&b.rel);
     let Ok(co32) = u32::try_from(co) else {
-        return Err(format!(
+        let e = format!(
             "{}: wrapper code object index {co} does not fit in u32",
             b.shown
-        ));
+        );
+        return (Err(e), Vec::new());
     };
-    // SPIR-V for AMDGCN is a SPIR-V module; every other target's code
-    // object is an ELF file.
-    let spirv = TargetId::parse(target).is_ok_and(|t| t.is_spirv());
-    let (magic, what): (&[u8], _) = if spirv {
-        (&SPIRV_MAGIC, "a SPIR-V module")
-    } else {
-        (b"\x7fELF", "an ELF file")
-    };
-    match loader.load_code_object(&b.metadata, &path, co32, &[target]) {
-        Ok(bytes) if bytes.starts_with(magic) && spirv => Ok(BTreeSet::new()),
-        Ok(bytes) if bytes.starts_with(magic) => defined_kernels(&bytes).map_err(|e| {
-            format!(
+    let (r, trace) = loader.load_explained(&b.metadata, &path, co32, &[target]);
+    let r = match r {
+        Ok((bytes, hit)) => match kernels_of(&bytes, target) {
+            Ok(kernels) => Ok(WrapperLoad {
+                kernels,
+                same_build: hit.same_build,
+            }),
+            Err(e @ NotCodeObject::Kind(_)) => Err(format!(
+                "{}: code object {}#{co} for {target} (installed with {device}) {e}",
+                b.shown, b.kernel_name
+            )),
+            Err(e) => Err(format!(
                 "{}: code object {}#{co} for {target} (installed with {device}): {e}",
                 b.shown, b.kernel_name
-            )
-        }),
-        Ok(_) => Err(format!(
-            "{}: code object {}#{co} for {target} (installed with {device}) is not {what}",
-            b.shown, b.kernel_name
-        )),
+            )),
+        },
         Err(e) => Err(format!(
             "{}: wrapper with co_index {co} does not resolve for {target} when installed with {device}: {e}",
             b.shown
         )),
-    }
+    };
+    (r, other_builds(&trace))
 }
 
 /// The nodes below each prefix (prefix, node), after checking that the
@@ -631,7 +667,7 @@ fn check_generic_file(
             let b = Binary {
                 rel: n.rel.clone(),
                 shown,
-                metadata: v.metadata.encode(),
+                metadata: v.metadata.clone(),
                 kernel_name: v.metadata.kernel_name.clone(),
                 co_indices: v.co_indices.clone(),
             };

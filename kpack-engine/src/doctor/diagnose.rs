@@ -186,8 +186,8 @@ impl<'a> Ctx<'a> {
             );
             return p;
         }
-        if let Some(tried) = tried(&first.trace) {
-            return self.in_archive(p, &of, meta, first, &tried);
+        if let Some((tried, outcome)) = tried(&first.trace) {
+            return self.in_archive(p, &of, meta, first, (&tried, outcome));
         }
         self.missing(p, &of, d, meta, real, first)
     }
@@ -200,7 +200,7 @@ impl<'a> Ctx<'a> {
         of: &str,
         meta: &HipkMetadata,
         first: &Failure,
-        tried: &Path,
+        (tried, outcome): (&Path, &AttemptOutcome),
     ) -> Problem {
         let key = format!("{}#{}", meta.kernel_name, first.co);
         let reinstall = match self.dists.owner(tried) {
@@ -211,7 +211,14 @@ impl<'a> Ctx<'a> {
             ),
         };
         p.fix = reinstall;
-        if let LoadError::Read { .. } = first.error {
+        if let AttemptOutcome::OtherBuild { binary, archive } = outcome {
+            p.kind = ProblemKind::ForeignCodeObject;
+            p.message = format!(
+                "{of}: {} holds {key} of another build: {}",
+                tried.display(),
+                kpack_format::provenance::builds(binary, archive)
+            );
+        } else if let LoadError::Read { .. } = first.error {
             p.kind = ProblemKind::DamagedArchive;
             p.message = format!(
                 "{of}: {} holds {key} but it does not read: {}",
@@ -358,19 +365,22 @@ fn invalid(path: &Path, why: &str) -> Problem {
 }
 
 /// The first candidate archive on which a target was tried (it opened and
-/// listed a target the device takes).
-fn tried(trace: &Trace) -> Option<PathBuf> {
+/// listed a target the device takes), and what the try gave.
+fn tried(trace: &Trace) -> Option<(PathBuf, &AttemptOutcome)> {
     let a = trace.attempts.iter().find(|a| {
         matches!(
             a.outcome,
-            AttemptOutcome::KeyMissing | AttemptOutcome::ReadFailed { .. }
+            AttemptOutcome::KeyMissing
+                | AttemptOutcome::ReadFailed { .. }
+                | AttemptOutcome::OtherBuild { .. }
         )
     })?;
     let c = trace.candidates.get(a.candidate)?;
-    Some(match &c.status {
+    let path = match &c.status {
         CandidateStatus::Opened { canonical, .. } => canonical.clone(),
         _ => c.path.clone(),
-    })
+    };
+    Some((path, &a.outcome))
 }
 
 /// The candidates, at most three of them shown.

@@ -216,6 +216,15 @@ pub enum ArchiveError {
         expected: u64,
         actual: u64,
     },
+    #[error(
+        "kernel {key} @ {target}: its bytes have SHA-256 {actual}, but the TOC records {expected}"
+    )]
+    DigestMismatch {
+        key: String,
+        target: String,
+        expected: String,
+        actual: String,
+    },
     #[error("duplicate kernel {key} @ {target}")]
     DuplicateKernel { key: String, target: String },
     #[error("invalid archive key {key:?}: {reason}")]

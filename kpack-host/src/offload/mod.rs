@@ -12,14 +12,13 @@
 //! rest (archives, metadata, atomic output, re-runs) is the same for both.
 
 pub mod collect;
+pub mod digest;
 pub mod elf;
 pub mod pe;
 pub mod rewritten;
 pub mod section;
 pub mod wrappers;
 
-/// The verifiers of rewritten binaries: ELF's, and what PE's shares with
-/// it ([`pe::verify`] is PE's).
 pub mod verify;
 
 use std::collections::BTreeMap;
@@ -262,7 +261,10 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
     // The bundles, from their entry tables.
     let bundles = list_fatbin(section.data).with_path(input)?;
     let compressed = bundles.iter().any(|b| b.compressed.is_some());
-    let metadata = metadata_for(output, opts)?.with_targets(split_targets(&bundles, None));
+    let digests = digest::digests(input, &mapped, section.data)?;
+    let metadata = metadata_for(output, opts)?
+        .with_targets(split_targets(&bundles, None))
+        .with_device_digest(Some(digests.device.clone()));
     // The host binary, written beside the output and checked before any
     // archive is written; renamed into place last. Directories made for it
     // and the archives are removed again if anything fails.
@@ -300,7 +302,7 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
     let code = by_target(collected.code_objects);
     // Archives first, then the binary that names them.
     let group = opts.group.clone().unwrap_or_else(|| default_group(output));
-    summary.archives = write_archives(code, &group, &metadata.kernel_name, opts)?;
+    summary.archives = write_archives(code, &group, &metadata.kernel_name, &digests, opts)?;
     summary.archive_seconds = clock.elapsed().as_secs_f64();
     drop(scratch);
     mapped.release(0..bytes.len());
@@ -472,6 +474,7 @@ fn write_archives(
     by_target: ByTarget,
     group: &str,
     kernel_name: &str,
+    digests: &digest::Digests,
     opts: &OffloadOptions,
 ) -> Result<Vec<ArchiveWritten>> {
     use rayon::prelude::*;
@@ -480,7 +483,7 @@ fn write_archives(
     let by_target: Vec<(&String, &Vec<Located>)> = by_target.iter().collect();
     by_target
         .par_iter()
-        .map(|(target, cos)| write_archive(target, cos, group, kernel_name, opts))
+        .map(|(target, cos)| write_archive(target, cos, group, kernel_name, digests, opts))
         .collect::<Vec<_>>()
         .into_iter()
         .collect()
@@ -492,12 +495,14 @@ fn write_archive(
     cos: &[Located],
     group: &str,
     kernel_name: &str,
+    digests: &digest::Digests,
     opts: &OffloadOptions,
 ) -> Result<ArchiveWritten> {
     let path = opts.archive_dir.join(archive_file_name(group, target));
     let mut w = archive_writer(group, target, opts);
     for co in cos {
-        let meta = vec![("target".to_string(), co.triple.as_str().into())];
+        let mut meta = vec![("target".to_string(), co.triple.as_str().into())];
+        meta.extend(digests.entry_metadata(co.bundle, co.entry));
         w.add(
             archive_key(kernel_name, co.bundle),
             target.to_string(),

@@ -639,3 +639,71 @@ pub fn dwz_accepts(original: &Path, rewritten: &Path, scratch: &Path) -> Option<
     );
     Some(out)
 }
+
+/// `pack-tree` (group `g`) of `files` (fixture name, path in the tree),
+/// copied into `input`, into `out`; extra arguments after.
+pub fn pack_tree_of(files: &[(&str, &str)], input: &Path, out: &Path, extra: &[&str]) {
+    for (fixture_name, rel) in files {
+        let dst = input.join(rel);
+        std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
+        std::fs::copy(fixture(fixture_name).path, &dst).unwrap();
+    }
+    let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![
+        &"pack-tree",
+        &"--input",
+        &input,
+        &"--output",
+        &out,
+        &"--group-name",
+        &"g",
+    ];
+    for e in extra {
+        args.push(e);
+    }
+    kpack_ok(&args);
+}
+
+/// Write the archive `src` again to `dst`, every entry's metadata passed
+/// through `edit` first (same group, family, targets, scheme, order).
+pub fn rewrite_archive(
+    src: &Path,
+    dst: &Path,
+    mut edit: impl FnMut(&mut kpack_format::archive::Metadata),
+) {
+    let a = kpack_loader::open_archive(src).unwrap();
+    let mut w = kpack_host::ArchiveWriter::new(
+        a.group_name().to_string(),
+        a.gfx_arch_family().to_string(),
+        a.gfx_arches().to_vec(),
+    )
+    .scheme(a.scheme());
+    for e in a.entries() {
+        let mut md = e.metadata.clone().unwrap_or_default();
+        edit(&mut md);
+        let bytes = a.read(e).unwrap().into_owned();
+        w.add(e.key.as_str(), e.target.as_str(), bytes, Some(md))
+            .unwrap();
+    }
+    drop(a);
+    w.write(dst).unwrap();
+}
+
+/// [`rewrite_archive`] without the provenance digests: as upstream's
+/// tools and older kpack write archives.
+pub fn strip_digests(src: &Path, dst: &Path) {
+    use kpack_format::provenance::{TOC_BINARY_DIGEST, TOC_CODE_OBJECT_DIGEST};
+    rewrite_archive(src, dst, |md| {
+        md.retain(|(k, _)| k != TOC_CODE_OBJECT_DIGEST && k != TOC_BINARY_DIGEST)
+    });
+}
+
+/// The device digest kpack records for the fat binary `path`: over every
+/// device code object the bundler finds.
+pub fn device_digest_of(path: &Path) -> String {
+    use kpack_format::provenance::{code_object_digest, device_digest};
+    let sums: Vec<String> = code_objects(path)
+        .values()
+        .map(|b| code_object_digest(b))
+        .collect();
+    device_digest(sums.iter().map(String::as_str))
+}
