@@ -9,7 +9,7 @@
 //!   targets, also those left out of the archives), sorted: it does not
 //!   depend on the bundles' order, on which targets a run kept, or on how
 //!   the bundles were compressed. The binary's HIPK metadata carries it
-//!   ([`crate::hipk::KEY_DEVICE_DIGEST`]).
+//!   (`kpack_device_sha256`, see the HIPK module).
 //! - Each TOC entry written with a binary carries, in its `metadata` map,
 //!   its code object's digest ([`TOC_CODE_OBJECT_DIGEST`]) and its binary's
 //!   device digest ([`TOC_BINARY_DIGEST`]).
@@ -132,8 +132,8 @@ pub fn verify(entry: &Entry, bytes: &[u8]) -> Result<(), crate::archive::Archive
     Err(crate::archive::ArchiveError::DigestMismatch {
         key: entry.key.clone(),
         target: entry.target.clone(),
-        expected,
-        actual,
+        expected: expected.into(),
+        actual: actual.into(),
     })
 }
 

@@ -291,9 +291,9 @@ impl Loader {
             false,
             Some(&mut trace),
         );
-        let result = result.and_then(|(loaded, hit)| match loaded {
-            Loaded::Buffer(b) => Ok((b, hit)),
-            Loaded::Mapped(m) => Ok((m.to_vec(), hit)),
+        let result = result.map(|(loaded, hit)| match loaded {
+            Loaded::Buffer(b) => (b, hit),
+            Loaded::Mapped(m) => (m.to_vec(), hit),
         });
         (result, trace)
     }

@@ -10,7 +10,7 @@ use zstd::zstd_safe::DCtx;
 
 use super::ccob::CcobHeader;
 use super::payload::Payload;
-use super::stream::{Filter, Streamed};
+use super::streamed::{Filter, Streamed};
 use super::table::{check_entries, read_entry_table, TableSource};
 use super::{describe, Blob, BundleInfo, Ccob, EntryInfo};
 use crate::{md5_word, BundleError, BUNDLE_MAGIC};

@@ -15,12 +15,14 @@ mod cursor;
 mod list;
 mod payload;
 mod stream;
+mod streamed;
 mod table;
 #[cfg(test)]
 mod tests;
 
 pub use list::{check_fatbin, list_fatbin, LIST_CHECK_LIMIT};
-pub use stream::{FatbinStream, Streamed, WHOLE_LIMIT};
+pub use stream::{FatbinStream, WHOLE_LIMIT};
+pub use streamed::Streamed;
 
 use ccob::parse_ccob;
 use table::parse_plain;

@@ -15,7 +15,6 @@
 //! come first, as when the payload is decompressed whole).
 
 use std::collections::VecDeque;
-use std::ops::Range;
 use std::sync::Arc;
 
 use zstd::zstd_safe::DCtx;
@@ -23,6 +22,7 @@ use zstd::zstd_safe::DCtx;
 use super::ccob::{inner_bundles_of, read_ccob_header, CcobHeader};
 use super::cursor::CcobCursor;
 use super::payload::{decompress_all, Payload, LOOKAHEAD};
+use super::streamed::{Filter, Streamed};
 use super::table::parse_plain;
 use super::{describe, next_bundle_start, Blob};
 use crate::{BundleError, Method, BUNDLE_MAGIC, CCOB_MAGIC};
@@ -35,56 +35,6 @@ use crate::{BundleError, Method, BUNDLE_MAGIC, CCOB_MAGIC};
 /// objects are not copied out of it. Other compressed bundles are read as
 /// a stream, each code object copied out of the decompressor's window.
 pub const WHOLE_LIMIT: u64 = 128 << 20;
-
-/// One device code object handed out by [`FatbinStream`] (or a host
-/// entry, when [`FatbinStream::with_host_entries`] asks for them).
-#[derive(Debug, Clone)]
-pub struct Streamed<'a> {
-    /// Bundle index (formats.md §1.4).
-    pub bundle: usize,
-    /// Byte range in the input of this bundle, or of the compressed bundle
-    /// it came from.
-    pub range: Range<usize>,
-    /// Whether it came out of a compressed bundle (then `data` is its own
-    /// buffer; otherwise a slice of the input).
-    pub compressed: bool,
-    /// Its position in its bundle's entry table.
-    pub entry: usize,
-    pub triple: String,
-    /// Its offset from the start of its (uncompressed) bundle.
-    pub offset: u64,
-    pub data: Blob<'a>,
-}
-
-impl Streamed<'_> {
-    /// The target ID as written in the triple.
-    pub fn target(&self) -> &str {
-        kpack_format::target::target_of_triple(&self.triple)
-    }
-}
-
-/// Which targets' code objects to hand out.
-type Keep<'a> = Box<dyn Fn(&str) -> bool + Send + 'a>;
-
-/// Which entries a [`FatbinStream`] hands out.
-#[derive(Default)]
-pub(super) struct Filter<'a> {
-    /// Device entries of the targets it accepts (all without it).
-    pub(super) keep: Option<Keep<'a>>,
-    /// Host entries too.
-    pub(super) hosts: bool,
-}
-
-impl Filter<'_> {
-    /// Whether an entry (a host entry, or one for `target`) is handed out.
-    pub(super) fn takes(&self, host: bool, target: &str) -> bool {
-        if host {
-            self.hosts
-        } else {
-            self.keep.as_ref().is_none_or(|k| k(target))
-        }
-    }
-}
 
 /// The device code objects of a `.hip_fatbin` section, in bundle order (in
 /// table order inside a plain bundle, in offset order inside a compressed

@@ -222,8 +222,9 @@ pub enum ArchiveError {
     DigestMismatch {
         key: String,
         target: String,
-        expected: String,
-        actual: String,
+        // Boxed: keeps every Result carrying an ArchiveError small.
+        expected: Box<str>,
+        actual: Box<str>,
     },
     #[error("duplicate kernel {key} @ {target}")]
     DuplicateKernel { key: String, target: String },
