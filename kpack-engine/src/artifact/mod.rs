@@ -26,6 +26,7 @@ pub mod config;
 pub mod manifest;
 pub mod pack_tree;
 pub mod recombine;
+mod shard_builds;
 pub mod split;
 #[cfg(test)]
 mod test_util;

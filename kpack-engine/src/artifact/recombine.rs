@@ -22,6 +22,7 @@ use serde::Serialize;
 
 use super::config::{arch_matches, PackagingConfig};
 use super::manifest::{self, generic_name, read_manifest, OutputName, Suffix, MANIFEST};
+use super::shard_builds::release_digests;
 use crate::input::map_file;
 use crate::target::TargetId;
 use crate::tree::{
@@ -90,6 +91,8 @@ struct Planned {
     name: String,
     /// The generic artifact taken.
     generic: PathBuf,
+    /// The other shards' generic artifacts.
+    other_generics: Vec<PathBuf>,
     /// Group -> target -> (shard, artifact dir).
     groups: BTreeMap<String, BTreeMap<String, (String, PathBuf)>>,
 }
@@ -366,9 +369,16 @@ fn plan_component(
             .or_default()
             .insert(target.clone(), chosen);
     }
+    let other_generics = c
+        .generics
+        .iter()
+        .filter(|(shard, _)| **shard != generic_from)
+        .map(|(_, dir)| dir.clone())
+        .collect();
     let plan = Planned {
         name: name.to_string(),
         generic,
+        other_generics,
         groups,
     };
     Ok((plan, generic_from))
@@ -511,6 +521,12 @@ fn assemble(
             let generic = staging.join(generic_name(&p.name));
             let mut bytes = copy_tree(&p.generic, &generic)?;
             owner_writable(&generic)?;
+            for rel in release_digests(&generic, &p.generic, &p.other_generics)? {
+                observer.note(&format!(
+                    "{}: its shards were split from different builds: device digest left out",
+                    generic.join(rel).display()
+                ));
+            }
             observer.advance(bytes);
             let mut groups = Vec::new();
             for (g, targets) in &p.groups {
