@@ -36,6 +36,9 @@ pub(crate) fn print_wrapper_why(x: &kpack_host::why::WrapperWhy) {
             message,
         } => outln!("  => {error} ({code}): {message}"),
     }
+    if let Some(note) = &x.note {
+        outln!("  note: {note}");
+    }
 }
 
 /// What a candidate archive gave the loader, in words.

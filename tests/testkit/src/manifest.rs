@@ -176,8 +176,12 @@ pub struct Entry {
     pub name: String,
     pub kind: Kind,
     /// Offload target IDs; every bundle holds exactly these (none: no
-    /// device code).
+    /// device code), unless `bundle_targets` says otherwise.
     pub targets: Vec<String>,
+    /// Each bundle's targets, in order, when they are not all `targets`
+    /// (units compiled for different targets); absent otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bundle_targets: Vec<Vec<String>>,
     /// Bundles in `.hip_fatbin` (0: no such section).
     pub bundles: usize,
     /// Wrappers in `.hipFatBinSegment`.
@@ -200,6 +204,22 @@ pub struct Entry {
 impl Entry {
     pub fn device_code(&self) -> bool {
         !self.targets.is_empty()
+    }
+
+    /// The targets bundle `index` holds.
+    pub fn targets_of(&self, index: usize) -> &[String] {
+        self.bundle_targets.get(index).unwrap_or(&self.targets)
+    }
+
+    /// The device code objects of all bundles.
+    pub fn code_objects(&self) -> usize {
+        (0..self.bundles).map(|i| self.targets_of(i).len()).sum()
+    }
+
+    /// Whether every bundle holds `target` (every target of an ordinary
+    /// fixture).
+    pub fn in_every_bundle(&self, target: &str) -> bool {
+        (0..self.bundles).all(|i| self.targets_of(i).iter().any(|t| t == target))
     }
 
     /// The file name (the last component of [`Entry::name`]).
