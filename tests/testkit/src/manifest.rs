@@ -294,6 +294,7 @@ mod tests {
             name: name.into(),
             kind: Kind::Shared,
             targets: vec!["gfx1100".into()],
+            bundle_targets: Vec::new(),
             bundles: 1,
             wrappers: 1,
             compressed_bundles: 0,
@@ -329,5 +330,31 @@ mod tests {
         assert_eq!(m.shard_binaries[0].file_name(), "libb.so.1");
         let (e, path) = m.find(Path::new("/f"), "s/libb.so.1").unwrap();
         assert_eq!((e.bundles, path), (1, PathBuf::from("/f/s/libb.so.1")));
+        // No per-bundle targets: the key is not written.
+        assert!(!json.contains("bundle_targets"));
+    }
+
+    #[test]
+    fn bundles_of_their_own_targets() {
+        let mixed = Entry {
+            targets: vec!["gfx1100".into(), "gfx90a".into()],
+            bundle_targets: vec![
+                vec!["gfx1100".into(), "gfx90a".into()],
+                vec!["gfx1100".into()],
+            ],
+            bundles: 2,
+            ..entry("libmixed.so")
+        };
+        assert_eq!(mixed.code_objects(), 3);
+        assert_eq!(mixed.targets_of(1), ["gfx1100".to_string()]);
+        assert!(mixed.in_every_bundle("gfx1100") && !mixed.in_every_bundle("gfx90a"));
+        let json = serde_json::to_string(&mixed).unwrap();
+        assert_eq!(serde_json::from_str::<Entry>(&json).unwrap(), mixed);
+        let plain = Entry {
+            bundles: 2,
+            ..entry("liba.so")
+        };
+        assert_eq!(plain.code_objects(), 2);
+        assert!(plain.in_every_bundle("gfx1100"));
     }
 }
