@@ -216,12 +216,6 @@ impl Entry {
         (0..self.bundles).map(|i| self.targets_of(i).len()).sum()
     }
 
-    /// Whether every bundle holds `target` (every target of an ordinary
-    /// fixture).
-    pub fn in_every_bundle(&self, target: &str) -> bool {
-        (0..self.bundles).all(|i| self.targets_of(i).iter().any(|t| t == target))
-    }
-
     /// The file name (the last component of [`Entry::name`]).
     pub fn file_name(&self) -> &str {
         self.name.rsplit('/').next().unwrap_or(&self.name)
@@ -347,7 +341,6 @@ mod tests {
         };
         assert_eq!(mixed.code_objects(), 3);
         assert_eq!(mixed.targets_of(1), ["gfx1100".to_string()]);
-        assert!(mixed.in_every_bundle("gfx1100") && !mixed.in_every_bundle("gfx90a"));
         let json = serde_json::to_string(&mixed).unwrap();
         assert_eq!(serde_json::from_str::<Entry>(&json).unwrap(), mixed);
         let plain = Entry {
@@ -355,6 +348,6 @@ mod tests {
             ..entry("liba.so")
         };
         assert_eq!(plain.code_objects(), 2);
-        assert!(plain.in_every_bundle("gfx1100"));
+        assert_eq!(plain.targets_of(1), ["gfx1100".to_string()]);
     }
 }
