@@ -8,7 +8,10 @@
  * wrapper of the library's .hipFatBinSegment is checked too, also those
  * its constructors do not register (-fgpu-rdc units share one handle, so
  * only the first registers).
- * Expected bytes: EXPECTED_DIR/<target>#<co_index>.co, else <target>.co. */
+ * Expected bytes: EXPECTED_DIR/<target>#<co_index>.co, else <target>.co;
+ * EXPECTED_DIR/<target>#<co_index>.none instead: that bundle of the fat
+ * binary had no code for the target, and the load must fail as the HIP
+ * runtime's would (KPACK_ERROR_KERNEL_NOT_FOUND). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <elf.h>
@@ -109,7 +112,7 @@ int main(int argc, char** argv) {
   printf("%d wrappers (%d registered)\n", wrapper_count, registered);
   kpack_cache_t cache = NULL;
   if (kpack_cache_create(&cache) != KPACK_SUCCESS) return 1;
-  int failures = 0, loaded = 0;
+  int failures = 0, loaded = 0, absent = 0;
   for (int w = 0; w < wrapper_count; w++) {
     const wrapper_t* wr = wrappers[w];
     if (wr->magic != 0x4B504948u || wr->version != 1) {
@@ -131,8 +134,23 @@ int main(int argc, char** argv) {
       void* co = NULL;
       size_t co_size = 0;
       e = kpack_load_code_object(cache, wr->binary, path, (uint32_t)wr->reserved1, archs, 1, &co, &co_size);
-      /* EXPECTED_DIR/<target>#<co_index>.co, or <target>.co. */
       char expected_path[4096];
+      snprintf(expected_path, sizeof expected_path, "%s/%s#%llu.none", argv[2], argv[t],
+               (unsigned long long)wr->reserved1);
+      FILE* none = fopen(expected_path, "rb");
+      if (none) {
+        fclose(none);
+        if (e == KPACK_ERROR_KERNEL_NOT_FOUND) {
+          absent++;
+        } else {
+          fprintf(stderr, "%s (%s): error %d, expected KPACK_ERROR_KERNEL_NOT_FOUND (%s)\n", path, argv[t], (int)e,
+                  expected_path);
+          failures++;
+        }
+        kpack_free_code_object(co);
+        continue;
+      }
+      /* EXPECTED_DIR/<target>#<co_index>.co, or <target>.co. */
       snprintf(expected_path, sizeof expected_path, "%s/%s#%llu.co", argv[2], argv[t],
                (unsigned long long)wr->reserved1);
       size_t want_size = 0;
@@ -154,5 +172,6 @@ int main(int argc, char** argv) {
   }
   kpack_cache_destroy(cache);
   printf("%d code objects loaded and identical, %d failures\n", loaded, failures);
+  if (absent > 0) printf("%d code objects absent, as in the fat binary\n", absent);
   return failures == 0 && loaded > 0 ? 0 : 1;
 }

@@ -360,6 +360,9 @@ fn verify_tree(tree: &Path, a: &VerifyArgs) -> CliResult {
         for p in &report.problems {
             outln!("{}: {}", p.binary, p.message);
         }
+        for n in &report.notes {
+            outln!("note: {}: {}", n.binary, n.message);
+        }
         if report.ok() {
             outln!(
                 "{}: OK: {} binar{} with device code ({} offloaded), {} archive(s), {} code object(s) read; targets: {}",
@@ -385,6 +388,9 @@ fn verify_tree(tree: &Path, a: &VerifyArgs) -> CliResult {
 fn print_verify(report: &VerifyReport) {
     for p in &report.problems {
         outln!("PROBLEM: {p}");
+    }
+    for n in &report.notes {
+        outln!("note: {n}");
     }
     outln!(
         "{}: {} artifact(s), {} component(s), {} archive(s), {} code object(s), {} database file(s), {} offloaded binar{}, {} wrapper resolution(s); targets: {}; {}",

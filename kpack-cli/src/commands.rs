@@ -277,7 +277,7 @@ pub(crate) fn why(binary: &Path, archs: &[String], json: bool) -> kpack_host::Re
     let failing = w
         .wrappers
         .iter()
-        .filter(|x| !matches!(x.result, Outcome::Loaded { .. }))
+        .filter(|x| !matches!(x.result, Outcome::Loaded { .. }) && x.note.is_none())
         .count();
     // No archive can help a binary that has no code for the device.
     let no_code = match (&w.targets, w.has_code) {

@@ -99,6 +99,9 @@ fn print(report: &DoctorReport, source: &str) {
         };
         outln!("{}{target}: {}{fix}", p.binary, p.message);
     }
+    for n in &report.notes {
+        outln!("{} [{}]: note: {}", n.binary, n.target, n.message);
+    }
     if report.ok() {
         outln!("OK: every offloaded binary resolves for every target");
     }

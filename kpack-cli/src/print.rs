@@ -36,6 +36,9 @@ pub(crate) fn print_wrapper_why(x: &kpack_host::why::WrapperWhy) {
             message,
         } => outln!("  => {error} ({code}): {message}"),
     }
+    if let Some(note) = &x.note {
+        outln!("  note: {note}");
+    }
 }
 
 /// What a candidate archive gave the loader, in words.
@@ -196,6 +199,8 @@ pub(crate) fn print_fat_binary(f: &inspect::FatBinaryListing) {
     }
     outln!("targets ({}): {}", f.targets.len(), f.targets.join(", "));
     outln!("bundles: {}", f.bundles.len());
+    // Bundles that do not all hold the same targets: each says which.
+    let differ = f.bundles.windows(2).any(|w| w[0].targets != w[1].targets);
     for b in &f.bundles {
         let how = match &b.compressed {
             Some(c) => format!(
@@ -217,11 +222,15 @@ pub(crate) fn print_fat_binary(f: &inspect::FatBinaryListing) {
             None => String::new(),
         };
         outln!(
-            "  bundle {} at {:#x}, {} bytes{}",
+            "  bundle {} at {:#x}, {} bytes{}{}",
             b.index,
             b.offset,
             b.stored_size,
-            how
+            how,
+            match differ {
+                true => format!(", targets {}", or_none(&b.targets)),
+                false => String::new(),
+            }
         );
         for e in &b.entries {
             match &e.target {
@@ -293,6 +302,12 @@ pub(crate) fn print_offloaded(o: &inspect::OffloadedListing) {
     if let Some(d) = &o.device_sha256 {
         outln!("device code digest: {d}");
     }
+    if let Some(per) = &o.bundle_targets {
+        outln!("bundles built for different targets (kpack_co_targets):");
+        for c in per {
+            outln!("  #{}: {}", c.co_index, or_none(&c.targets));
+        }
+    }
     outln!("metadata at address {:#x}", o.metadata_address);
     print_wrappers(&o.wrappers);
 }
@@ -308,5 +323,13 @@ pub(crate) fn print_wrappers(ws: &[inspect::WrapperListing]) {
             w.binary,
             w.reserved1
         );
+    }
+}
+
+/// A list of targets, or "none".
+fn or_none(targets: &[String]) -> String {
+    match targets.is_empty() {
+        true => "none".into(),
+        false => targets.join(", "),
     }
 }

@@ -14,6 +14,9 @@
 //!   binary's (the runtime passes them over; a runtime that does not check
 //!   digests would load them), and, without digests, code objects none of
 //!   whose kernels (`<name>.kd` symbols) the host binary names;
+//! - a code object index whose bundle was built without a target while
+//!   others were (`kpack_co_targets`, [`kpack_host::built_for`]) is a
+//!   note, not a problem: the fat binary had no code for it either;
 //! - and what the binary verifier checks of each offloaded binary, and that
 //!   every archive reads.
 //!
@@ -36,6 +39,7 @@ use crate::target::TargetId;
 use crate::tree::{rel_string, scan, NodeKind};
 use crate::{Observer, Result};
 use kpack_host::binary::{classify_parsed, could_be_binary, Class, HostBinary};
+use kpack_host::built_for::{built_for, built_without_note, BuiltFor};
 use kpack_host::fatbin::{device_code, DeviceCode};
 use kpack_host::offload::verify_shipped;
 
@@ -68,10 +72,21 @@ pub struct TreeProblem {
     pub message: String,
 }
 
-/// What `verify --tree` found (`--json`: the problems only).
+/// A note on a binary: a code object index not looked for in a target's
+/// archives, its bundle built without that target.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct TreeNote {
+    pub binary: String,
+    pub message: String,
+}
+
+/// What `verify --tree` found (`--json`: the problems, and the notes when
+/// there are any).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct TreeReport {
     pub problems: Vec<TreeProblem>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<TreeNote>,
     /// Host binaries with device code looked at (fat and offloaded).
     #[serde(skip)]
     pub binaries: usize,
@@ -118,6 +133,7 @@ impl Archives {
 #[derive(Default)]
 struct Checked {
     problems: Vec<TreeProblem>,
+    notes: Vec<TreeNote>,
     warnings: Vec<String>,
     binary: bool,
     offloaded: bool,
@@ -183,12 +199,14 @@ pub fn verify_tree(root: &Path, observer: &dyn Observer) -> Result<TreeReport> {
         report.offloaded += usize::from(c.offloaded);
         report.code_objects += c.code_objects;
         report.problems.extend(c.problems);
+        report.notes.extend(c.notes);
         report.warnings.extend(c.warnings);
     }
     for w in &report.warnings {
         observer.warn(w);
     }
     report.problems.sort();
+    report.notes.sort();
     report.targets = archives.targets.into_iter().collect();
     Ok(report)
 }
@@ -336,6 +354,17 @@ fn resolve_all(
         .iter()
         .flat_map(|t| cos.iter().map(move |&co| (t, co)))
         .filter(|&(_, co)| u32::try_from(co).is_ok())
+        .filter(|&(t, co)| {
+            let name = t.to_string();
+            let built = built_for(&v.metadata, co, &[&name]) != BuiltFor::NotInBundle;
+            if !built {
+                out.notes.push(TreeNote {
+                    binary: rel.to_string(),
+                    message: built_without_note(co, &name),
+                });
+            }
+            built
+        })
         .collect();
     let loaded: Vec<(Loaded, Vec<OtherBuild>)> = pairs
         .par_iter()

@@ -418,7 +418,7 @@ impl Packer<'_> {
         let d = digests(&job.src, mapped, section)?;
         let keep = self.keep_target.map(|k| k as &dyn Fn(&str) -> bool);
         let metadata = HipkMetadata::new(b.kernel_name.clone(), vec![job.search_path.clone()])
-            .with_targets(split_targets(bundles, keep))
+            .with_bundle_targets(&split_targets(bundles, keep))
             .with_device_digest(Some(d.device.clone()));
         let t = rewrite_binary(&job.src, bin, &metadata)?;
         let source = File::open(&job.src).map_err(|e| ArtifactError::io(&job.src, e))?;

@@ -7,7 +7,8 @@
 //! `{"kpack_search_paths": [str, ...], "kernel_name": str}`, to which kpack
 //! adds optional keys the reference's readers ignore (`kpack_targets`:
 //! the targets the binary's code objects were split for; `kpack_device_sha256`:
-//! the digest of the device code it was split from).
+//! the digest of the device code it was split from; `kpack_co_targets`:
+//! which code object indices were built for fewer of those targets).
 //! [`HipkMetadata::encode`] writes the two keys byte for byte as the
 //! reference (Python `msgpack.packb(..., use_bin_type=True)`) does, then
 //! each optional key that is present; [`HipkMetadata::decode`] accepts any
@@ -42,6 +43,10 @@ pub const KEY_TARGETS: &str = "kpack_targets";
 /// Key of the optional device digest: the SHA-256 of the code objects the
 /// binary was split from (see [`crate::provenance`]).
 pub const KEY_DEVICE_DIGEST: &str = "kpack_device_sha256";
+/// Key of the optional per-bundle targets: for the code object indices
+/// whose bundles do not hold every target of `kpack_targets`, which ones
+/// they hold (see [`CoTargets`]).
+pub const KEY_CO_TARGETS: &str = "kpack_co_targets";
 /// Stands for a target ID in search paths (`lib_@GFXARCH@.kpack`).
 pub const GFXARCH: &str = "@GFXARCH@";
 
@@ -183,6 +188,96 @@ pub struct HipkMetadata {
     /// (or not 64 hex digits, which readers ignore).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_digest: Option<String>,
+    /// `kpack_co_targets`: the code object indices whose bundles were
+    /// built for fewer targets than `kpack_targets` lists, and which;
+    /// `None` when the key is absent (every bundle holds every target) or
+    /// malformed (ignored, as an unknown key).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub co_targets: Option<CoTargets>,
+}
+
+/// `kpack_co_targets` (formats.md §4.2): groups of code object indices
+/// that hold the same targets, each `[[positions in kpack_targets],
+/// [co indices]]`. A code object index in no group holds every target of
+/// `kpack_targets`. Written only when the bundles' target sets differ.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CoTargets {
+    /// Each group: positions into `kpack_targets`, the indices holding
+    /// them (both ascending, each once; no index in two groups).
+    pub groups: Vec<(Vec<u32>, Vec<u64>)>,
+}
+
+impl CoTargets {
+    /// From each code object index and the targets its bundle holds, all
+    /// among `all` (sorted): the groups of those that do not hold all of
+    /// `all`, or `None` when every one does.
+    pub fn from_bundles(all: &[String], bundles: &[(u64, Vec<String>)]) -> Option<CoTargets> {
+        let mut by_set: std::collections::BTreeMap<Vec<u32>, Vec<u64>> = Default::default();
+        for (co, targets) in bundles {
+            let mut pos: Vec<u32> = (targets.iter())
+                .filter_map(|t| all.iter().position(|a| a == t))
+                .filter_map(|p| u32::try_from(p).ok())
+                .collect();
+            pos.sort_unstable();
+            pos.dedup();
+            if pos.len() != all.len() {
+                by_set.entry(pos).or_default().push(*co);
+            }
+        }
+        if by_set.is_empty() {
+            return None;
+        }
+        let groups = (by_set.into_iter())
+            .map(|(p, mut cos)| {
+                cos.sort_unstable();
+                cos.dedup();
+                (p, cos)
+            })
+            .collect();
+        Some(CoTargets { groups })
+    }
+
+    /// The positions (into `kpack_targets`) code object `co` holds, when
+    /// it is in a group (`None`: all of them).
+    pub fn positions(&self, co: u64) -> Option<&[u32]> {
+        (self.groups.iter())
+            .find(|(_, cos)| cos.binary_search(&co).is_ok())
+            .map(|(p, _)| p.as_slice())
+    }
+
+    /// Decode the key's value against `kpack_targets` of `n` targets:
+    /// `None` (ignored) unless it is an array of `[[int], [int]]` pairs,
+    /// positions below `n`, ascending, no index in two groups.
+    fn decode(v: &Value, n: usize) -> Option<CoTargets> {
+        let Value::Array(items) = v else { return None };
+        let mut groups = Vec::with_capacity(items.len());
+        let mut seen = std::collections::BTreeSet::new();
+        for g in items {
+            let Value::Array(pair) = g else { return None };
+            let [pos, cos] = pair.as_slice() else {
+                return None;
+            };
+            let pos: Vec<u32> = ascending_ints(pos)?;
+            if pos.last().is_some_and(|&p| p as usize >= n) {
+                return None;
+            }
+            let cos: Vec<u64> = ascending_ints(cos)?;
+            if cos.is_empty() || !cos.iter().all(|c| seen.insert(*c)) {
+                return None;
+            }
+            groups.push((pos, cos));
+        }
+        Some(CoTargets { groups })
+    }
+}
+
+/// An array of non-negative ints, strictly ascending, each fitting `T`.
+fn ascending_ints<T: TryFrom<u64> + Ord + Copy>(v: &Value) -> Option<Vec<T>> {
+    let Value::Array(items) = v else { return None };
+    let out: Vec<T> = (items.iter())
+        .map(|i| i.as_u64().and_then(|u| T::try_from(u).ok()))
+        .collect::<Option<_>>()?;
+    out.windows(2).all(|w| w[0] < w[1]).then_some(out)
 }
 
 impl HipkMetadata {
@@ -193,6 +288,7 @@ impl HipkMetadata {
             search_paths,
             targets: None,
             device_digest: None,
+            co_targets: None,
         }
     }
 
@@ -211,6 +307,32 @@ impl HipkMetadata {
         self
     }
 
+    /// The same with `kpack_targets` the union of the bundles' targets
+    /// (each code object index and the targets its bundle holds), and
+    /// `kpack_co_targets` set when the bundles do not all hold the same.
+    pub fn with_bundle_targets(mut self, bundles: &[(u64, Vec<String>)]) -> Self {
+        self = self.with_targets(bundles.iter().flat_map(|(_, t)| t.iter().cloned()));
+        let all = self.targets.as_deref().unwrap_or_default();
+        self.co_targets = CoTargets::from_bundles(all, bundles);
+        self
+    }
+
+    /// The targets code object index `co`'s bundle was built for, as
+    /// recorded: `kpack_co_targets`' group, else every target of
+    /// `kpack_targets`; `None` when the binary records no targets.
+    pub fn co_index_targets(&self, co: u64) -> Option<Vec<&str>> {
+        let all = self.targets.as_deref()?;
+        let Some(pos) = self.co_targets.as_ref().and_then(|c| c.positions(co)) else {
+            return Some(all.iter().map(String::as_str).collect());
+        };
+        Some(
+            pos.iter()
+                .filter_map(|&p| all.get(p as usize))
+                .map(String::as_str)
+                .collect(),
+        )
+    }
+
     /// The same with other search paths (every other key kept).
     pub fn with_search_paths(mut self, search_paths: Vec<String>) -> Self {
         self.search_paths = search_paths;
@@ -219,7 +341,7 @@ impl HipkMetadata {
 
     /// Encode as the reference does: keys `kpack_search_paths` then
     /// `kernel_name`; then the optional keys that are present
-    /// (`kpack_targets`, `kpack_device_sha256`).
+    /// (`kpack_targets`, `kpack_device_sha256`, `kpack_co_targets`).
     pub fn encode(&self) -> Vec<u8> {
         msgpack::to_vec(&Wire(self))
     }
@@ -247,13 +369,19 @@ impl HipkMetadata {
                 found: msgpack::type_name(&value),
             });
         }
+        let targets = str_list(&value, KEY_TARGETS);
+        let co_targets = match (&targets, msgpack::get(&value, KEY_CO_TARGETS)) {
+            (Some(t), Some(v)) => CoTargets::decode(v, t.len()),
+            _ => None,
+        };
         Ok(HipkMetadata {
             kernel_name: kernel_name(&value)?,
             search_paths: search_paths(&value)?,
-            targets: str_list(&value, KEY_TARGETS),
+            targets,
             device_digest: msgpack::get(&value, KEY_DEVICE_DIGEST)
                 .and_then(Value::as_str)
                 .and_then(crate::provenance::parse),
+            co_targets,
         })
     }
 }
@@ -319,7 +447,9 @@ struct Wire<'a>(&'a HipkMetadata);
 impl Serialize for Wire<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let md = self.0;
-        let optional = usize::from(md.targets.is_some()) + usize::from(md.device_digest.is_some());
+        let optional = usize::from(md.targets.is_some())
+            + usize::from(md.device_digest.is_some())
+            + usize::from(md.co_targets.is_some());
         let mut m = s.serialize_map(Some(2 + optional))?;
         m.serialize_entry(KEY_SEARCH_PATHS, &md.search_paths)?;
         m.serialize_entry(KEY_KERNEL_NAME, &md.kernel_name)?;
@@ -328,6 +458,9 @@ impl Serialize for Wire<'_> {
         }
         if let Some(d) = &md.device_digest {
             m.serialize_entry(KEY_DEVICE_DIGEST, d)?;
+        }
+        if let Some(c) = &md.co_targets {
+            m.serialize_entry(KEY_CO_TARGETS, &c.groups)?;
         }
         m.end()
     }
@@ -442,6 +575,87 @@ mod tests {
             let m = HipkMetadata::decode(&msgpack::encode(&v)).unwrap();
             assert_eq!(m, HipkMetadata::new("k", vec!["p".into()]));
         }
+    }
+
+    fn bundles(sets: &[&[&str]]) -> Vec<(u64, Vec<String>)> {
+        (sets.iter().enumerate())
+            .map(|(i, t)| (i as u64, t.iter().map(|s| s.to_string()).collect()))
+            .collect()
+    }
+
+    #[test]
+    fn co_targets_only_when_the_bundles_differ() {
+        let same = sample().with_bundle_targets(&bundles(&[&["gfx942", "gfx90a"] as &[&str]; 3]));
+        assert_eq!(same.co_targets, None);
+        // Byte for byte what with_targets writes.
+        assert_eq!(
+            same.encode(),
+            sample().with_targets(["gfx90a", "gfx942"]).encode()
+        );
+        assert_eq!(same.co_index_targets(2), Some(vec!["gfx90a", "gfx942"]));
+        let mixed = sample().with_bundle_targets(&bundles(&[
+            &["gfx942", "gfx90a"],
+            &["gfx942"],
+            &["gfx90a", "gfx942"],
+            &["gfx942"],
+            &[],
+        ]));
+        let c = mixed.co_targets.clone().unwrap();
+        // kpack_targets = [gfx90a, gfx942]: #1 and #3 hold position 1, #4 none.
+        assert_eq!(c.groups, vec![(vec![], vec![4]), (vec![1], vec![1, 3])]);
+        assert_eq!(mixed.co_index_targets(3), Some(vec!["gfx942"]));
+        assert_eq!(mixed.co_index_targets(4), Some(vec![]));
+        assert_eq!(mixed.co_index_targets(0), Some(vec!["gfx90a", "gfx942"]));
+        let b = mixed.encode();
+        assert_eq!(HipkMetadata::decode(&b).unwrap(), mixed);
+        // The reference's two keys first; the new key last.
+        assert_eq!(b[1..unhex(SAMPLE_PY).len()], unhex(SAMPLE_PY)[1..]);
+        let v = msgpack::decode(&b).unwrap();
+        assert_eq!(
+            msgpack::encode(msgpack::get(&v, KEY_CO_TARGETS).unwrap()),
+            // [[[], [4]], [[1], [1, 3]]]
+            vec![0x92, 0x92, 0x90, 0x91, 4, 0x92, 0x91, 1, 0x92, 1, 3]
+        );
+        // Without recorded targets nothing is known.
+        assert_eq!(sample().co_index_targets(0), None);
+    }
+
+    #[test]
+    fn a_malformed_co_targets_key_is_ignored() {
+        let arr = Value::Array;
+        let ints = |v: &[i64]| arr(v.iter().map(|&i| Value::from(i)).collect());
+        let group = |p: &[i64], c: &[i64]| arr(vec![ints(p), ints(c)]);
+        let with = |targets: Option<Value>, co: Value| {
+            let mut entries = vec![
+                ("kernel_name", Value::from("k")),
+                ("kpack_search_paths", arr(vec!["p".into()])),
+                (KEY_CO_TARGETS, co),
+            ];
+            if let Some(t) = targets {
+                entries.push((KEY_TARGETS, t));
+            }
+            HipkMetadata::decode(&msgpack::encode(&msgpack::str_map(entries))).unwrap()
+        };
+        let two = || Some(arr(vec!["gfx1100".into(), "gfx90a".into()]));
+        assert_eq!(
+            with(two(), arr(vec![group(&[0], &[1, 5])])).co_index_targets(5),
+            Some(vec!["gfx1100"])
+        );
+        for bad in [
+            Value::from(3i64),
+            arr(vec![ints(&[0])]),
+            arr(vec![group(&[2], &[1])]),
+            arr(vec![group(&[1, 0], &[1])]),
+            arr(vec![group(&[0], &[3, 1])]),
+            arr(vec![group(&[0], &[])]),
+            arr(vec![group(&[0], &[1]), group(&[1], &[1])]),
+            arr(vec![group(&[-1], &[1])]),
+            arr(vec![arr(vec![ints(&[0]), ints(&[1]), ints(&[2])])]),
+        ] {
+            assert_eq!(with(two(), bad.clone()).co_targets, None, "{bad:?}");
+        }
+        // Without kpack_targets the key means nothing.
+        assert_eq!(with(None, arr(vec![group(&[0], &[1])])).co_targets, None);
     }
 
     #[test]

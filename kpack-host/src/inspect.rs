@@ -65,7 +65,18 @@ pub struct BundleListing {
     pub offset: usize,
     pub stored_size: usize,
     pub compressed: Option<CompressedListing>,
+    /// Its device targets, sorted (bundles of one binary need not all hold
+    /// the same).
+    pub targets: Vec<String>,
     pub entries: Vec<EntryListing>,
+}
+
+/// The targets one code object index of an offloaded binary was built for
+/// (`kpack_co_targets`).
+#[derive(Debug, Serialize)]
+pub struct CoTargetsListing {
+    pub co_index: u64,
+    pub targets: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -145,6 +156,11 @@ pub struct OffloadedListing {
     /// (`kpack_device_sha256`), when the metadata records it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_sha256: Option<String>,
+    /// When its bundles did not all hold the same targets
+    /// (`kpack_co_targets`): each code object index its wrappers name,
+    /// with its bundle's targets.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bundle_targets: Option<Vec<CoTargetsListing>>,
     pub metadata_address: u64,
     pub wrappers: Vec<WrapperListing>,
 }
@@ -210,10 +226,32 @@ pub fn list(path: &Path) -> Result<Listing> {
             search_paths: o.metadata.search_paths.clone(),
             targets: o.metadata.targets.clone(),
             device_sha256: o.metadata.device_digest.clone(),
+            bundle_targets: co_targets_listing(&o.metadata, &o.wrappers),
             metadata_address: o.metadata_addr,
             wrappers: wrappers(&o.wrappers),
         }),
     })
+}
+
+/// Each code object index of `wrappers` with its bundle's targets, when
+/// the metadata records that they differ.
+fn co_targets_listing(
+    metadata: &crate::hipk::HipkMetadata,
+    wrappers: &[Wrapper],
+) -> Option<Vec<CoTargetsListing>> {
+    metadata.co_targets.as_ref()?;
+    let cos: std::collections::BTreeSet<u64> = wrappers.iter().map(|w| w.reserved1).collect();
+    let listed = cos
+        .into_iter()
+        .map(|co| CoTargetsListing {
+            co_index: co,
+            targets: (metadata.co_index_targets(co).unwrap_or_default())
+                .into_iter()
+                .map(str::to_owned)
+                .collect(),
+        })
+        .collect();
+    Some(listed)
 }
 
 /// A static archive, or a relocatable object without a `.hip_fatbin` (its
@@ -302,6 +340,11 @@ fn bundle_listing(b: &crate::bundle::BundleInfo) -> BundleListing {
             hash_matches: c.hash_matches,
             inner_index: *i,
         }),
+        targets: {
+            let t: std::collections::BTreeSet<String> =
+                b.device_entries().map(|e| e.target().to_string()).collect();
+            t.into_iter().collect()
+        },
         entries: b
             .entries
             .iter()

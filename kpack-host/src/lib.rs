@@ -27,6 +27,7 @@
 
 mod archive_writer;
 pub mod binary;
+pub mod built_for;
 pub mod deps;
 pub mod elf;
 mod error;

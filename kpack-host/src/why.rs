@@ -12,11 +12,11 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::binary::{classify_parsed, Class};
+use crate::built_for::{any_taken, built_for, built_without_note, BuiltFor};
 use crate::error::{Error, Result, WithPath};
 use crate::fatbin::{device_code, DeviceCode};
 use crate::input::map_file;
 use crate::loader::{Loader, Trace};
-use crate::target::TargetId;
 
 /// What the runtime would do for one wrapper.
 #[derive(Debug, Clone, Serialize)]
@@ -27,6 +27,12 @@ pub struct WrapperWhy {
     pub trace: Trace,
     #[serde(flatten)]
     pub result: Outcome,
+    /// Set when the load fails because this code object index's bundle
+    /// was built without the device's targets (the binary's other bundles
+    /// have code for it): nothing is missing, the fat binary had no code
+    /// for it either ([`crate::built_for`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// The load's result: the code object found, or the error code.
@@ -69,11 +75,12 @@ pub struct Why {
 }
 
 impl Why {
-    /// Whether every wrapper's code object is found.
+    /// Whether every wrapper's code object is found, but for those whose
+    /// bundle was built without the device's targets (their `note`).
     pub fn all_resolve(&self) -> bool {
         self.wrappers
             .iter()
-            .all(|w| matches!(w.result, Outcome::Loaded { .. }))
+            .all(|w| matches!(w.result, Outcome::Loaded { .. }) || w.note.is_some())
     }
 }
 
@@ -109,6 +116,10 @@ pub(crate) fn why_with(loader: &Loader, binary: &Path, archs: &[String]) -> Resu
         // The runtime casts reserved1 to a uint32_t.
         let co = w.reserved1 as u32;
         let (result, trace) = loader.explain(&o.metadata, &binary_path, co, &arch_refs);
+        let note = match (&result, built_for(&o.metadata, w.reserved1, archs)) {
+            (Err(_), BuiltFor::NotInBundle) => Some(built_without_note(w.reserved1, &archs[0])),
+            _ => None,
+        };
         let result = match result {
             Ok((size, hit)) => Outcome::Loaded {
                 archive: hit.archive,
@@ -126,12 +137,13 @@ pub(crate) fn why_with(loader: &Loader, binary: &Path, archs: &[String]) -> Resu
             co_index: w.reserved1,
             trace,
             result,
+            note,
         });
     }
     Ok(Why {
         binary: binary.into(),
         binary_path,
-        has_code: o.metadata.targets.as_ref().map(|t| has_code(t, archs)),
+        has_code: o.metadata.targets.as_ref().map(|t| any_taken(t, archs)),
         kernel_name: o.metadata.kernel_name,
         search_paths: o.metadata.search_paths,
         targets: o.metadata.targets,
@@ -139,18 +151,6 @@ pub(crate) fn why_with(loader: &Loader, binary: &Path, archs: &[String]) -> Resu
         archs: archs.to_vec(),
         wrappers,
     })
-}
-
-/// Would a device with these ISAs load code built for one of `targets`?
-fn has_code(targets: &[String], archs: &[String]) -> bool {
-    let accepted: Vec<TargetId> = archs
-        .iter()
-        .filter_map(|a| TargetId::parse(a).ok())
-        .flat_map(|a| a.compatible_targets())
-        .collect();
-    targets
-        .iter()
-        .any(|t| TargetId::parse(t).is_ok_and(|t| accepted.contains(&t)))
 }
 
 #[cfg(test)]

@@ -44,7 +44,7 @@ pub fn rewrite_binary(
             .permissions()
             .mode();
         let metadata = HipkMetadata::new(kernel_name, search_paths)
-            .with_targets(binary_targets(&input, &mapped)?);
+            .with_bundle_targets(&binary_targets(&input, &mapped)?);
         let t = kpack_host::offload::rewrite(&input, &mapped, &metadata)?;
         let r = Rewritten {
             pe: kpack_host::pe::is_pe(&mapped),
@@ -65,8 +65,12 @@ pub fn rewrite_binary(
 }
 
 /// The targets of the fat binary `bytes` (at `path`): its metadata's
-/// `kpack_targets`, as the archives the caller writes for it are named.
-fn binary_targets(path: &std::path::Path, bytes: &[u8]) -> Result<Vec<String>, Failure> {
+/// `kpack_targets` (and `kpack_co_targets`), by code object index, as the
+/// archives the caller writes for it are named.
+fn binary_targets(
+    path: &std::path::Path,
+    bytes: &[u8],
+) -> Result<Vec<(u64, Vec<String>)>, Failure> {
     let bin = HostBinary::parse(bytes).with_path(path)?;
     Ok(kpack_host::offload::fat_targets(path, &bin)?)
 }
@@ -92,6 +96,9 @@ pub fn read_marker<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Option<Bound
     }
     if let Some(digest) = md.device_digest {
         d.set_item(kpack_format::hipk::KEY_DEVICE_DIGEST, digest)?;
+    }
+    if let Some(c) = md.co_targets {
+        d.set_item(kpack_format::hipk::KEY_CO_TARGETS, c.groups)?;
     }
     Ok(Some(d))
 }

@@ -35,6 +35,7 @@ const FAT: &[&str] = &[
     "libmulti.so",
     "libwide.so",
     "libvadd_relr.so",
+    "libmixed.so",
 ];
 
 /// One line per entry under `root`, sorted: `path kind size sha256` for

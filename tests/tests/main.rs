@@ -22,6 +22,7 @@ mod ground_truth;
 mod large_host;
 mod ls;
 mod malformed;
+mod mixed_targets;
 mod offload;
 mod offload_mutations;
 mod prune_restore;

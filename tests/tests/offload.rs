@@ -572,6 +572,15 @@ fn c_runtime_loads_offloaded_fixtures() {
             };
             std::fs::write(expected.join(name), bytes).unwrap();
         }
+        // A bundle built without a target (libmixed.so): no code for it,
+        // as with the fat binary.
+        let mut absent = 0;
+        for (bundle, t) in (0..f.bundles).flat_map(|b| f.targets.iter().map(move |t| (b, t))) {
+            if !f.targets_of(bundle).contains(t) {
+                std::fs::write(expected.join(format!("{t}#{bundle}.none")), b"").unwrap();
+                absent += 1;
+            }
+        }
         let out = run_ok(
             Command::new(&checker)
                 .arg(&o.out)
@@ -582,8 +591,10 @@ fn c_runtime_loads_offloaded_fixtures() {
         // three).
         let want = format!(
             "{} code objects loaded and identical, 0 failures",
-            f.wrappers * f.targets.len()
+            f.wrappers * f.targets.len() - absent
         );
         assert!(out.contains(&want), "{}: {out}", f.name);
+        let absent_line = format!("{absent} code objects absent, as in the fat binary");
+        assert_eq!(out.contains(&absent_line), absent > 0, "{}: {out}", f.name);
     }
 }

@@ -2,7 +2,8 @@
 //! (`rocm_kpack` of ROCm's rocm-kpack, not on PyPI) reads the HIPK metadata
 //! of kpack's offloaded ELF and PE binaries, which carry kpack's extra keys
 //! `kpack_targets` and `kpack_device_sha256` (also once `kpack bundle` has
-//! re-pointed them), its
+//! re-pointed them; and `kpack_co_targets` for a binary whose bundles
+//! hold different targets), its
 //! binary verifiers accept them, and its archive reader gets every code
 //! object back from archives whose entries carry provenance digests.
 //!
@@ -211,4 +212,62 @@ fn upstream_reads_kpack_outputs_with_the_targets_key() {
         binaries.len(),
         expected.len()
     );
+}
+
+/// A binary whose bundles hold different targets (libmixed.so) carries
+/// `kpack_co_targets` too, after the other keys, also once `kpack bundle`
+/// has re-pointed it: upstream's verifier and marker reader take it, and
+/// its archive reader gets every code object back.
+#[test]
+fn upstream_reads_a_binary_with_per_bundle_targets() {
+    let Some(upstream) = upstream() else { return };
+    let tmp = scratch();
+    let (lib, archives, app) = (
+        tmp.path().join("lib"),
+        tmp.path().join(".kpack"),
+        tmp.path().join("app"),
+    );
+    let f = fixture("libmixed.so");
+    let out = lib.join("libmixed.so");
+    kpack_ok(&[
+        &"offload",
+        &f.path,
+        &"-o",
+        &out,
+        &"--archive-dir",
+        &archives,
+    ]);
+    kpack_ok(&[&"bundle", &out, &"--into", &app]);
+    let (mut kernels, mut expected) = (Vec::new(), Vec::new());
+    for ((co, t), bytes) in code_objects(&f.path) {
+        let archive = archives.join(format!("libmixed_{t}.kpack"));
+        kernels.push(serde_json::json!([archive, format!("libmixed.so#{co}"), t]));
+        expected.push(sha256(&bytes));
+    }
+    let binaries =
+        [out, app.join("libmixed.so")].map(|p| serde_json::json!({"path": p, "pe": false}));
+    let job = tmp.path().join("job.json");
+    let spec = serde_json::json!({"binaries": binaries, "kernels": kernels});
+    fs::write(&job, spec.to_string()).unwrap();
+    let got = upstream_python(tmp.path(), &upstream, &job);
+    for b in got["binaries"].as_array().unwrap() {
+        assert_eq!(b["passed"], true, "upstream's verifier: {}", b["errors"]);
+        let keys = serde_json::json!([
+            "kpack_search_paths",
+            "kernel_name",
+            "kpack_targets",
+            "kpack_device_sha256",
+            "kpack_co_targets"
+        ]);
+        assert_eq!(b["keys"], keys);
+        let m = &b["marker"];
+        assert_eq!(m["kpack_targets"], serde_json::json!(["gfx1100", "gfx90a"]));
+        // Bundle #1 holds kpack_targets[0] (gfx1100) only.
+        assert_eq!(m["kpack_co_targets"], serde_json::json!([[[0], [1]]]));
+    }
+    let sums: Vec<&str> = (got["kernels"].as_array().unwrap().iter())
+        .map(|v| v.as_str().expect("upstream found the kernel"))
+        .collect();
+    assert_eq!(sums, expected, "upstream's archive reader");
+    assert_eq!(expected.len(), 3);
 }

@@ -17,7 +17,9 @@
 //!   ([`Loader`]) for every target the artifact serves. A binary that has
 //!   no code object at all for one of those targets (it was built for fewer
 //!   targets than its neighbours) is a warning, not a problem: the fat
-//!   binary could not have run there either. A code object of another
+//!   binary could not have run there either. Nor is a code object index
+//!   whose bundle was built without the target while others were
+//!   (`kpack_co_targets`, [`kpack_host::built_for`]): a note. A code object of another
 //!   build (by its provenance digest, else by defining only kernels the
 //!   binary does not name: [`crate::build_match`], the rule `verify --tree`
 //!   applies too) is a problem.
@@ -42,6 +44,7 @@ use crate::target::TargetId;
 use crate::tree::{copy_symlink, make_dirs, rel_string, scan, Node, NodeKind};
 use crate::{ArtifactError, Observer, Result};
 use kpack_host::binary::{classify, Class};
+use kpack_host::built_for::{built_for, built_without_note, BuiltFor};
 use kpack_host::elf::FATBIN_SECTION;
 use kpack_host::offload::verify_file;
 use kpack_host::output;
@@ -74,6 +77,10 @@ pub struct VerifyReport {
     pub targets: Vec<String>,
     pub problems: Vec<String>,
     pub warnings: Vec<String>,
+    /// Code object indices not loaded for a target because their bundle
+    /// was built without it (the binary records it: `kpack_co_targets`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 impl VerifyReport {
@@ -120,6 +127,7 @@ struct Served {
 struct Findings {
     problems: Vec<String>,
     warnings: Vec<String>,
+    notes: Vec<String>,
 }
 
 /// The per-artifact checks' results, by component.
@@ -184,7 +192,11 @@ pub fn verify_artifacts(
     let Findings {
         mut problems,
         mut warnings,
+        mut notes,
     } = found;
+    notes.sort();
+    notes.dedup();
+    report.notes = notes;
     problems.sort();
     problems.dedup();
     warnings.sort();
@@ -375,7 +387,16 @@ fn resolve_component(
             for (target, names) in &served.names {
                 if names.contains(&b.kernel_name) {
                     found_anywhere.insert(b.kernel_name.clone());
-                    tasks.extend(b.co_indices.iter().map(|&co| (b, target.as_str(), co)));
+                    tasks.extend(b.co_indices.iter().filter_map(|&co| {
+                        match built_for(&b.metadata, co, &[target]) {
+                            BuiltFor::NotInBundle => {
+                                let note = built_without_note(co, target);
+                                found.notes.push(format!("{}: {note}", b.shown));
+                                None
+                            }
+                            _ => Some((b, target.as_str(), co)),
+                        }
+                    }));
                 } else {
                     found.warnings.push(format!(
                         "{}: no code object for {target} in {} (built for fewer targets?)",

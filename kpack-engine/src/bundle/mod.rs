@@ -22,6 +22,7 @@ use crate::loader::{Config, Loader};
 use crate::target::TargetId;
 use crate::tree::{copy_file, create_file, same_bytes};
 use crate::{ArtifactError, Observer, Result};
+use kpack_host::built_for::{built_for, BuiltFor};
 use kpack_host::output::StagedDir;
 use plan::Piece;
 
@@ -213,7 +214,9 @@ fn write_piece(p: &Piece, dest: &Path) -> Result<()> {
 
 /// Every code object of every offloaded binary, staged in `work`, for every
 /// target of its archives the chosen targets take, through the loader's
-/// search: how many loads; an error naming every one that fails.
+/// search (but for code object indices whose bundle was built without the
+/// target: [`kpack_host::built_for`]): how many loads; an error naming
+/// every one that fails.
 fn check(pieces: &[Piece], work: &Path, chosen: &[TargetId]) -> Result<usize> {
     let loader = Loader::new(Config::default());
     let mut failed = Vec::new();
@@ -234,6 +237,10 @@ fn check(pieces: &[Piece], work: &Path, chosen: &[TargetId]) -> Result<usize> {
         }
         for t in &o.targets {
             for &co in &o.co_indices {
+                // A bundle built without the target: nothing to load.
+                if built_for(metadata, co.into(), &[t]) == BuiltFor::NotInBundle {
+                    continue;
+                }
                 loads += 1;
                 if let Err(e) = loader.explain(metadata, &binary, co, &[t.as_str()]).0 {
                     failed.push(format!("{} #{co} for {t}: {e}", p.dest.display()));

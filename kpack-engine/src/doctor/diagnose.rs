@@ -6,9 +6,10 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use super::dists::{lexical, Dists};
-use super::{Device, Found, Problem, ProblemKind};
+use super::{Device, DoctorNote, Found, Problem, ProblemKind};
 use crate::hipk::HipkMetadata;
 use crate::loader::{AttemptOutcome, CandidateStatus, LoadError, Loader, Trace};
+use kpack_host::built_for::{built_for, built_without_note, BuiltFor};
 
 /// An archive found under the paths.
 pub(crate) struct Indexed {
@@ -87,17 +88,18 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    /// The problems of one file.
-    pub fn check(&self, f: &Found) -> Vec<Problem> {
-        match f {
+    /// The problems of one file, and its notes.
+    pub fn check(&self, f: &Found) -> (Vec<Problem>, Vec<DoctorNote>) {
+        let problems = match f {
             Found::Offloaded { path, checked } => match checked {
-                Ok(v) => self.offloaded(path, &v.metadata, &v.co_indices),
+                Ok(v) => return self.offloaded(path, &v.metadata, &v.co_indices),
                 Err(why) => vec![invalid(path, why)],
             },
             Found::Fat { path, targets } => self.fat(path, targets),
             Found::Invalid { path, why } => vec![invalid(path, why)],
             Found::Archive { .. } | Found::Other => Vec::new(),
-        }
+        };
+        (problems, Vec::new())
     }
 
     /// A fat binary: the runtime loads its own code, which must include
@@ -125,22 +127,35 @@ impl<'a> Ctx<'a> {
     }
 
     /// An offloaded binary: every code object through the loader, for each
-    /// device; one problem per device with failures.
-    fn offloaded(&self, path: &Path, meta: &HipkMetadata, cos: &[u64]) -> Vec<Problem> {
+    /// device; one problem per device with failures. A code object whose
+    /// bundle was built without the device's targets (while others were)
+    /// is a note: the fat binary had no code for it either.
+    fn offloaded(
+        &self,
+        path: &Path,
+        meta: &HipkMetadata,
+        cos: &[u64],
+    ) -> (Vec<Problem>, Vec<DoctorNote>) {
         let mut cos: Vec<u32> = cos.iter().filter_map(|&c| u32::try_from(c).ok()).collect();
         cos.sort_unstable();
         cos.dedup();
         let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
         let mut out = Vec::new();
+        let mut notes = Vec::new();
         for d in self.devices {
             let archs: Vec<&str> = d.archs.iter().map(String::as_str).collect();
-            let failures: Vec<Failure> = cos
+            let (without, failures): (Vec<Failure>, Vec<Failure>) = cos
                 .iter()
                 .filter_map(|&co| {
                     let (r, trace) = self.loader.explain(meta, &real, co, &archs);
                     r.err().map(|error| Failure { co, error, trace })
                 })
-                .collect();
+                .partition(|f| built_for(meta, f.co.into(), &archs) == BuiltFor::NotInBundle);
+            notes.extend(without.iter().map(|f| DoctorNote {
+                binary: path.display().to_string(),
+                target: d.name.clone(),
+                message: built_without_note(f.co.into(), &d.name),
+            }));
             if let Some(first) = failures.first() {
                 let what = Problem {
                     binary: path.display().to_string(),
@@ -153,7 +168,7 @@ impl<'a> Ctx<'a> {
                 out.push(self.diagnose(what, d, meta, &real, first, n));
             }
         }
-        out
+        (out, notes)
     }
 
     /// Why `first` (one of `n.0` failing code objects of `n.1`) does not

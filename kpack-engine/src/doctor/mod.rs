@@ -78,11 +78,24 @@ pub struct Problem {
     pub kind: ProblemKind,
 }
 
+/// A note that is not a problem: a code object of a binary with no code
+/// for the target because its bundle was built without it (the binary's
+/// `kpack_co_targets`), as in the original fat binary; nothing to install.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct DoctorNote {
+    pub binary: String,
+    pub target: String,
+    pub message: String,
+}
+
 /// What doctor found (`--json`).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct DoctorReport {
     pub targets: Vec<String>,
     pub problems: Vec<Problem>,
+    /// Present when there are any.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<DoctorNote>,
     /// Host binaries with device code (fat and offloaded).
     pub binaries: usize,
     pub offloaded: usize,
@@ -152,7 +165,11 @@ pub fn doctor(opts: &DoctorOptions, observer: &dyn Observer) -> Result<DoctorRep
     report.archives = index.len();
     let dists = dists::Dists::read(&dists::site_dirs(&opts.paths));
     let ctx = diagnose::Ctx::new(&devices, &index, &dists);
-    let problems: Vec<Vec<Problem>> = found.par_iter().map(|f| ctx.check(f)).collect();
+    let (problems, notes): (Vec<Vec<Problem>>, Vec<Vec<DoctorNote>>) =
+        found.par_iter().map(|f| ctx.check(f)).unzip();
+    report.notes = notes.into_iter().flatten().collect();
+    report.notes.sort();
+    report.notes.dedup();
     for f in &found {
         report.binaries += usize::from(matches!(f, Found::Fat { .. } | Found::Offloaded { .. }));
         report.offloaded += usize::from(matches!(f, Found::Offloaded { .. }));

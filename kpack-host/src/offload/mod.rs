@@ -263,7 +263,7 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
     let compressed = bundles.iter().any(|b| b.compressed.is_some());
     let digests = digest::digests(input, &mapped, section.data)?;
     let metadata = metadata_for(output, opts)?
-        .with_targets(split_targets(&bundles, None))
+        .with_bundle_targets(&split_targets(&bundles, None))
         .with_device_digest(Some(digests.device.clone()));
     // The host binary, written beside the output and checked before any
     // archive is written; renamed into place last. Directories made for it
@@ -387,22 +387,31 @@ fn metadata_for(output: &Path, opts: &OffloadOptions) -> Result<HipkMetadata> {
 }
 
 /// The targets whose code objects an offload of a binary with these
-/// bundles puts into archives (those `keep` takes; all without it): what
-/// its metadata records as `kpack_targets`, sorted.
-pub fn split_targets(bundles: &[BundleInfo], keep: Option<&dyn Fn(&str) -> bool>) -> Vec<String> {
-    let targets: std::collections::BTreeSet<&str> = bundles
+/// bundles puts into archives (those `keep` takes; all without it), by
+/// code object index (bundle index), each bundle's sorted: what its
+/// metadata records as `kpack_targets` (their union) and, when they
+/// differ, `kpack_co_targets` ([`HipkMetadata::with_bundle_targets`]).
+pub fn split_targets(
+    bundles: &[BundleInfo],
+    keep: Option<&dyn Fn(&str) -> bool>,
+) -> Vec<(u64, Vec<String>)> {
+    bundles
         .iter()
-        .flat_map(|b| b.entries.iter())
-        .filter(|e| !e.is_host())
-        .map(|e| e.target())
-        .filter(|t| keep.is_none_or(|k| k(t)))
-        .collect();
-    targets.into_iter().map(str::to_owned).collect()
+        .map(|b| {
+            let targets: std::collections::BTreeSet<&str> = b
+                .device_entries()
+                .map(|e| e.target())
+                .filter(|t| keep.is_none_or(|k| k(t)))
+                .collect();
+            let targets = targets.into_iter().map(str::to_owned).collect();
+            (b.index as u64, targets)
+        })
+        .collect()
 }
 
 /// [`split_targets`] of every bundle of a parsed binary (none when it has
 /// no bundle section).
-pub fn fat_targets(path: &Path, bin: &HostBinary) -> Result<Vec<String>> {
+pub fn fat_targets(path: &Path, bin: &HostBinary) -> Result<Vec<(u64, Vec<String>)>> {
     let Some(section) = bin.fatbin().with_path(path)? else {
         return Ok(Vec::new());
     };

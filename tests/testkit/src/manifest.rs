@@ -176,8 +176,12 @@ pub struct Entry {
     pub name: String,
     pub kind: Kind,
     /// Offload target IDs; every bundle holds exactly these (none: no
-    /// device code).
+    /// device code), unless `bundle_targets` says otherwise.
     pub targets: Vec<String>,
+    /// Each bundle's targets, in order, when they are not all `targets`
+    /// (units compiled for different targets); absent otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bundle_targets: Vec<Vec<String>>,
     /// Bundles in `.hip_fatbin` (0: no such section).
     pub bundles: usize,
     /// Wrappers in `.hipFatBinSegment`.
@@ -200,6 +204,16 @@ pub struct Entry {
 impl Entry {
     pub fn device_code(&self) -> bool {
         !self.targets.is_empty()
+    }
+
+    /// The targets bundle `index` holds.
+    pub fn targets_of(&self, index: usize) -> &[String] {
+        self.bundle_targets.get(index).unwrap_or(&self.targets)
+    }
+
+    /// The device code objects of all bundles.
+    pub fn code_objects(&self) -> usize {
+        (0..self.bundles).map(|i| self.targets_of(i).len()).sum()
     }
 
     /// The file name (the last component of [`Entry::name`]).
@@ -274,6 +288,7 @@ mod tests {
             name: name.into(),
             kind: Kind::Shared,
             targets: vec!["gfx1100".into()],
+            bundle_targets: Vec::new(),
             bundles: 1,
             wrappers: 1,
             compressed_bundles: 0,
@@ -309,5 +324,30 @@ mod tests {
         assert_eq!(m.shard_binaries[0].file_name(), "libb.so.1");
         let (e, path) = m.find(Path::new("/f"), "s/libb.so.1").unwrap();
         assert_eq!((e.bundles, path), (1, PathBuf::from("/f/s/libb.so.1")));
+        // No per-bundle targets: the key is not written.
+        assert!(!json.contains("bundle_targets"));
+    }
+
+    #[test]
+    fn bundles_of_their_own_targets() {
+        let mixed = Entry {
+            targets: vec!["gfx1100".into(), "gfx90a".into()],
+            bundle_targets: vec![
+                vec!["gfx1100".into(), "gfx90a".into()],
+                vec!["gfx1100".into()],
+            ],
+            bundles: 2,
+            ..entry("libmixed.so")
+        };
+        assert_eq!(mixed.code_objects(), 3);
+        assert_eq!(mixed.targets_of(1), ["gfx1100".to_string()]);
+        let json = serde_json::to_string(&mixed).unwrap();
+        assert_eq!(serde_json::from_str::<Entry>(&json).unwrap(), mixed);
+        let plain = Entry {
+            bundles: 2,
+            ..entry("liba.so")
+        };
+        assert_eq!(plain.code_objects(), 2);
+        assert_eq!(plain.targets_of(1), ["gfx1100".to_string()]);
     }
 }
