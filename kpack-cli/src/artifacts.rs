@@ -66,8 +66,11 @@ pub struct SplitArgs {
     #[arg(long, value_name = "NAME", num_args = 1..)]
     split_databases: Vec<String>,
     /// Keep only the code objects and database files of these targets'
-    /// base processors (`gfx90a:xnack-` keeps everything of gfx90a);
-    /// those of other targets are left out (their own job emits them).
+    /// base processors (`gfx90a:xnack-` keeps everything of gfx90a),
+    /// matched as whole target IDs (`gfx1250` keeps nothing of
+    /// gfx1250-strict; `gfx125X` keeps gfx1250, gfx1251, but strict targets
+    /// only when named); those of other targets are left out (their own
+    /// job emits them).
     /// Every fat binary is still offloaded; a split where fat binaries
     /// exist but not one code object matches is refused.
     #[arg(long, value_name = "T", num_args = 1..)]

@@ -307,6 +307,30 @@ mod tests {
         assert!(c.group_of("gfx1102").is_none());
     }
 
+    /// Groups take whole target IDs: a processor or family wildcard never
+    /// takes the strict target of the same ISA unless it is named.
+    #[test]
+    fn groups_match_whole_target_ids() {
+        let c = parse(
+            r#"{"primary_shard": "s", "architecture_groups": {
+                "gfx125X": {"architectures": ["gfx125X"]},
+                "strict": {"architectures": ["gfx1250_strict"]},
+                "gfx90X": {"architectures": ["gfx90a"]}}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.group_of("gfx1250").unwrap().name, "gfx125X");
+        assert_eq!(c.group_of("gfx1251:xnack+").unwrap().name, "gfx125X");
+        assert_eq!(c.group_of("gfx1250-strict").unwrap().name, "strict");
+        assert!(c.group_of("gfx12500").is_none());
+        assert!(c.group_of("gfx90").is_none());
+        let c = parse(
+            r#"{"primary_shard": "s", "architecture_groups": {"g": {"architectures": ["gfx1250"]}}}"#,
+        )
+        .unwrap();
+        assert!(c.group_of("gfx1250-strict").is_none());
+        assert!(c.group_of("gfx1250_strict").is_none());
+    }
+
     #[test]
     fn validation_options_and_null_display_name() {
         let c = parse(
