@@ -20,7 +20,7 @@ use kpack_engine::{with_jobs, ArtifactError, Database, Observer};
 use kpack_format::bytes::format_size;
 use serde::Serialize;
 
-use crate::cli::Compression;
+use crate::cli::{Compression, ExpectTargets};
 
 type CliResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -66,12 +66,17 @@ pub struct SplitArgs {
     #[arg(long, value_name = "NAME", num_args = 1..)]
     split_databases: Vec<String>,
     /// Keep only the code objects and database files of these targets'
-    /// base processors (`gfx90a:xnack-` keeps everything of gfx90a);
-    /// those of other targets are left out (their own job emits them).
+    /// base processors (`gfx90a:xnack-` keeps everything of gfx90a),
+    /// matched as whole target IDs (`gfx1250` keeps nothing of
+    /// gfx1250-strict; `gfx125X` keeps gfx1250, gfx1251, but strict targets
+    /// only when named); those of other targets are left out (their own
+    /// job emits them).
     /// Every fat binary is still offloaded; a split where fat binaries
     /// exist but not one code object matches is refused.
     #[arg(long, value_name = "T", num_args = 1..)]
     gpu_targets: Option<Vec<String>>,
+    #[command(flatten)]
+    expect: ExpectTargets,
     #[command(flatten)]
     common: Common,
     /// Batch mode: when an artifact fails, report it and finish the others.
@@ -136,6 +141,8 @@ pub struct VerifyArgs {
     /// every handler.)
     #[arg(long, value_name = "NAME", num_args = 1..)]
     split_databases: Vec<String>,
+    #[command(flatten)]
+    expect: ExpectTargets,
     /// Accepted for compatibility with the reference tool (unused).
     #[arg(long, value_name = "PATH")]
     clang_offload_bundler: Option<PathBuf>,
@@ -155,6 +162,8 @@ pub struct RecombineArgs {
     /// Only this component (repeatable).
     #[arg(long, value_name = "C")]
     component: Vec<String>,
+    #[command(flatten)]
+    expect: ExpectTargets,
     /// Worker threads (default: all cores).
     #[arg(long, short = 'j', value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     jobs: Option<u64>,
@@ -222,6 +231,7 @@ fn split(a: SplitArgs) -> CliResult {
     opts.keep_going = a.keep_going;
     opts.tmp_dir = a.tmp_dir.clone();
     opts.gpu_targets = a.gpu_targets.as_deref().map(GpuTargets::new).transpose()?;
+    opts.expect_targets = a.expect.expect_targets.clone();
     let reporter = Reporter::new(a.common.verbose, a.common.json);
     if a.clang_offload_bundler.is_some() {
         reporter.note("--clang-offload-bundler is not needed: kpack reads offload bundles itself");
@@ -325,7 +335,11 @@ fn verify(a: VerifyArgs) -> CliResult {
     let config = a.config.as_deref().map(PackagingConfig::load).transpose()?;
     let databases = Database::parse_list(&a.split_databases)?;
     let reporter = Reporter::new(a.verbose, a.json);
-    let opts = VerifyOptions { config, databases };
+    let opts = VerifyOptions {
+        config,
+        databases,
+        expect_targets: a.expect.expect_targets.clone(),
+    };
     let report = with_jobs(jobs(a.jobs), || {
         artifact::verify_artifacts(&dir, &opts, &reporter)
     });
@@ -414,6 +428,7 @@ fn recombine(a: RecombineArgs) -> CliResult {
     let opts = RecombineOptions {
         output_dir: a.output_dir.clone(),
         components: a.component.clone(),
+        expect_targets: a.expect.expect_targets.clone(),
     };
     let summary = with_jobs(jobs(a.jobs), || {
         artifact::recombine(&a.input_shards_dir, &config, &opts, &reporter)
@@ -439,6 +454,26 @@ fn print_recombine(summary: &RecombineSummary) {
                 .collect();
             outln!("{}: {}", g.artifact, targets.join(", "));
         }
+    }
+    for d in &summary.generic_differences {
+        outln!(
+            "generic difference: {}/{}: {} (shards {} and {}; taken from {})",
+            d.artifact,
+            d.path,
+            d.what,
+            d.shards[0],
+            d.shards[1],
+            d.shards[0]
+        );
+    }
+    for c in &summary.file_conflicts {
+        outln!(
+            "file conflict: {}/{}: shards {} differ (taken from {})",
+            c.artifact,
+            c.path,
+            c.shards.join(", "),
+            c.taken_from
+        );
     }
     outln!(
         "recombined {} component(s) from {} shard(s) into {} artifact(s) in {}, {} bytes, {:.1} s",

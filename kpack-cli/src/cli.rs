@@ -1,5 +1,5 @@
-//! The command line: every subcommand and flag (clap), and the one
-//! archive compression flag they share.
+//! The command line: every subcommand and flag (clap), and the flags
+//! several subcommands share (archive compression, `--expect-targets`).
 
 use std::path::PathBuf;
 
@@ -237,4 +237,18 @@ impl Compression {
             Compression::Zstd => Scheme::ZstdPerKernel,
         }
     }
+}
+
+/// `--expect-targets` of split, recombine, split-wheels and verify.
+#[derive(clap::Args, Clone, Default)]
+pub(crate) struct ExpectTargets {
+    /// Refuse to build (or pass) a partial set: fail, before any output is
+    /// written, when one of these targets is missing from the inputs or
+    /// present there with no code object (only database files). Targets
+    /// match as whole target IDs: `gfx1250` is not satisfied by
+    /// `gfx1250-strict`; `gfx90a` by any feature variant of gfx90a; a
+    /// family wildcard `gfx125X` by any of gfx1250, gfx1251, ... (strict
+    /// targets only when named).
+    #[arg(long, value_name = "T", num_args = 1..)]
+    pub expect_targets: Vec<String>,
 }

@@ -10,7 +10,7 @@ use kpack_engine::wheel::{
 use kpack_engine::{with_jobs, Database, Observer};
 
 use crate::artifacts::Reporter;
-use crate::cli::Compression;
+use crate::cli::{Compression, ExpectTargets};
 
 /// A flag that takes one value is refused when given twice; list flags
 /// (`--input`, `--device-requires-dist`, `--databases`) keep the values of
@@ -79,6 +79,8 @@ pub struct SplitWheelsArgs {
     /// The upstream-format variant wheel's label (default `variant`).
     #[arg(long, value_name = "LABEL")]
     variant_label: Option<String>,
+    #[command(flatten)]
+    expect: ExpectTargets,
     /// Say what is done, step by step.
     #[arg(long, short = 'v')]
     verbose: bool,
@@ -135,6 +137,7 @@ pub fn split_wheels(a: SplitWheelsArgs) -> Result<(), Box<dyn std::error::Error>
     };
     let mut opts = SplitWheelOptions::new(&a.output_dir, &a.device_package_prefix, &a.overlay_root);
     opts.device_requires_dist = a.device_requires_dist.clone();
+    opts.expect_targets = a.expect.expect_targets.clone();
     opts.databases = databases;
     opts.scheme = a.compression.scheme();
     opts.level = a.compression_level;

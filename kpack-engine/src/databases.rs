@@ -22,7 +22,9 @@
 //! | `hotswap_cache` | `share/rocjitsu/translations/<domain>/v1/<64 hex>.man`/`.obj` | `gfx1250` for domain `gfx1250-b0-a0`; other domains: no claim |
 //! | `rocfft` | rocFFT's per-architecture kernel caches `rocfft_kernel_cache_<arch>.db` (any directory: `lib/rocfft/`, `bin/rocfft/` on Windows) | the bare processor (`gfx942`); the combined `rocfft_kernel_cache.db` stays generic |
 //!
-//! A target in a name is `gfx<digits><letters>[-strict][-xnack±]`. A file
+//! A target in a name is `gfx<digits><letters>[-strict][-xnack±]`, `_strict`
+//! read as `-strict` (a `gfx1250` handler key never comes from a
+//! `gfx1250_strict` name). A file
 //! no enabled handler claims is not a database file (it stays generic).
 
 use std::fmt;
@@ -35,7 +37,8 @@ use crate::target::{base_arch, normalize_feature_spelling, TargetId};
 use crate::{ArtifactError, Result};
 
 /// A target as database file names spell it.
-const GFX: &str = r"gfx\d+[a-z]*(?:-strict)?(?:-xnack[+-])?";
+/// `_strict` reads as `-strict` (the key is normalized in [`Database::detect`]).
+const GFX: &str = r"gfx\d+[a-z]*(?:[-_]strict)?(?:-xnack[+-])?";
 
 fn regex(pattern: &str) -> Regex {
     Regex::new(pattern).expect("the handlers' patterns are valid")
@@ -47,7 +50,7 @@ static LIBRARY_ARCH_DIR: LazyLock<Regex> = LazyLock::new(|| regex(&format!("/lib
 /// The targets MIOpen ships databases for; others stay generic.
 static MIOPEN_ARCH: LazyLock<Regex> = LazyLock::new(|| {
     regex(
-        r"gfx(?:90a|900|906|908|940|941|942|950|1010|1030|1100|1101|1102|1150|1151|1200|1201|1250(?:-strict)?)",
+        r"gfx(?:90a|900|906|908|940|941|942|950|1010|1030|1100|1101|1102|1150|1151|1200|1201|1250(?:[-_]strict)?)",
     )
 });
 /// Anchored at the start only (`libMIOpenCKConv_gfx942.so.1` is one too).
@@ -63,8 +66,6 @@ static HOTSWAP_FILE: LazyLock<Regex> = LazyLock::new(|| regex(r"^[0-9a-f]{64}\.(
 /// (`gcnArchName` cut at the first `:`): no features, no `-strict`.
 static ROCFFT_CACHE: LazyLock<Regex> =
     LazyLock::new(|| regex(r"(?:^|/)rocfft_kernel_cache_(gfx[0-9]+[a-z]*)\.db$"));
-/// AOTriton's family keys that are not target IDs (`gfx12_0`).
-static FAMILY_KEY: LazyLock<Regex> = LazyLock::new(|| regex(r"^gfx\d+(?:_\d+)+$"));
 
 /// One database handler. Handlers are consulted in this order (the order
 /// of [`Database::ALL`]), whatever order they are enabled in.
@@ -162,6 +163,12 @@ impl Database {
     /// its prefix root, `/`-separated), or `None` when it does not claim
     /// the file.
     pub(crate) fn detect(self, rel: &str) -> Option<String> {
+        let key = self.detect_as_spelled(rel)?;
+        Some(key.replace("_strict", "-strict"))
+    }
+
+    /// The key as the path spells it (`gfx1250_strict` kept).
+    fn detect_as_spelled(self, rel: &str) -> Option<String> {
         let name = rel.rsplit('/').next().unwrap_or(rel);
         match self {
             Database::Rocblas => tensile(rel, name, "rocblas/library"),
@@ -169,9 +176,7 @@ impl Database {
             Database::Hipsparselt => tensile(rel, name, "hipsparselt/library"),
             Database::Aotriton => aotriton(rel),
             Database::Miopen => miopen(rel, name),
-            Database::ComposableKernel => CK_STATIC_LIBRARY
-                .captures(name)
-                .map(|c| c[1].replace("_strict", "-strict")),
+            Database::ComposableKernel => CK_STATIC_LIBRARY.captures(name).map(|c| c[1].into()),
             Database::HipKernelProvider => hipkernelprovider(rel),
             Database::HotswapCache => hotswap_cache(rel),
             Database::Rocfft => ROCFFT_CACHE.captures(rel).map(|c| c[1].to_string()),
@@ -212,7 +217,7 @@ pub fn classify(enabled: &[Database], rel: &str) -> Option<Claim> {
 
 /// Is `key` an AOTriton family key that is not a target ID (`gfx12_0`)?
 pub(crate) fn is_family_key(key: &str) -> bool {
-    FAMILY_KEY.is_match(key)
+    crate::target::is_family_key(key)
 }
 
 /// Can `key` name a per-target artifact (`<prefix>_<key>`) or device
@@ -297,6 +302,38 @@ mod tests {
 
     fn key(d: Database, rel: &str) -> Option<String> {
         d.detect(rel)
+    }
+
+    /// `_strict` in a name is `-strict`: the strict target, never a
+    /// `gfx1250` claim cut short at the `_`.
+    #[test]
+    fn underscore_strict_names_are_strict_targets() {
+        for (d, rel) in [
+            (
+                Database::Rocblas,
+                "lib/rocblas/library/TensileLibrary_gfx1250_strict.dat",
+            ),
+            (
+                Database::Hipblaslt,
+                "lib/hipblaslt/library/Kernels_gfx1250_strict-xnack+.co",
+            ),
+            (Database::Miopen, "share/miopen/db/gfx1250_strict256.kdb"),
+            (Database::Miopen, "lib/libMIOpenCKFwd_gfx1250_strict.so"),
+            (
+                Database::ComposableKernel,
+                "lib/libdevice_conv_operations_gfx1250_strict.a",
+            ),
+            (
+                Database::HipKernelProvider,
+                "lib/engines/arch_content/gfx1250_strict/k",
+            ),
+        ] {
+            let c = d.claim(rel).unwrap_or_else(|| panic!("{rel}"));
+            assert_eq!(c.base, "gfx1250-strict", "{rel}: {c:?}");
+            assert!(c.key.starts_with("gfx1250-strict"), "{rel}: {c:?}");
+        }
+        let c = Database::Rocblas.claim("lib/rocblas/library/TensileLibrary_gfx1250.dat");
+        assert_eq!(c.unwrap().base, "gfx1250");
     }
 
     #[test]

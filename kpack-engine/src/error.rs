@@ -25,6 +25,8 @@ pub enum ArtifactError {
     UnknownDatabase { name: String },
     #[error("--gpu-targets: {what}")]
     BadGpuTargets { what: String },
+    #[error("--expect-targets: {what}")]
+    BadExpectTargets { what: String },
     #[error("{}: {what}", path.display())]
     Config { path: PathBuf, what: String },
     #[error("{}: already exists (pass --overwrite to replace it)", path.display())]
@@ -54,6 +56,26 @@ pub enum ArtifactError {
         component: String,
         shards: (String, String),
         differences: Vec<String>,
+    },
+    /// Two shards put different contents under one path of one output
+    /// artifact, and the config names no winner.
+    #[error(
+        "conflicting files: {artifact}/{path} differs between shard {} and shard {} (set validation.error_on_duplicate_device_code to false to take the primary shard's)",
+        shards.0, shards.1
+    )]
+    FileConflict {
+        artifact: String,
+        path: String,
+        shards: (String, String),
+    },
+    /// `--expect-targets`: a target listed is missing from the inputs, or
+    /// present with no code object.
+    #[error("refusing to build a partial {output}: {target} expected but {found} in {}", input.display())]
+    ExpectedTarget {
+        output: &'static str,
+        target: String,
+        found: String,
+        input: PathBuf,
     },
     #[error("{failed} of {total} artifact(s) failed")]
     ArtifactsFailed { failed: usize, total: usize },

@@ -29,6 +29,7 @@ pub mod bundle;
 mod databases;
 pub mod doctor;
 mod error;
+pub mod expect;
 pub mod install_tree;
 mod observer;
 mod pack;

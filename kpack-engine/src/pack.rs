@@ -574,7 +574,7 @@ fn code_ref(c: Located) -> CodeRef {
 }
 
 /// The bytes of a fat binary's bundle section.
-fn fatbin_section<'a>(src: &Path, classified: &Classified<'a>) -> Result<&'a [u8]> {
+pub(crate) fn fatbin_section<'a>(src: &Path, classified: &Classified<'a>) -> Result<&'a [u8]> {
     let bin =
         (classified.binary.as_ref()).map_err(|e| kpack_host::Error::binary(src, e.clone()))?;
     match bin.fatbin().with_path(src)? {
@@ -584,7 +584,7 @@ fn fatbin_section<'a>(src: &Path, classified: &Classified<'a>) -> Result<&'a [u8
 }
 
 /// The first 8 bytes of a file (fewer if it is shorter).
-fn read_head(path: &Path) -> Result<Vec<u8>> {
+pub(crate) fn read_head(path: &Path) -> Result<Vec<u8>> {
     let mut head = Vec::with_capacity(8);
     File::open(path)
         .and_then(|f| f.take(8).read_to_end(&mut head))

@@ -234,6 +234,114 @@ pub fn base_arch(key: &str) -> String {
     }
 }
 
+/// `text` as a target name in a file name reads: `_strict` is `-strict`
+/// (`gfx1250_strict` → `gfx1250-strict`; Composable Kernel and others spell
+/// it so), and the `-xnack`/`-sramecc` feature spellings are `:`
+/// ([`normalize_feature_spelling`]).
+pub fn normalize_name(text: &str) -> String {
+    normalize_feature_spelling(&text.replace("_strict", STRICT_SUFFIX))
+}
+
+/// Is `key` a family key that is not a target ID (`gfx12_0`, `gfx9_4`:
+/// rocm-bootstrap's sub-families, AOTriton's shared images)?
+pub fn is_family_key(key: &str) -> bool {
+    let Some(rest) = key.strip_prefix("gfx") else {
+        return false;
+    };
+    let mut parts = rest.split('_');
+    let all_digits = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
+    parts.next().is_some_and(all_digits) && {
+        let rest: Vec<&str> = parts.collect();
+        !rest.is_empty() && rest.iter().all(|p| all_digits(p))
+    }
+}
+
+/// What a target named by a user or a config (`--gpu-targets`,
+/// `--expect-targets`, an architecture group) selects. Targets are matched
+/// as whole target IDs, never as text: `gfx1250` does not select
+/// `gfx1250-strict` (nor a file named `..._gfx1250_strict...`), `gfx90`
+/// selects nothing but `gfx90`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TargetSelector {
+    /// A processor without features (`gfx90a`, `gfx1250-strict`,
+    /// `gfx11-generic`): every feature variant of it (`gfx90a`,
+    /// `gfx90a:xnack+`, `gfx90a:xnack-`), no other processor.
+    Processor(String),
+    /// A target ID with features (`gfx90a:xnack-`): exactly that one.
+    Exact(TargetId),
+    /// A family wildcard `gfx<digits>X` (TheRock's `gfx110X`, `gfx94X`,
+    /// `gfx125X`): the processors of that prefix and one more digit or
+    /// letter (`gfx125X`: `gfx1250`, `gfx1251`), but no strict or generic
+    /// processor, which must be named to be selected.
+    Family(String),
+    /// A family key that is not a target ID (`gfx12_0`): that key only.
+    Key(String),
+}
+
+impl TargetSelector {
+    /// Parse a selector: a family wildcard (`gfx125X`), a family key
+    /// (`gfx12_0`), or a target ID as file names may spell it
+    /// ([`normalize_name`]: `gfx1250_strict`, `gfx90a-xnack+`).
+    pub fn parse(text: &str) -> Result<Self, TargetError> {
+        if let Some(prefix) = text.strip_suffix('X') {
+            let digits = prefix.strip_prefix("gfx").unwrap_or("");
+            if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+                return Ok(TargetSelector::Family(prefix.to_string()));
+            }
+        }
+        if is_family_key(text) {
+            return Ok(TargetSelector::Key(text.to_string()));
+        }
+        let t = TargetId::parse(&normalize_name(text))?;
+        Ok(if t.features.is_empty() {
+            TargetSelector::Processor(t.processor)
+        } else {
+            TargetSelector::Exact(t)
+        })
+    }
+
+    /// Does this selector take code objects or files of `target`?
+    pub fn selects(&self, target: &TargetId) -> bool {
+        let p = target.processor();
+        match self {
+            TargetSelector::Processor(q) => p == q,
+            TargetSelector::Exact(t) => t == target,
+            TargetSelector::Family(prefix) => {
+                !target.is_strict()
+                    && !target.is_generic()
+                    && p.strip_prefix(prefix.as_str()).is_some_and(|rest| {
+                        rest.len() == 1
+                            && rest
+                                .bytes()
+                                .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase())
+                    })
+            }
+            TargetSelector::Key(_) => false,
+        }
+    }
+
+    /// [`TargetSelector::selects`] for a target or key as spelled in an
+    /// artifact, archive or file name (`gfx1250_strict`, `gfx90a-xnack+`,
+    /// `gfx12_0`); a name that is neither is selected by nothing.
+    pub fn selects_name(&self, name: &str) -> bool {
+        if let TargetSelector::Key(k) = self {
+            return k == name;
+        }
+        TargetId::parse(&normalize_name(name)).is_ok_and(|t| self.selects(&t))
+    }
+}
+
+impl fmt::Display for TargetSelector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TargetSelector::Processor(p) => f.write_str(p),
+            TargetSelector::Exact(t) => t.fmt(f),
+            TargetSelector::Family(prefix) => write!(f, "{prefix}X"),
+            TargetSelector::Key(k) => f.write_str(k),
+        }
+    }
+}
+
 fn for_each_combination(n: usize, k: usize, f: &mut dyn FnMut(&[usize])) {
     fn rec(start: usize, n: usize, k: usize, cur: &mut Vec<usize>, f: &mut dyn FnMut(&[usize])) {
         if cur.len() == k {
@@ -330,6 +438,69 @@ mod tests {
         ] {
             assert!(TargetId::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    fn sel(s: &str) -> TargetSelector {
+        TargetSelector::parse(s).unwrap()
+    }
+
+    /// Whole target IDs: a processor never selects another whose name it
+    /// starts, strict targets are their own, `_strict` reads as `-strict`.
+    #[test]
+    fn selectors_match_whole_target_ids() {
+        let g = sel("gfx1250");
+        assert!(g.selects_name("gfx1250"));
+        assert!(g.selects_name("gfx1250:xnack+"));
+        assert!(g.selects_name("gfx1250-xnack-"));
+        for other in [
+            "gfx1250-strict",
+            "gfx1250_strict",
+            "gfx1250-strict:xnack+",
+            "gfx12500",
+            "gfx125",
+            "gfx1251",
+        ] {
+            assert!(!g.selects_name(other), "gfx1250 selects {other}");
+        }
+        let strict = sel("gfx1250_strict");
+        assert_eq!(strict, sel("gfx1250-strict"));
+        assert_eq!(strict.to_string(), "gfx1250-strict");
+        assert!(strict.selects_name("gfx1250-strict-xnack+"));
+        assert!(strict.selects_name("gfx1250_strict"));
+        assert!(!strict.selects_name("gfx1250"));
+        assert!(!sel("gfx90").selects_name("gfx90a"));
+        assert!(!sel("gfx9").selects_name("gfx90a"));
+        let exact = sel("gfx90a:xnack-");
+        assert!(exact.selects_name("gfx90a:xnack-") && exact.selects_name("gfx90a-xnack-"));
+        assert!(!exact.selects_name("gfx90a") && !exact.selects_name("gfx90a:xnack+"));
+        let generic = sel("gfx12-generic");
+        assert!(generic.selects_name("gfx12-generic"));
+        assert!(!generic.selects_name("gfx1201") && !generic.selects_name("gfx1250"));
+    }
+
+    /// Family wildcards take the processors of their prefix and one more
+    /// character, strict and generic ones only when named.
+    #[test]
+    fn family_wildcards_leave_strict_targets_out() {
+        let f = sel("gfx125X");
+        assert_eq!(f.to_string(), "gfx125X");
+        assert!(f.selects_name("gfx1250") && f.selects_name("gfx1251:xnack+"));
+        assert!(!f.selects_name("gfx1250-strict") && !f.selects_name("gfx1250_strict"));
+        assert!(!f.selects_name("gfx12500") && !f.selects_name("gfx1201"));
+        let f = sel("gfx94X");
+        assert!(f.selects_name("gfx942:sramecc+:xnack-") && !f.selects_name("gfx90a"));
+        assert!(sel("gfx90X").selects_name("gfx90a"));
+        let key = sel("gfx12_0");
+        assert!(key.selects_name("gfx12_0") && !key.selects_name("gfx1200"));
+        assert!(!sel("gfx1200").selects_name("gfx12_0"));
+        for bad in ["gfxX", "X", "sm_80", "gfx12_", "gfx-strict", ""] {
+            assert!(TargetSelector::parse(bad).is_err(), "{bad}");
+        }
+        assert!(is_family_key("gfx9_4") && !is_family_key("gfx94") && !is_family_key("gfx_4"));
+        assert_eq!(
+            normalize_name("gfx1250_strict_xnack"),
+            "gfx1250-strict_xnack"
+        );
     }
 
     #[test]

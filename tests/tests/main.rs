@@ -45,6 +45,7 @@ mod pipeline;
 mod pipeline_bad;
 mod provenance;
 mod rocfft_caches;
+mod shard_agreement;
 mod therock;
 mod verify_tree;
 

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::manifest::GENERIC;
-use crate::target::TargetId;
+use crate::target::{TargetId, TargetSelector};
 use crate::{ArtifactError, Result};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -35,8 +35,10 @@ pub struct PackagingConfig {
 pub struct ArchitectureGroup {
     pub name: String,
     pub display_name: Option<String>,
-    /// Processors (`gfx90a`: every feature variant of it) or full target
-    /// IDs (`gfx90a:xnack-`: exactly that one).
+    /// Processors (`gfx90a`: every feature variant of it), full target
+    /// IDs (`gfx90a:xnack-`: exactly that one) or family wildcards
+    /// (`gfx125X`: gfx1250, gfx1251, not gfx1250-strict), as
+    /// [`TargetSelector`] reads them.
     pub architectures: Vec<String>,
 }
 
@@ -65,22 +67,18 @@ impl Default for Validation {
 impl ArchitectureGroup {
     /// Does `target` (a target ID, or a database family key such as
     /// AOTriton's `gfx12_0`, which only a group naming it takes) belong to
-    /// this group?
+    /// this group? Matched as whole target IDs ([`TargetSelector`]).
     pub fn contains(&self, target: &str) -> bool {
-        let Ok(t) = TargetId::parse(target) else {
-            return self.architectures.iter().any(|a| a == target);
-        };
-        self.architectures.iter().any(|a| arch_matches(a, &t))
+        self.architectures
+            .iter()
+            .any(|a| TargetSelector::parse(a).is_ok_and(|s| s.selects_name(target)))
     }
 }
 
-/// `arch` (a processor or a full target ID) takes `target`.
+/// `arch` (a processor, a full target ID or a family wildcard) takes
+/// `target` ([`TargetSelector::selects`]).
 pub(crate) fn arch_matches(arch: &str, target: &TargetId) -> bool {
-    match TargetId::parse(arch) {
-        Ok(a) if a.features().is_empty() => a.processor() == target.processor(),
-        Ok(a) => a == *target,
-        Err(_) => false,
-    }
+    TargetSelector::parse(arch).is_ok_and(|s| s.selects(target))
 }
 
 /// The config file as written.
@@ -144,8 +142,11 @@ impl ConfigFile {
         let mut owners: BTreeMap<String, &str> = BTreeMap::new();
         for (name, Object(group)) in &self.architecture_groups {
             for a in &group.architectures {
-                let Ok(t) = TargetId::parse(a) else { continue };
-                let p = t.processor().to_string();
+                let p = match TargetSelector::parse(a) {
+                    Ok(TargetSelector::Processor(p)) => p,
+                    Ok(TargetSelector::Exact(t)) => t.processor().to_string(),
+                    _ => continue,
+                };
                 match owners.get(&p) {
                     Some(other) if *other != name => {
                         return Err(format!(
@@ -195,15 +196,12 @@ fn check_group_name(field: &str, name: &str) -> std::result::Result<(), String> 
 }
 
 fn check_architecture(field: &str, a: &str) -> std::result::Result<(), String> {
-    if a == crate::target::SPIRV || crate::databases::is_family_key(a) {
-        return Ok(());
-    }
-    if !a.starts_with("gfx") {
+    if !a.starts_with("gfx") && a != crate::target::SPIRV {
         return Err(format!(
             "`{field}`: {a:?} does not start with \"gfx\" (an AMDGPU processor such as gfx1100)"
         ));
     }
-    TargetId::parse(a).map_err(|e| format!("`{field}`: {e}"))?;
+    TargetSelector::parse(a).map_err(|e| format!("`{field}`: {e}"))?;
     Ok(())
 }
 
@@ -307,6 +305,30 @@ mod tests {
         assert!(c.group_of("gfx908:xnack+").is_none());
         assert_eq!(c.group_of("gfx1101").unwrap().name, "gfx110X");
         assert!(c.group_of("gfx1102").is_none());
+    }
+
+    /// Groups take whole target IDs: a processor or family wildcard never
+    /// takes the strict target of the same ISA unless it is named.
+    #[test]
+    fn groups_match_whole_target_ids() {
+        let c = parse(
+            r#"{"primary_shard": "s", "architecture_groups": {
+                "gfx125X": {"architectures": ["gfx125X"]},
+                "strict": {"architectures": ["gfx1250_strict"]},
+                "gfx90X": {"architectures": ["gfx90a"]}}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.group_of("gfx1250").unwrap().name, "gfx125X");
+        assert_eq!(c.group_of("gfx1251:xnack+").unwrap().name, "gfx125X");
+        assert_eq!(c.group_of("gfx1250-strict").unwrap().name, "strict");
+        assert!(c.group_of("gfx12500").is_none());
+        assert!(c.group_of("gfx90").is_none());
+        let c = parse(
+            r#"{"primary_shard": "s", "architecture_groups": {"g": {"architectures": ["gfx1250"]}}}"#,
+        )
+        .unwrap();
+        assert!(c.group_of("gfx1250-strict").is_none());
+        assert!(c.group_of("gfx1250_strict").is_none());
     }
 
     #[test]

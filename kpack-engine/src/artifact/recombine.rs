@@ -39,6 +39,21 @@ pub struct RecombineOptions {
     pub output_dir: PathBuf,
     /// Only these components (all when empty).
     pub components: Vec<String>,
+    /// `--expect-targets`: targets every one of which some shard must
+    /// provide code objects for ([`crate::expect`]), checked before
+    /// anything is written.
+    pub expect_targets: Vec<String>,
+}
+
+impl RecombineOptions {
+    /// All components, nothing expected.
+    pub fn new(output_dir: impl Into<PathBuf>) -> Self {
+        RecombineOptions {
+            output_dir: output_dir.into(),
+            components: Vec::new(),
+            expect_targets: Vec::new(),
+        }
+    }
 }
 
 /// What recombine did (`--json`).
@@ -56,10 +71,41 @@ pub struct RecombineSummary {
     pub unassigned_targets: Vec<String>,
     /// Configured architectures no shard provides.
     pub missing_architectures: Vec<String>,
+    /// Paths of a group artifact that two shards provide with different
+    /// contents (allowed only with `error_on_duplicate_device_code` false:
+    /// the primary shard's, else the first shard's in sorted order, taken).
+    pub file_conflicts: Vec<FileConflict>,
+    /// Files of a generic artifact that differ between the shard taken and
+    /// another (offloaded binaries compared by their HIPK metadata), listed
+    /// even though the taken shard wins.
+    pub generic_differences: Vec<GenericDifference>,
     pub warnings: Vec<String>,
     pub notes: Vec<String>,
     pub bytes_out: u64,
     pub seconds: f64,
+}
+
+/// One path of a group artifact that shards provide differently.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FileConflict {
+    pub artifact: String,
+    /// Relative to the artifact (`<prefix>/<path>`).
+    pub path: String,
+    /// The shards providing it, sorted.
+    pub shards: Vec<String>,
+    /// The shard whose file was taken.
+    pub taken_from: String,
+}
+
+/// One file of a component's generic artifact that differs between shards.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GenericDifference {
+    pub artifact: String,
+    /// Relative to the artifact.
+    pub path: String,
+    /// The shard taken, then the one that differs.
+    pub shards: [String; 2],
+    pub what: String,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -95,6 +141,9 @@ struct Planned {
     other_generics: Vec<PathBuf>,
     /// Group -> target -> (shard, artifact dir).
     groups: BTreeMap<String, BTreeMap<String, (String, PathBuf)>>,
+    /// Group -> path (`<prefix>/<rel>`) shards provide differently -> the
+    /// target whose file is taken.
+    winners: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 impl RecombineSummary {
@@ -139,6 +188,7 @@ pub fn recombine(
     let mut components = collect_components(&shards, &mut s, observer)?;
     check_missing_architectures(&components, config, &mut s, observer)?;
     select_components(&mut components, &opts.components, input)?;
+    check_expected(&components, &opts.expect_targets, input)?;
     let plans = plan_components(&components, config, input, &mut s, observer)?;
     let mut outputs = check_outputs(&plans, &opts.output_dir)?;
     observer.add_work(
@@ -348,9 +398,7 @@ fn plan_component(
 ) -> Result<(Planned, String)> {
     let generic_from = generic_source(name, c, config, input, s, observer)?;
     let generic = c.generics[&generic_from].clone();
-    if config.validation.verify_generic_artifacts_match {
-        check_generics_match(name, c, &generic_from)?;
-    }
+    generic_differences(name, c, &generic_from, config, s, observer)?;
     let mut groups: BTreeMap<String, BTreeMap<String, (String, PathBuf)>> = BTreeMap::new();
     for (target, by_shard) in &c.targets {
         let Some(group) = config.group_of(target) else {
@@ -375,11 +423,20 @@ fn plan_component(
         .filter(|(shard, _)| **shard != generic_from)
         .map(|(_, dir)| dir.clone())
         .collect();
+    let mut winners = BTreeMap::new();
+    for (g, targets) in &groups {
+        let artifact = format!("{name}_{g}");
+        winners.insert(
+            g.clone(),
+            group_conflicts(&artifact, targets, config, s, observer)?,
+        );
+    }
     let plan = Planned {
         name: name.to_string(),
         generic,
         other_generics,
         groups,
+        winners,
     };
     Ok((plan, generic_from))
 }
@@ -411,24 +468,204 @@ fn generic_source(
     Ok(first.clone())
 }
 
-/// `validation.verify_generic_artifacts_match`: every shard's generic
-/// artifact matches the one taken.
-fn check_generics_match(name: &str, c: &Component, taken: &str) -> Result<()> {
+/// The files of every other shard's generic artifact that differ from the
+/// one taken: an error with `validation.verify_generic_artifacts_match`,
+/// else each listed in the summary with a warning (the taken shard wins).
+fn generic_differences(
+    name: &str,
+    c: &Component,
+    taken: &str,
+    config: &PackagingConfig,
+    s: &mut RecombineSummary,
+    observer: &dyn Observer,
+) -> Result<()> {
     let generic = &c.generics[taken];
+    let artifact = generic_name(name);
     for (shard, dir) in &c.generics {
         if shard == taken {
             continue;
         }
         let differences = compare_generic(generic, dir)?;
-        if !differences.is_empty() {
+        if differences.is_empty() {
+            continue;
+        }
+        if config.validation.verify_generic_artifacts_match {
             return Err(ArtifactError::GenericMismatch {
                 component: name.to_string(),
                 shards: (taken.to_string(), shard.clone()),
-                differences,
+                differences: shown(&differences),
+            });
+        }
+        for d in differences {
+            let msg = format!(
+                "{artifact}/{}: {} (shards {taken} and {shard}): taken from {taken}",
+                d.path, d.what
+            );
+            s.warn(observer, msg);
+            s.generic_differences.push(GenericDifference {
+                artifact: artifact.clone(),
+                path: d.path,
+                shards: [taken.to_string(), shard.clone()],
+                what: d.what,
             });
         }
     }
     Ok(())
+}
+
+/// The first few differences, as an error message lists them.
+fn shown(differences: &[Difference]) -> Vec<String> {
+    const MAX: usize = 5;
+    let mut v: Vec<String> = differences
+        .iter()
+        .take(MAX)
+        .map(|d| d.to_string())
+        .collect();
+    if differences.len() > MAX {
+        v.push("...".into());
+    }
+    v
+}
+
+/// One file (or symlink) of a group artifact, as a target's artifact
+/// provides it.
+struct Provided {
+    shard: String,
+    target: String,
+    path: PathBuf,
+    node: Node,
+}
+
+/// The paths of group artifact `artifact` that its targets' artifacts
+/// provide with different contents from different shards: an error
+/// ([`ArtifactError::FileConflict`], naming the path and both shards)
+/// unless `error_on_duplicate_device_code` is false, when the primary
+/// shard's (else the first shard's in sorted order) is taken and the
+/// conflict listed. Returns path -> the target whose file is taken.
+/// (Different contents from one shard's targets fail when the artifact is
+/// assembled.)
+fn group_conflicts(
+    artifact: &str,
+    targets: &BTreeMap<String, (String, PathBuf)>,
+    config: &PackagingConfig,
+    s: &mut RecombineSummary,
+    observer: &dyn Observer,
+) -> Result<BTreeMap<String, String>> {
+    let mut seen: BTreeMap<String, Vec<Provided>> = BTreeMap::new();
+    for (target, (shard, src)) in targets {
+        for p in read_manifest(src)? {
+            let root = src.join(&p);
+            if !root.is_dir() {
+                continue;
+            }
+            for n in scan(&root)? {
+                if n.kind == NodeKind::Dir {
+                    continue;
+                }
+                let rel = format!("{p}/{}", n.rel_str(&root)?);
+                let path = root.join(&n.rel);
+                seen.entry(rel).or_default().push(Provided {
+                    shard: shard.clone(),
+                    target: target.clone(),
+                    path,
+                    node: n,
+                });
+            }
+        }
+    }
+    let mut winners = BTreeMap::new();
+    for (rel, provided) in &seen {
+        let Some(winner) = conflict_winner(provided, &config.primary_shard)? else {
+            continue;
+        };
+        let first = &provided[0].shard;
+        let other = provided
+            .iter()
+            .find(|p| &p.shard != first)
+            .map_or(first, |p| &p.shard);
+        if config.validation.error_on_duplicate_device_code {
+            return Err(ArtifactError::FileConflict {
+                artifact: artifact.to_string(),
+                path: rel.clone(),
+                shards: (first.clone(), other.clone()),
+            });
+        }
+        let shards: BTreeSet<String> = provided.iter().map(|p| p.shard.clone()).collect();
+        let shards: Vec<String> = shards.into_iter().collect();
+        let msg = format!(
+            "{artifact}/{rel}: shards {} provide different contents: taken from {}",
+            shards.join(", "),
+            winner.shard
+        );
+        s.warn(observer, msg);
+        s.file_conflicts.push(FileConflict {
+            artifact: artifact.to_string(),
+            path: rel.clone(),
+            shards,
+            taken_from: winner.shard.clone(),
+        });
+        winners.insert(rel.clone(), winner.target.clone());
+    }
+    Ok(winners)
+}
+
+/// When the providers of one path come from more than one shard and do
+/// not all agree: the one taken (of the primary shard, else of the first
+/// shard in sorted order). `None` when there is nothing to decide.
+fn conflict_winner<'a>(provided: &'a [Provided], primary: &str) -> Result<Option<&'a Provided>> {
+    let first = &provided[0];
+    if provided.iter().all(|p| p.shard == first.shard) {
+        return Ok(None);
+    }
+    let mut agree = true;
+    for p in &provided[1..] {
+        agree &= same_entry(&first.node, &first.path, &p.node, &p.path)?;
+    }
+    if agree {
+        return Ok(None);
+    }
+    let by_shard = |p: &&Provided| (p.shard != primary, p.shard.clone());
+    Ok(provided.iter().min_by_key(by_shard))
+}
+
+/// The same symlink target, or two files with the same bytes.
+fn same_entry(a: &Node, pa: &Path, b: &Node, pb: &Path) -> Result<bool> {
+    Ok(match (&a.kind, &b.kind) {
+        (NodeKind::Symlink(x), NodeKind::Symlink(y)) => x == y,
+        (NodeKind::File { .. }, NodeKind::File { .. }) => same_bytes(pa, pb)?,
+        _ => false,
+    })
+}
+
+/// `--expect-targets`: every target expected has code objects (a `.kpack`
+/// archive in its artifact) in some shard of the components recombined.
+fn check_expected(
+    components: &BTreeMap<String, Component>,
+    expected: &[String],
+    input: &Path,
+) -> Result<()> {
+    if expected.is_empty() {
+        return Ok(());
+    }
+    let mut present = crate::expect::Present::default();
+    for c in components.values() {
+        for (target, by_shard) in &c.targets {
+            for dir in by_shard.values() {
+                present.add(target, holds_archive(dir)?);
+            }
+        }
+    }
+    crate::expect::check(expected, &present, "recombined artifact set", input)
+}
+
+/// Does a target artifact hold a `.kpack` archive (code objects, not only
+/// database files)?
+fn holds_archive(dir: &Path) -> Result<bool> {
+    Ok(scan(dir)?.iter().any(|n| {
+        matches!(n.kind, NodeKind::File { .. })
+            && n.rel.extension().is_some_and(|e| e == "kpack")
+            && n.rel.components().any(|c| c.as_os_str() == ".kpack")
+    }))
 }
 
 /// The shard (and artifact) a target of a component is taken from: the only
@@ -456,7 +693,7 @@ fn target_source(
             continue;
         }
         if let Some(d) = compare_trees(pick.1, dir)?.into_iter().next() {
-            differing.push((shard.clone(), d));
+            differing.push((shard.clone(), d.to_string()));
         }
     }
     let shards: Vec<String> = by_shard.keys().cloned().collect();
@@ -531,7 +768,8 @@ fn assemble(
             let mut groups = Vec::new();
             for (g, targets) in &p.groups {
                 let artifact = format!("{}_{g}", p.name);
-                let (prefixes, n) = merge_targets(&staging.join(&artifact), targets)?;
+                let winners = p.winners.get(g).cloned().unwrap_or_default();
+                let (prefixes, n) = merge_targets(&staging.join(&artifact), targets, &winners)?;
                 bytes += n;
                 groups.push(GroupSummary {
                     group: g.clone(),
@@ -577,6 +815,7 @@ fn refuse_symlink_ancestor(dir: &Path, rel: &Path, target: &str) -> Result<()> {
 fn merge_targets(
     dir: &Path,
     targets: &BTreeMap<String, (String, PathBuf)>,
+    winners: &BTreeMap<String, String>,
 ) -> Result<(Vec<String>, u64)> {
     make_dirs(dir)?;
     let mut prefixes = BTreeSet::new();
@@ -588,7 +827,7 @@ fn merge_targets(
             if !root.is_dir() {
                 continue;
             }
-            bytes += merge_prefix(dir, &root, &p, target)?;
+            bytes += merge_prefix(dir, &root, &p, target, winners)?;
             modes.push((dir.join(&p), root));
             prefixes.insert(p);
         }
@@ -603,9 +842,16 @@ fn merge_targets(
     Ok((prefixes, bytes))
 }
 
-/// Copy prefix `p` of `target`'s artifact (at `root`) into `dir`; returns
-/// the bytes of the files copied.
-fn merge_prefix(dir: &Path, root: &Path, p: &str, target: &str) -> Result<u64> {
+/// Copy prefix `p` of `target`'s artifact (at `root`) into `dir`, but not
+/// the paths of `winners` another target's file is taken for; returns the
+/// bytes of the files copied.
+fn merge_prefix(
+    dir: &Path,
+    root: &Path,
+    p: &str,
+    target: &str,
+    winners: &BTreeMap<String, String>,
+) -> Result<u64> {
     refuse_symlink_ancestor(dir, Path::new(p), target)?;
     make_dirs(&dir.join(p))?;
     let mut bytes = 0;
@@ -621,6 +867,10 @@ fn merge_prefix(dir: &Path, root: &Path, p: &str, target: &str) -> Result<u64> {
         match &n.kind {
             NodeKind::Dir => make_dirs(&to)?,
             kind => {
+                let key = format!("{p}/{}", n.rel_str(root)?);
+                if winners.get(&key).is_some_and(|w| w != target) {
+                    continue;
+                }
                 if fs::symlink_metadata(&to).is_ok() {
                     check_same(&n, &from, &to, p, target)?;
                     continue;
@@ -655,21 +905,32 @@ fn check_same(n: &Node, from: &Path, to: &Path, p: &str, target: &str) -> Result
     ))
 }
 
+/// One difference between two artifact trees.
+struct Difference {
+    path: String,
+    what: String,
+}
+
+impl std::fmt::Display for Difference {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.path, self.what)
+    }
+}
+
 /// Differences between two artifact trees (paths, symlink targets, bytes),
-/// at most a few, in path order.
-fn compare_trees(a: &Path, b: &Path) -> Result<Vec<String>> {
+/// in path order.
+fn compare_trees(a: &Path, b: &Path) -> Result<Vec<Difference>> {
     compare(a, b, false)
 }
 
 /// Like [`compare_trees`], but offloaded binaries compare by their HIPK
 /// metadata and wrapper count (their bytes legitimately differ between
 /// shards).
-fn compare_generic(a: &Path, b: &Path) -> Result<Vec<String>> {
+fn compare_generic(a: &Path, b: &Path) -> Result<Vec<Difference>> {
     compare(a, b, true)
 }
 
-fn compare(a: &Path, b: &Path, offloaded_by_metadata: bool) -> Result<Vec<String>> {
-    const MAX: usize = 5;
+fn compare(a: &Path, b: &Path, offloaded_by_metadata: bool) -> Result<Vec<Difference>> {
     let index = |dir: &Path| -> Result<BTreeMap<PathBuf, Node>> {
         Ok(scan(dir)?.into_iter().map(|n| (n.rel.clone(), n)).collect())
     };
@@ -677,47 +938,39 @@ fn compare(a: &Path, b: &Path, offloaded_by_metadata: bool) -> Result<Vec<String
     let mut diffs = Vec::new();
     let keys: BTreeSet<&PathBuf> = ia.keys().chain(ib.keys()).collect();
     for k in keys {
-        if diffs.len() >= MAX {
-            diffs.push("...".into());
-            break;
-        }
-        let shown = k.display();
-        match (ia.get(k), ib.get(k)) {
-            (Some(_), None) => diffs.push(format!("{shown} only in the first")),
-            (None, Some(_)) => diffs.push(format!("{shown} only in the second")),
-            (Some(x), Some(y)) => match (&x.kind, &y.kind) {
-                (NodeKind::Dir, NodeKind::Dir) => {}
-                (NodeKind::Symlink(s), NodeKind::Symlink(t)) => {
-                    if s != t {
-                        diffs.push(format!(
-                            "{shown}: symlink to {} vs {}",
-                            s.display(),
-                            t.display()
-                        ));
-                    }
-                }
-                (NodeKind::File { .. }, NodeKind::File { .. }) => {
-                    let (pa, pb) = (a.join(k), b.join(k));
-                    if offloaded_by_metadata {
-                        if let (Some(ma), Some(mb)) = (offloaded(&pa), offloaded(&pb)) {
-                            if ma != mb {
-                                diffs.push(format!(
-                                    "{shown}: offloaded binaries with different kernel names, search paths or wrapper counts"
-                                ));
-                            }
-                            continue;
-                        }
-                    }
-                    if !same_bytes(&pa, &pb)? {
-                        diffs.push(format!("{shown}: different bytes"));
-                    }
-                }
-                _ => diffs.push(format!("{shown}: different kinds of entry")),
-            },
-            (None, None) => {}
+        let what = match (ia.get(k), ib.get(k)) {
+            (Some(_), None) => Some("only in the first".to_string()),
+            (None, Some(_)) => Some("only in the second".to_string()),
+            (Some(x), Some(y)) => differ(x, y, &a.join(k), &b.join(k), offloaded_by_metadata)?,
+            (None, None) => None,
+        };
+        if let Some(what) = what {
+            let path = k.to_string_lossy().replace('\\', "/");
+            diffs.push(Difference { path, what });
         }
     }
     Ok(diffs)
+}
+
+/// How two entries of one path differ, if they do.
+fn differ(x: &Node, y: &Node, pa: &Path, pb: &Path, by_metadata: bool) -> Result<Option<String>> {
+    Ok(match (&x.kind, &y.kind) {
+        (NodeKind::Dir, NodeKind::Dir) => None,
+        (NodeKind::Symlink(s), NodeKind::Symlink(t)) => {
+            (s != t).then(|| format!("symlink to {} vs {}", s.display(), t.display()))
+        }
+        (NodeKind::File { .. }, NodeKind::File { .. }) => {
+            if by_metadata {
+                if let (Some(ma), Some(mb)) = (offloaded(pa), offloaded(pb)) {
+                    return Ok((ma != mb).then(|| {
+                        "offloaded binaries with different kernel names, search paths or wrapper counts".to_string()
+                    }));
+                }
+            }
+            (!same_bytes(pa, pb)?).then(|| "different bytes".to_string())
+        }
+        _ => Some("different kinds of entry".to_string()),
+    })
 }
 
 /// What must match between shards of an offloaded binary: its kernel name,
@@ -770,6 +1023,7 @@ mod tests {
         let opts = RecombineOptions {
             output_dir: out.to_path_buf(),
             components: Vec::new(),
+            expect_targets: Vec::new(),
         };
         recombine(input, &config(), &opts, &Silent)
     }
@@ -813,6 +1067,7 @@ mod tests {
             let opts = RecombineOptions {
                 output_dir: dir.join("out"),
                 components: Vec::new(),
+                expect_targets: Vec::new(),
             };
             let r = recombine(&dir.join("shards"), &config(), &opts, &DieOnAdvance);
             panic!("not killed: {:?}", r.map(|_| ()));

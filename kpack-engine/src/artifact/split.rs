@@ -28,7 +28,7 @@ use super::manifest::{
 use crate::archive::{Scheme, DEFAULT_ZSTD_LEVEL};
 use crate::databases::{classify, is_artifact_key, Database};
 use crate::pack::{self, search_path, Done, FileJob, Offloaded, Packer, TreeCounts};
-use crate::target::base_arch;
+use crate::target::{base_arch, normalize_name, TargetSelector};
 use crate::tree::{
     copy_dir_modes, copy_mode, make_dirs, owner_writable, scan, tree_bytes, Node, NodeKind,
 };
@@ -54,21 +54,27 @@ pub struct SplitOptions {
     /// `--gpu-targets`: keep only code objects and database files of these
     /// base targets (formats.md §6.3); `None`: keep everything.
     pub gpu_targets: Option<GpuTargets>,
+    /// `--expect-targets`: targets each of which must have code objects in
+    /// the input (those `gpu_targets` keeps), checked before anything is
+    /// written ([`crate::expect`]).
+    pub expect_targets: Vec<String>,
 }
 
 /// The set S of `--gpu-targets` (formats.md §6.3): the [`base_arch`] of each target
-/// given. Code objects and database files whose base target is not in S
-/// are dropped (the job for that target emits them); every fat binary is
-/// still offloaded.
+/// given, each a [`TargetSelector`] (whole target IDs: `gfx1250` keeps no
+/// `gfx1250-strict` code object or file). Code objects and database files
+/// whose base target S does not select are dropped (the job for that
+/// target emits them); every fat binary is still offloaded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuTargets {
-    set: BTreeSet<String>,
+    set: BTreeSet<TargetSelector>,
 }
 
 impl GpuTargets {
     /// The set of the base targets of `targets`: each a target ID (the
-    /// `-xnack`/`-sramecc` spellings accepted) or a database family key.
-    /// An empty list is refused (no filtering is `None`).
+    /// `-xnack`/`-sramecc` and `_strict` spellings accepted), a family
+    /// wildcard (`gfx110X`) or a database family key. An empty list is
+    /// refused (no filtering is `None`).
     pub fn new<S: AsRef<str>>(targets: &[S]) -> Result<GpuTargets> {
         if targets.is_empty() {
             return Err(ArtifactError::BadGpuTargets {
@@ -78,24 +84,26 @@ impl GpuTargets {
         let mut set = BTreeSet::new();
         for t in targets {
             let t = t.as_ref();
-            if !is_artifact_key(t) {
-                return Err(ArtifactError::BadGpuTargets {
+            let selector = TargetSelector::parse(&base_arch(&normalize_name(t))).map_err(|_| {
+                ArtifactError::BadGpuTargets {
                     what: format!("{t:?} is not a target ID (such as gfx942 or gfx90a:xnack-)"),
-                });
-            }
-            set.insert(base_arch(t));
+                }
+            })?;
+            set.insert(selector);
         }
         Ok(GpuTargets { set })
     }
 
-    /// Is the base target of `target` (a target ID or database key) in S?
+    /// Does S select the base target of `target` (a target ID or database
+    /// key)?
     pub fn keeps(&self, target: &str) -> bool {
-        self.set.contains(&base_arch(target))
+        let base = base_arch(&normalize_name(target));
+        self.set.iter().any(|s| s.selects_name(&base))
     }
 
     /// The base targets, sorted.
-    pub fn bases(&self) -> impl Iterator<Item = &str> + '_ {
-        self.set.iter().map(String::as_str)
+    pub fn bases(&self) -> impl Iterator<Item = String> + '_ {
+        self.set.iter().map(|s| s.to_string())
     }
 }
 
@@ -110,6 +118,7 @@ impl SplitOptions {
             keep_going: false,
             tmp_dir: None,
             gpu_targets: None,
+            expect_targets: Vec::new(),
         }
     }
 }
@@ -213,6 +222,7 @@ pub fn split_artifact(
     let start = Instant::now();
     check_prefix_name(artifact_dir, artifact_prefix)?;
     let plan = plan(artifact_dir, artifact_prefix, opts)?;
+    check_expected(&[&plan], opts, artifact_dir)?;
     let created = check_output_dir(opts)?;
     observer.add_work(plan.bytes);
     let a = run(&plan, opts, observer).inspect_err(|_| created.undo())?;
@@ -245,6 +255,8 @@ pub fn split_batch(
     };
     let inputs = batch_inputs(parent, opts, &mut summary, observer)?;
     let plans = plan_batch(&inputs, opts, observer)?;
+    let planned: Vec<&Plan> = plans.iter().filter_map(|p| p.as_ref().ok()).collect();
+    check_expected(&planned, opts, parent)?;
     let created = check_output_dir(opts)?;
     observer.add_work(plans.iter().flatten().map(|p| p.bytes).sum());
     let results = run_batch(plans, opts, observer);
@@ -374,7 +386,7 @@ fn run_batch(
 
 fn gpu_target_list(opts: &SplitOptions) -> Option<Vec<String>> {
     let g = opts.gpu_targets.as_ref()?;
-    Some(g.bases().map(str::to_string).collect())
+    Some(g.bases().collect())
 }
 
 fn finish(s: &mut SplitSummary, start: Instant) {
@@ -566,6 +578,24 @@ impl Layout {
 /// Per target: the prefixes its artifact gets something in.
 type TargetPrefixes = BTreeMap<String, BTreeSet<String>>;
 
+/// `--expect-targets`: every target expected has code objects in the
+/// prefixes of the planned artifacts (those `--gpu-targets` keeps), before
+/// the output directory is touched.
+fn check_expected(plans: &[&Plan], opts: &SplitOptions, input: &Path) -> Result<()> {
+    if opts.expect_targets.is_empty() {
+        return Ok(());
+    }
+    crate::expect::parse(&opts.expect_targets)?;
+    let keep = |t: &str| opts.gpu_targets.as_ref().is_none_or(|g| g.keeps(t));
+    let mut present = crate::expect::Present::default();
+    for plan in plans {
+        for p in &plan.prefixes {
+            present.add_tree(&plan.dir.join(p), &opts.databases, &keep)?;
+        }
+    }
+    crate::expect::check(&opts.expect_targets, &present, "split artifact set", input)
+}
+
 /// Split one planned artifact. The plan:
 /// 1. stage: a staging directory in the output directory, scratch space;
 /// 2. walk the input's prefixes: directories and symlinks are created in
@@ -664,7 +694,7 @@ fn check_targets_matched(plan: &Plan, opts: &SplitOptions, a: &ArtifactSummary) 
     if a.counts.binaries == 0 || a.counts.code_objects > 0 {
         return Ok(());
     }
-    let set: Vec<&str> = g.bases().collect();
+    let set: Vec<String> = g.bases().collect();
     Err(ArtifactError::input(
         &plan.dir,
         format!(

@@ -58,6 +58,9 @@ pub struct VerifyOptions {
     /// artifacts are checked with every handler: a database file there
     /// must be of the artifact's own target.)
     pub databases: Vec<Database>,
+    /// `--expect-targets`: targets each of which some artifact must serve
+    /// code objects for ([`crate::expect`]); one missing is an error.
+    pub expect_targets: Vec<String>,
 }
 
 /// What verify found (`--json`).
@@ -167,6 +170,7 @@ pub fn verify_artifacts(
         artifacts.len()
     ));
     let checked = check_each(&artifacts, opts, &mut report, &mut found);
+    check_expected(&artifacts, &report, opts, dir)?;
     let components: BTreeSet<&String> = artifacts.iter().map(|a| &a.component).collect();
     report.components = components.len();
     check_components(&artifacts, &checked, &mut found);
@@ -292,6 +296,30 @@ fn role_of(suffix: &Suffix, config: Option<&PackagingConfig>) -> std::result::Re
             "{s:?} is neither \"generic\" nor a target ID (recombined artifacts need --config)"
         )),
     }
+}
+
+/// `--expect-targets`: every target expected is served by an archive of
+/// some artifact (a per-target artifact with database files only does not
+/// count).
+fn check_expected(
+    artifacts: &[Artifact],
+    report: &VerifyReport,
+    opts: &VerifyOptions,
+    dir: &Path,
+) -> Result<()> {
+    if opts.expect_targets.is_empty() {
+        return Ok(());
+    }
+    let mut present = crate::expect::Present::default();
+    for a in artifacts {
+        if let Role::Device(what) = &a.role {
+            present.add(what, false);
+        }
+    }
+    for t in &report.targets {
+        present.add(t, true);
+    }
+    crate::expect::check(&opts.expect_targets, &present, "artifact set", dir)
 }
 
 /// Step 3: the layout of every artifact, then the checks of its role.

@@ -122,6 +122,10 @@ pub struct SplitWheelOptions {
     pub variant_format: VariantFormat,
     /// Scratch space (default: the output directory).
     pub tmp_dir: Option<PathBuf>,
+    /// `--expect-targets`: targets each of which must have code objects in
+    /// the wheel (checked per wheel, before any output of it is written;
+    /// [`crate::expect`]).
+    pub expect_targets: Vec<String>,
 }
 
 impl SplitWheelOptions {
@@ -142,6 +146,7 @@ impl SplitWheelOptions {
             variant_label: None,
             variant_format: VariantFormat::Upstream,
             tmp_dir: None,
+            expect_targets: Vec::new(),
         }
     }
 
@@ -285,12 +290,14 @@ pub fn split_wheel(
 ) -> Result<WheelSummary> {
     let start = Instant::now();
     check_input(input, opts)?;
+    crate::expect::parse(&opts.expect_targets)?;
     fs::create_dir_all(&opts.output_dir).map_err(|e| WheelError::io(&opts.output_dir, e))?;
     let scratch = ScratchDir::new(opts.tmp_dir.as_deref().unwrap_or(&opts.output_dir))?;
     let input = unpack(input, scratch.path(), observer)?;
     let id = identity::read(&input.path, &input.root)?;
     observer.note(&format!("wheel {} {} ({})", id.name, id.version, id.tag()));
     let scan = scan_wheel(&input, opts, observer)?;
+    check_expected(&input, &scan, opts)?;
     let offloaded = offload(&input, &id, &scan, opts, scratch.path(), observer)?;
     let outputs = Outputs::plan(
         &input,
@@ -576,6 +583,31 @@ fn scan_wheel(input: &Input, opts: &SplitWheelOptions, observer: &dyn Observer) 
         databases,
         notes,
     })
+}
+
+/// `--expect-targets`: every target expected has code objects in the
+/// wheel's fat binaries, before anything of it is written.
+fn check_expected(input: &Input, scan: &Scan, opts: &SplitWheelOptions) -> Result<()> {
+    if opts.expect_targets.is_empty() {
+        return Ok(());
+    }
+    let mut present = crate::expect::Present::default();
+    for rel in &scan.fat {
+        let path = input.root.join(rel);
+        present
+            .add_binary(&path)
+            .map_err(|e| input.member_error(e))?;
+    }
+    for key in scan.databases.values() {
+        present.add(key, false);
+    }
+    crate::expect::check(
+        &opts.expect_targets,
+        &present,
+        "device wheel set",
+        &input.path,
+    )?;
+    Ok(())
 }
 
 /// `overlay/` (empty for the wheel's root).
