@@ -13,8 +13,8 @@ use kpack_engine::artifact::recombine::RecombineSummary;
 use kpack_engine::artifact::split::SplitSummary;
 use kpack_engine::artifact::verify::VerifyReport;
 use kpack_engine::artifact::{
-    self, GpuTargets, PackTreeOptions, PackagingConfig, RecombineOptions, SplitInput,
-    SplitOptions, VerifyOptions,
+    self, GpuTargets, PackTreeOptions, PackagingConfig, RecombineOptions, SplitInput, SplitOptions,
+    VerifyOptions,
 };
 use kpack_engine::{with_jobs, Database, Observer};
 use kpack_format::bytes::format_size;

@@ -119,7 +119,9 @@ where
         Err(e) => {
             return Captured {
                 json: None,
-                result: Err(CommandError::Usage(e.render().to_string().trim_end().into())),
+                result: Err(CommandError::Usage(
+                    e.render().to_string().trim_end().into(),
+                )),
             }
         }
     };

@@ -124,11 +124,8 @@ pub fn split_wheels(a: SplitWheelsArgs) -> Result<(), Box<dyn std::error::Error>
     if a.variant_format == Variants::Pep825 && a.variant_label.is_some() {
         return Err(named(&"--variant-label names the upstream-format variant wheel; PEP 825 variant wheels are labelled by their target").into());
     }
-    let databases = wheel::databases_for(
-        &a.input[0],
-        a.wheel_type.as_deref(),
-        a.databases.as_deref(),
-    )?;
+    let databases =
+        wheel::databases_for(&a.input[0], a.wheel_type.as_deref(), a.databases.as_deref())?;
     let mut opts = SplitWheelOptions::new(&a.output_dir, &a.device_package_prefix, &a.overlay_root);
     opts.device_requires_dist = a.device_requires_dist.clone();
     opts.databases = databases;

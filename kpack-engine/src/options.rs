@@ -37,11 +37,7 @@ pub fn compression_level(level: i32) -> Result<i32> {
     }
     Err(ArtifactError::BadOption {
         option: "compression level",
-        what: format!(
-            "{level} is not in {}..={}",
-            LEVELS.start(),
-            LEVELS.end()
-        ),
+        what: format!("{level} is not in {}..={}", LEVELS.start(), LEVELS.end()),
     })
 }
 

@@ -12,8 +12,8 @@ use std::path::PathBuf;
 use kpack_engine::artifact::{
     self, GpuTargets, PackTreeOptions, PackagingConfig, SplitInput, SplitOptions, VerifyOptions,
 };
-use kpack_engine::wheel::{self, OutputFormat, SplitWheelOptions};
 use kpack_engine::doctor as diagnose;
+use kpack_engine::wheel::{self, OutputFormat, SplitWheelOptions};
 use kpack_engine::{options, with_jobs, Database, Observer};
 use kpack_host::offload::OffloadOptions;
 use pyo3::prelude::*;

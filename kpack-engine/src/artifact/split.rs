@@ -233,9 +233,9 @@ impl<'a> SplitInput<'a> {
         };
         match (artifact_dir, batch_parent) {
             (Some(dir), None) => Ok(SplitInput::Artifact { dir, prefix }),
-            (None, Some(_)) if prefix.is_some() => {
-                Err(bad("an artifact prefix goes with an artifact directory, not a batch"))
-            }
+            (None, Some(_)) if prefix.is_some() => Err(bad(
+                "an artifact prefix goes with an artifact directory, not a batch",
+            )),
             (None, Some(parent)) => Ok(SplitInput::Batch(parent)),
             (Some(_), Some(_)) => Err(bad(
                 "give an artifact directory or a batch parent directory, not both",
