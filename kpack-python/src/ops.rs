@@ -146,9 +146,11 @@ pub fn split(py: Python<'_>, args: SplitArgs) -> PyResult<Py<PyAny>> {
         opts.overwrite = args.overwrite;
         opts.keep_going = args.keep_going;
         opts.tmp_dir = args.tmp_dir.clone();
+        // An empty list filters nothing, as no list (the flag left out).
         opts.gpu_targets = args
             .gpu_targets
             .as_deref()
+            .filter(|t| !t.is_empty())
             .map(GpuTargets::new)
             .transpose()?;
         let observer = Stderr {
