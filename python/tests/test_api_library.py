@@ -122,6 +122,9 @@ def test_a_failed_check_carries_its_report(tmp_path, fixtures, no_cli, kpack_cli
     (art / "artifact_manifest.txt").write_text("lib\n")
     s = kpack.split(artifact_dir=art, output_dir=tmp_path / "out")
     assert s.failed == 0 and s.artifacts[0].artifact_prefix == "demo"
+    # An empty target list filters nothing (as the flag left out).
+    again = kpack.split(artifact_dir=art, output_dir=tmp_path / "out", gpu_targets=[], overwrite=True)
+    assert again.artifacts[0].outputs == s.artifacts[0].outputs and again.gpu_targets is None
     assert kpack.verify(tmp_path / "out").problems == []
     generic = next((tmp_path / "out" / "demo_generic").rglob("libvadd.so"))
     generic.write_bytes((fixtures / "libvadd.so").read_bytes())
