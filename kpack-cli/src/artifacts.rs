@@ -13,10 +13,10 @@ use kpack_engine::artifact::recombine::RecombineSummary;
 use kpack_engine::artifact::split::SplitSummary;
 use kpack_engine::artifact::verify::VerifyReport;
 use kpack_engine::artifact::{
-    self, GpuTargets, PackTreeOptions, PackagingConfig, RecombineOptions, SplitOptions,
+    self, GpuTargets, PackTreeOptions, PackagingConfig, RecombineOptions, SplitInput, SplitOptions,
     VerifyOptions,
 };
-use kpack_engine::{with_jobs, ArtifactError, Database, Observer};
+use kpack_engine::{with_jobs, Database, Observer};
 use kpack_format::bytes::format_size;
 use serde::Serialize;
 
@@ -236,15 +236,13 @@ fn split(a: SplitArgs) -> CliResult {
     if a.clang_offload_bundler.is_some() {
         reporter.note("--clang-offload-bundler is not needed: kpack reads offload bundles itself");
     }
+    let input = SplitInput::new(
+        a.artifact_dir.as_deref(),
+        a.artifact_prefix.as_deref(),
+        a.batch_artifact_parent_dir.as_deref(),
+    )?;
     let summary = with_jobs(jobs(a.common.jobs), || {
-        match (&a.artifact_dir, &a.batch_artifact_parent_dir) {
-            (Some(dir), _) => {
-                let prefix = split_prefix(dir, a.artifact_prefix.as_deref())?;
-                artifact::split_artifact(dir, &prefix, &opts, &reporter)
-            }
-            (None, Some(parent)) => artifact::split_batch(parent, &opts, &reporter),
-            (None, None) => unreachable!("clap requires one input"),
-        }
+        artifact::split(input, &opts, &reporter)
     })?;
     reporter.finish();
     let summary = summary?;
@@ -253,36 +251,7 @@ fn split(a: SplitArgs) -> CliResult {
     } else {
         print_split(&summary);
     }
-    if summary.failed > 0 {
-        return Err(ArtifactError::ArtifactsFailed {
-            failed: summary.failed,
-            total: summary.artifacts.len(),
-        }
-        .into());
-    }
-    Ok(())
-}
-
-/// `--artifact-prefix`, or the artifact directory's name without its last
-/// `_` part.
-fn split_prefix(dir: &Path, given: Option<&str>) -> Result<String, ArtifactError> {
-    if let Some(p) = given {
-        return Ok(p.to_string());
-    }
-    let name = dir
-        .canonicalize()
-        .ok()
-        .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .unwrap_or_default();
-    match artifact::artifact_prefix(&name) {
-        Some(p) => Ok(p.to_string()),
-        None => Err(ArtifactError::Input {
-            path: dir.to_path_buf(),
-            what:
-                "cannot derive the artifact prefix from the directory name: pass --artifact-prefix"
-                    .into(),
-        }),
-    }
+    Ok(summary.check()?)
 }
 
 fn print_split(summary: &SplitSummary) {
@@ -350,13 +319,7 @@ fn verify(a: VerifyArgs) -> CliResult {
     } else {
         print_verify(&report);
     }
-    if !report.ok() {
-        return Err(ArtifactError::VerifyFailed {
-            problems: report.problems.len(),
-        }
-        .into());
-    }
-    Ok(())
+    Ok(report.check()?)
 }
 
 /// `verify --tree`: one line per problem (`<binary>: <problem>`), a
@@ -390,13 +353,7 @@ fn verify_tree(tree: &Path, a: &VerifyArgs) -> CliResult {
             );
         }
     }
-    if !report.ok() {
-        return Err(ArtifactError::VerifyFailed {
-            problems: report.problems.len(),
-        }
-        .into());
-    }
-    Ok(())
+    Ok(report.check()?)
 }
 
 fn print_verify(report: &VerifyReport) {
@@ -489,12 +446,7 @@ fn print_recombine(summary: &RecombineSummary) {
 fn pack_tree(a: PackTreeArgs) -> CliResult {
     let mut opts = PackTreeOptions::new(&a.group_name);
     opts.gfx_arch_family = a.gfx_arch_family.clone();
-    opts.gfx_arches = a
-        .gfx_arches
-        .iter()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .collect();
+    opts.set_gfx_arches(&a.gfx_arches);
     opts.scheme = a.common.compression.scheme();
     opts.level = a.common.compression_level;
     opts.overwrite = a.overwrite;

@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 
 use kpack_engine::doctor::{self, DoctorOptions, DoctorReport};
-use kpack_engine::ArtifactError;
 
 use crate::capture::print_json;
 
@@ -25,7 +24,7 @@ pub struct DoctorArgs {
     archs: Vec<String>,
     /// Where sysfs is, for the kernel driver's GPU topology
     /// (`DIR/class/kfd/kfd/topology/nodes`); for tests and containers.
-    #[arg(long, value_name = "DIR", default_value = "/sys")]
+    #[arg(long, value_name = "DIR", default_value = doctor::gpus::SYSFS_ROOT)]
     sysfs_root: PathBuf,
     /// Print `{"targets": [...], "problems": [...]}`.
     #[arg(long)]
@@ -33,7 +32,7 @@ pub struct DoctorArgs {
 }
 
 pub fn run(a: DoctorArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let (targets, source) = targets(&a)?;
+    let (targets, source) = doctor::choose_targets(&a.archs, &a.sysfs_root)?;
     let opts = DoctorOptions {
         paths: a.paths.clone(),
         targets,
@@ -44,37 +43,7 @@ pub fn run(a: DoctorArgs) -> Result<(), Box<dyn std::error::Error>> {
     } else {
         print(&report, &source);
     }
-    if !report.ok() {
-        return Err(ArtifactError::ProblemsFound {
-            problems: report.problems.len(),
-        }
-        .into());
-    }
-    Ok(())
-}
-
-/// The targets to check for, and where they came from.
-fn targets(a: &DoctorArgs) -> Result<(Vec<String>, String), ArtifactError> {
-    if !a.archs.is_empty() {
-        return Ok((a.archs.clone(), "--arch".into()));
-    }
-    // A topology that does not read: nothing could be checked either.
-    let found = doctor::detect_targets(&a.sysfs_root, doctor::xnack_from_env()).map_err(|e| {
-        ArtifactError::NothingToCheck {
-            reason: kpack_host::report(&e),
-        }
-    })?;
-    if found.is_empty() {
-        let nodes = a.sysfs_root.join(doctor::gpus::NODES);
-        return Err(ArtifactError::NothingToCheck {
-            reason: format!(
-                "no GPU found: {} lists no GPU node (no amdgpu kernel driver, or a container without /sys); give the targets with --arch, e.g. --arch gfx942:sramecc+:xnack-",
-                nodes.display()
-            ),
-        });
-    }
-    let nodes = a.sysfs_root.join(doctor::gpus::NODES);
-    Ok((found, format!("detected in {}", nodes.display())))
+    Ok(report.check()?)
 }
 
 fn print(report: &DoctorReport, source: &str) {

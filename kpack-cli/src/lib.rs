@@ -5,8 +5,9 @@
 //! A library as well as the `kpack` binary: [`main_with_args`] is the
 //! whole command (the binary's `main`, and the `kpack` console script of
 //! the Python package, which runs it in-process), and [`run_captured`]
-//! runs one command and hands back its `--json` summary and its error
-//! instead of printing them (kpack's Python API).
+//! runs one command line and hands back its `--json` summary and its error
+//! instead of printing them (`kpack.run` and the `rocm_kpack` tools; the
+//! typed Python API calls the engine itself).
 
 #![forbid(unsafe_code)]
 
@@ -79,15 +80,25 @@ pub struct Captured {
     /// The summary the command prints with `--json` (when it got that far:
     /// a batch split with failures has one and an error).
     pub json: Option<serde_json::Value>,
-    /// The command's error (the same value whose [`kpack_host::report`] the
-    /// command line prints after `kpack: error: `), or a usage error
-    /// ([`clap::Error`]).
-    pub result: Result<(), Box<dyn std::error::Error>>,
+    pub result: Result<(), CommandError>,
+}
+
+/// Why a captured command failed.
+#[derive(Debug)]
+pub enum CommandError {
+    /// The arguments do not parse: the usage message, as the command
+    /// prints it.
+    Usage(String),
+    /// The command ran and failed: the value whose
+    /// [`kpack_host::report`] the command line prints after
+    /// `kpack: error: ` (an error of kpack's crates).
+    Failed(Box<dyn std::error::Error>),
 }
 
 /// Run one command (`args` without the program name; add `--json` for a
 /// summary) on this thread with its `--json` output captured instead of
-/// printed. Text output and notes still go to stdout and stderr.
+/// printed. Text output and notes still go to stdout and stderr, and so do
+/// `--help` and `--version` (a success).
 pub fn run_captured<I, T>(args: I) -> Captured
 where
     I: IntoIterator<Item = T>,
@@ -97,15 +108,25 @@ where
         std::iter::once(std::ffi::OsString::from("kpack")).chain(args.into_iter().map(Into::into));
     let cli = match Cli::try_parse_from(argv) {
         Ok(cli) => cli,
+        Err(e) if e.exit_code() == 0 => {
+            let _ = e.print();
+            flush_stdout();
+            return Captured {
+                json: None,
+                result: Ok(()),
+            };
+        }
         Err(e) => {
             return Captured {
                 json: None,
-                result: Err(Box::new(e)),
+                result: Err(CommandError::Usage(
+                    e.render().to_string().trim_end().into(),
+                )),
             }
         }
     };
     CAPTURE.with(|c| *c.borrow_mut() = Some(None));
-    let result = dispatch(cli);
+    let result = dispatch(cli).map_err(CommandError::Failed);
     let json = CAPTURE.with(|c| c.borrow_mut().take()).flatten();
     flush_stdout();
     Captured { json, result }

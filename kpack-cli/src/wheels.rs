@@ -7,7 +7,7 @@ use clap::Args;
 use kpack_engine::wheel::{
     self, OutputFormat, SplitWheelOptions, VariantFormat, WheelError, WheelSummary,
 };
-use kpack_engine::{with_jobs, Database, Observer};
+use kpack_engine::{with_jobs, Observer};
 
 use crate::artifacts::Reporter;
 use crate::cli::{Compression, ExpectTargets};
@@ -126,15 +126,8 @@ pub fn split_wheels(a: SplitWheelsArgs) -> Result<(), Box<dyn std::error::Error>
     if a.variant_format == Variants::Pep825 && a.variant_label.is_some() {
         return Err(named(&"--variant-label names the upstream-format variant wheel; PEP 825 variant wheels are labelled by their target").into());
     }
-    if let Some(t) = &a.wheel_type {
-        // Checked even when --databases overrides it.
-        wheel::wheel_type_databases(t).map_err(|e| named(&e))?;
-    }
-    let databases = match (&a.databases, &a.wheel_type) {
-        (Some(names), _) => Database::parse_list(names).map_err(|e| named(&e))?,
-        (None, Some(t)) => wheel::wheel_type_databases(t)?,
-        (None, None) => Vec::new(),
-    };
+    let databases =
+        wheel::databases_for(&a.input[0], a.wheel_type.as_deref(), a.databases.as_deref())?;
     let mut opts = SplitWheelOptions::new(&a.output_dir, &a.device_package_prefix, &a.overlay_root);
     opts.device_requires_dist = a.device_requires_dist.clone();
     opts.expect_targets = a.expect.expect_targets.clone();
@@ -148,7 +141,7 @@ pub fn split_wheels(a: SplitWheelsArgs) -> Result<(), Box<dyn std::error::Error>
     opts.variant_label = a.generate_variant_wheel.then(|| {
         a.variant_label
             .clone()
-            .unwrap_or_else(|| "variant".to_string())
+            .unwrap_or_else(|| wheel::DEFAULT_VARIANT_LABEL.to_string())
     });
     opts.variant_format = match a.variant_format {
         Variants::Upstream => VariantFormat::Upstream,
@@ -159,17 +152,15 @@ pub fn split_wheels(a: SplitWheelsArgs) -> Result<(), Box<dyn std::error::Error>
     if a.clang_offload_bundler.is_some() {
         reporter.note("--clang-offload-bundler is not needed: kpack reads offload bundles itself");
     }
-    let jobs = a
-        .jobs
-        .map(|n| usize::try_from(n.max(1)).unwrap_or(usize::MAX));
+    let jobs = kpack_engine::options::jobs_at_least_one(a.jobs);
     // One pool for every wheel.
     let summaries = with_jobs(jobs, || wheel::split_wheels(&a.input, &opts, &reporter));
     reporter.finish();
     let summaries = summaries??;
-    match (a.json, summaries.as_slice()) {
-        (true, [one]) => crate::capture::print_json(one),
-        (true, all) => crate::capture::print_json(&all),
-        (false, all) => all.iter().for_each(print_summary),
+    if a.json {
+        crate::capture::print_json(&wheel::Summaries(&summaries));
+    } else {
+        summaries.iter().for_each(print_summary);
     }
     Ok(())
 }

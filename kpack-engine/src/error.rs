@@ -23,6 +23,10 @@ pub enum ArtifactError {
     },
     #[error("unknown database handler {name:?} (known: {})", Database::names().join(", "))]
     UnknownDatabase { name: String },
+    /// An option's value that is wrong whatever the input (a face's
+    /// argument: compression, zstd level, worker threads).
+    #[error("{option}: {what}")]
+    BadOption { option: &'static str, what: String },
     #[error("--gpu-targets: {what}")]
     BadGpuTargets { what: String },
     #[error("--expect-targets: {what}")]

@@ -37,7 +37,7 @@ use crate::build_match::{kernels_of, other_builds, unnamed_only, OtherBuild, Res
 use crate::loader::{Config, Loader, Trace};
 use crate::target::TargetId;
 use crate::tree::{rel_string, scan, NodeKind};
-use crate::{Observer, Result};
+use crate::{ArtifactError, Observer, Result};
 use kpack_host::binary::{classify_parsed, could_be_binary, Class, HostBinary};
 use kpack_host::built_for::{built_for, built_without_note, BuiltFor};
 use kpack_host::fatbin::{device_code, DeviceCode};
@@ -108,6 +108,14 @@ pub struct TreeReport {
 impl TreeReport {
     pub fn ok(&self) -> bool {
         self.problems.is_empty()
+    }
+
+    /// The failure the problems make, if any ([`ArtifactError::VerifyFailed`]).
+    pub fn check(&self) -> Result<()> {
+        match self.problems.len() {
+            0 => Ok(()),
+            problems => Err(ArtifactError::VerifyFailed { problems }),
+        }
     }
 }
 

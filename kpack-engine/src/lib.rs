@@ -8,6 +8,8 @@
 //! - `databases` ([`Database`]): the kernel-database handlers (which files belong to
 //!   which GPU target);
 //! - `observer` ([`Observer`]): notes, warnings and progress, for the CLI to show;
+//! - [`options`]: the faces' option values (compression, zstd level,
+//!   worker threads), checked one way;
 //! - [`size`]: where the bytes of binaries, archives, trees and wheels go;
 //! - `build_match`: whether the code objects a binary resolves to are of
 //!   its own build (digests, else the kernels it names): the one rule of
@@ -32,6 +34,7 @@ mod error;
 pub mod expect;
 pub mod install_tree;
 mod observer;
+pub mod options;
 mod pack;
 pub mod size;
 mod tree;

@@ -101,3 +101,34 @@ pub fn metadata_to_py<'py>(py: Python<'py>, m: &[(String, Value)]) -> PyResult<B
     }
     Ok(d)
 }
+
+/// A summary (JSON data, as the command's `--json` prints it) as Python
+/// objects: dicts, lists, `str`, `int`, `float`, `bool`, `None`.
+pub fn json_to_py<'py>(py: Python<'py>, v: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
+    use serde_json::Value as J;
+    Ok(match v {
+        J::Null => py.None().into_bound(py),
+        J::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
+        J::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
+            (Some(x), _, _) => x.into_pyobject(py)?.into_any(),
+            (None, Some(x), _) => x.into_pyobject(py)?.into_any(),
+            (None, None, Some(x)) => PyFloat::new(py, x).into_any(),
+            _ => py.None().into_bound(py),
+        },
+        J::String(s) => PyString::new(py, s).into_any(),
+        J::Array(a) => {
+            let l = PyList::empty(py);
+            for x in a {
+                l.append(json_to_py(py, x)?)?;
+            }
+            l.into_any()
+        }
+        J::Object(m) => {
+            let d = PyDict::new(py);
+            for (k, x) in m {
+                d.set_item(k, json_to_py(py, x)?)?;
+            }
+            d.into_any()
+        }
+    })
+}

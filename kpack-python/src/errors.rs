@@ -4,7 +4,10 @@
 //! the Python module `kpack._errors` (the hierarchy under `kpack.Error`,
 //! with the builtin bases Python code catches: `ValueError`,
 //! `FileNotFoundError`, ...), and carries the message the `kpack` command
-//! prints after `kpack: error: ` ([`kpack_host::report`]).
+//! prints after `kpack: error: ` ([`kpack_host::report`]). The typed
+//! errors of the engine and the host (and io) each have one classifying
+//! function; an error known only as `dyn Error` (the command line's) is
+//! classified as its type is.
 
 use std::error::Error as StdError;
 use std::io;
@@ -58,11 +61,15 @@ impl Kind {
 }
 
 /// A classified failure: `Send`, so it crosses the GIL-free sections, and
-/// turned into an exception once the GIL is held again.
+/// turned into an exception once the GIL is held again. `summary`: what
+/// the operation reported before failing (a batch split with failed
+/// artifacts, a verify that found problems), set as the exception's
+/// `summary`.
 #[derive(Debug, Clone)]
 pub struct Failure {
     pub kind: Kind,
     pub message: String,
+    pub summary: Option<serde_json::Value>,
 }
 
 impl Failure {
@@ -70,20 +77,27 @@ impl Failure {
         Failure {
             kind,
             message: message.into(),
+            summary: None,
         }
     }
 
-    /// Classify any error of kpack's crates; the message is the command
-    /// line's.
+    /// This failure, with what the operation reported.
+    pub fn with_summary(mut self, summary: serde_json::Value) -> Self {
+        self.summary = Some(summary);
+        self
+    }
+
+    /// A typed error of kpack's crates, classified by `kind`; the message
+    /// is the command line's ([`kpack_host::report`]).
+    fn typed<E: StdError + 'static>(e: &E, kind: fn(&E) -> Kind) -> Self {
+        Failure::new(kind(e), kpack_host::report(e))
+    }
+
+    /// An error of kpack's crates known only as `dyn Error` (what the
+    /// `kpack` command line returns): its type found, then classified as
+    /// that type is below.
     pub fn of(e: &(dyn StdError + 'static)) -> Self {
-        let message = match e.downcast_ref::<clap::Error>() {
-            Some(c) => c.render().to_string().trim_end().to_string(),
-            None => kpack_host::report(e),
-        };
-        Failure {
-            kind: kind_of(e),
-            message,
-        }
+        Failure::new(kind_of(e), kpack_host::report(e))
     }
 
     /// The exception instance (not raised).
@@ -91,7 +105,11 @@ impl Failure {
         let class = py
             .import("kpack._errors")?
             .getattr(self.kind.class_name())?;
-        Ok(class.call1((self.message.as_str(),))?.unbind())
+        let e = class.call1((self.message.as_str(),))?;
+        if let Some(s) = &self.summary {
+            e.setattr("summary", crate::convert::json_to_py(py, s)?)?;
+        }
+        Ok(e.unbind())
     }
 
     pub fn into_pyerr(self, py: Python<'_>) -> PyErr {
@@ -110,22 +128,35 @@ impl From<Failure> for PyErr {
 
 impl From<kpack_host::Error> for Failure {
     fn from(e: kpack_host::Error) -> Self {
-        Failure::of(&e)
+        Failure::typed(&e, host_kind)
+    }
+}
+
+impl From<ArtifactError> for Failure {
+    fn from(e: ArtifactError) -> Self {
+        Failure::typed(&e, artifact_kind)
+    }
+}
+
+impl From<WheelError> for Failure {
+    fn from(e: WheelError) -> Self {
+        Failure::typed(&e, wheel_kind)
     }
 }
 
 impl From<ArchiveError> for Failure {
     fn from(e: ArchiveError) -> Self {
-        Failure::of(&e)
+        Failure::typed(&e, archive_kind)
     }
 }
 
 impl From<kpack_loader::OpenError> for Failure {
     fn from(e: kpack_loader::OpenError) -> Self {
-        Failure::of(&e)
+        Failure::typed(&e, open_kind)
     }
 }
 
+/// The kind of an error known only as `dyn Error`: that of its type.
 fn kind_of(e: &(dyn StdError + 'static)) -> Kind {
     if let Some(h) = e.downcast_ref::<kpack_host::Error>() {
         return host_kind(h);
@@ -134,30 +165,35 @@ fn kind_of(e: &(dyn StdError + 'static)) -> Kind {
         return artifact_kind(a);
     }
     if let Some(w) = e.downcast_ref::<WheelError>() {
-        return match w {
-            WheelError::Invalid { .. } => Kind::Input,
-            WheelError::Io { source, .. } => io_kind(source),
-            WheelError::UnknownWheelType { .. } => Kind::Usage,
-            WheelError::Artifact(a) => artifact_kind(a),
-            WheelError::Core(h) => host_kind(h),
-        };
-    }
-    if e.downcast_ref::<clap::Error>().is_some() {
-        return Kind::Usage;
+        return wheel_kind(w);
     }
     if let Some(a) = e.downcast_ref::<ArchiveError>() {
         return archive_kind(a);
     }
     if let Some(o) = e.downcast_ref::<kpack_loader::OpenError>() {
-        return match o {
-            kpack_loader::OpenError::Io { source, .. } => io_kind(source),
-            kpack_loader::OpenError::Archive { source, .. } => archive_kind(source),
-        };
+        return open_kind(o);
     }
     if let Some(io) = e.downcast_ref::<io::Error>() {
         return io_kind(io);
     }
     Kind::Other
+}
+
+fn wheel_kind(e: &WheelError) -> Kind {
+    match e {
+        WheelError::Invalid { .. } => Kind::Input,
+        WheelError::Io { source, .. } => io_kind(source),
+        WheelError::UnknownWheelType { .. } => Kind::Usage,
+        WheelError::Artifact(a) => artifact_kind(a),
+        WheelError::Core(h) => host_kind(h),
+    }
+}
+
+fn open_kind(e: &kpack_loader::OpenError) -> Kind {
+    match e {
+        kpack_loader::OpenError::Io { source, .. } => io_kind(source),
+        kpack_loader::OpenError::Archive { source, .. } => archive_kind(source),
+    }
 }
 
 fn host_kind(e: &kpack_host::Error) -> Kind {
@@ -188,7 +224,9 @@ fn artifact_kind(e: &ArtifactError) -> Kind {
         | ArtifactError::VerifyFailed { .. }
         | ArtifactError::ProblemsFound { .. } => Kind::Verification,
         ArtifactError::UnknownDatabase { .. }
+        | ArtifactError::BadOption { .. }
         | ArtifactError::BadGpuTargets { .. }
+        | ArtifactError::BadExpectTargets { .. }
         | ArtifactError::Config { .. } => Kind::Usage,
         ArtifactError::ThreadPool { .. } => Kind::Other,
         _ => Kind::Input,

@@ -3,7 +3,9 @@
 //! reference package's API and tools), over kpack's crates. Nothing here
 //! re-implements a format: archives are written by kpack-host's
 //! `ArchiveWriter` and read by kpack-format's reader, binaries rewritten by
-//! kpack-host's offload, and the `kpack` command is kpack-cli's, run
+//! kpack-host's offload, the operations of kpack's API ([`ops`]) are
+//! kpack-engine's and kpack-host's, called with typed options, and the
+//! `kpack` command ([`cli`]: the console script) is kpack-cli's, run
 //! in-process. Errors become exceptions in one place ([`errors`]). See
 //! docs/python.md.
 
@@ -12,6 +14,7 @@ mod binary;
 mod cli;
 mod convert;
 mod errors;
+mod ops;
 mod writer;
 
 use pyo3::prelude::*;
@@ -52,6 +55,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(binary::read_marker, m)?)?;
     m.add_function(wrap_pyfunction!(binary::has_fatbin_section, m)?)?;
     m.add_function(wrap_pyfunction!(binary::fatbin_section_name, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::offload, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::split, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::pack_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::split_wheels, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::verify, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::doctor, m)?)?;
     m.add_function(wrap_pyfunction!(cli::cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(cli::run_captured, m)?)?;
     m.add_function(wrap_pyfunction!(sync_calls, m)?)?;

@@ -1,11 +1,14 @@
 """kpack's operations as functions: the ``kpack`` command's options as
 keyword arguments, its ``--json`` summary as the result.
 
-Each function runs the command in-process (kpack-cli, with the GIL
-released) and returns a :class:`Summary`; a failure raises the
-:class:`kpack.Error` subclass for it, with the command's message. Outputs
-are atomic; ``durable=True`` (or ``KPACK_DURABLE=1`` in the environment)
-also fsyncs them all before the function returns (``--durable``).
+Each function calls kpack's engine through the native extension
+(``kpack-python/src/ops.rs``: typed options, the GIL released; the
+command line is not involved) and returns a :class:`Summary`, the same
+data ``kpack ... --json`` prints; a failure raises the :class:`kpack.Error`
+subclass for it, with the command's message. Outputs are atomic;
+``durable=True`` (or ``KPACK_DURABLE=1`` in the environment) also fsyncs
+them all before the function returns (``--durable``). :func:`run` runs a
+command line instead, as the ``kpack`` command does.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from typing import Any, Iterable, Iterator, List, Optional, Sequence, Union
+from typing import Any, Iterator, List, Optional, Sequence, Union
 
 from . import _native
 from ._errors import VerificationError
@@ -117,8 +120,9 @@ def _wrap(v: Any) -> Any:
 
 
 def run(args: Sequence[str], summary: type = Summary) -> Summary:
-    """Run ``kpack ARGS --json`` in-process and return its summary; raise
-    its error. The lowest-level entry: ``kpack.run(["ls", "x.kpack"])``."""
+    """Run the command line ``kpack ARGS --json`` in-process (as the
+    ``kpack`` command does) and return its summary; raise its error. For
+    the commands without a function here: ``kpack.run(["ls", "x.kpack"])``."""
     text, error = _native.run_captured([os.fspath(a) for a in args] + ["--json"])
     result = summary(json.loads(text)) if text is not None else None
     if error is not None:
@@ -130,51 +134,31 @@ def run(args: Sequence[str], summary: type = Summary) -> Summary:
     return result
 
 
-class _Args:
-    """Build a command line from keyword arguments."""
-
-    def __init__(self, *words: Any) -> None:
-        self.argv: List[str] = [os.fspath(w) if not isinstance(w, str) else w for w in words]
-
-    def opt(self, flag: str, value: Any) -> "_Args":
-        if value is not None:
-            self.argv += [flag, os.fspath(value) if not isinstance(value, (str, int)) else str(value)]
-        return self
-
-    def flag(self, flag: str, on: bool) -> "_Args":
-        if on:
-            self.argv.append(flag)
-        return self
-
-    def many(self, flag: str, values: Optional[Iterable[Any]], *, empty_ok: bool = False) -> "_Args":
-        """``--flag v1 v2 ...`` (with ``empty_ok``, a given empty list is
-        ``--flag`` alone)."""
-        if values is None:
-            return self
-        values = [str(os.fspath(v)) for v in _listify(values)]
-        if values or empty_ok:
-            self.argv += [flag, *values]
-        return self
-
-    def repeat(self, flag: str, values: Optional[Iterable[Any]]) -> "_Args":
-        """``--flag v1 --flag v2``."""
-        for v in _listify(values or []):
-            self.argv += [flag, str(os.fspath(v))]
-        return self
-
-    def common(self, jobs: Optional[int], compression: str, compression_level: int, verbose: bool) -> "_Args":
-        return (
-            self.opt("--jobs", jobs)
-            .opt("--compression", compression)
-            .opt("--compression-level", compression_level)
-            .flag("--verbose", verbose)
-        )
-
-
-def _listify(values: Any) -> list:
+def _strs(values: Any) -> List[str]:
+    """A list of strings from one value or several (paths too)."""
     if isinstance(values, (str, bytes, os.PathLike)):
-        return [values]
-    return list(values)
+        values = [values]
+    return [v if isinstance(v, str) else os.fsdecode(os.fspath(v)) for v in values]
+
+
+def _call(op: Any, summary: type, args: dict) -> Summary:
+    """Call the native operation ``op`` with the function's arguments
+    (lists of strings normalized); its summary as ``summary``, and so is
+    the summary a :class:`VerificationError` carries."""
+    kw = {k: (_strs(v) if k in _LISTS and v is not None else v) for k, v in args.items()}
+    try:
+        return summary(op(kw))
+    except VerificationError as e:
+        if isinstance(e.summary, (dict, list)):
+            e.summary = summary(e.summary)
+        raise
+
+
+# The arguments that take one value or several.
+_LISTS = {
+    "search_paths", "extra_search_paths", "split_databases", "gpu_targets", "gfx_arches",
+    "device_requires_dist", "databases", "paths", "arch", "expect_targets",
+}
 
 
 def offload(
@@ -198,17 +182,7 @@ def offload(
         >>> [a.path for a in s.archives]                                                 # doctest: +SKIP
         ['out/.kpack/libfoo_gfx1100.kpack', 'out/.kpack/libfoo_gfx942.kpack']
     """
-    a = (
-        _Args("offload", input, "--output", output, "--archive-dir", archive_dir)
-        .opt("--kernel-name", kernel_name)
-        .repeat("--search-path", search_paths)
-        .repeat("--extra-search-path", extra_search_paths)
-        .opt("--group", group)
-        .opt("--compression", compression)
-        .opt("--compression-level", compression_level)
-        .flag("--durable", durable)
-    )
-    return run(a.argv, OffloadSummary)  # type: ignore[return-value]
+    return _call(_native.offload, OffloadSummary, locals())  # type: ignore[return-value]
 
 
 def split(
@@ -219,6 +193,7 @@ def split(
     batch_artifact_parent_dir: Optional[PathLike] = None,
     split_databases: Sequence[str] = (),
     gpu_targets: Optional[Sequence[str]] = None,
+    expect_targets: Optional[Sequence[str]] = None,
     jobs: Optional[int] = None,
     compression: str = "zstd",
     compression_level: int = 3,
@@ -230,7 +205,10 @@ def split(
 ) -> SplitSummary:
     """Split TheRock build artifacts into ``<prefix>_generic`` and
     ``<prefix>_<target>`` artifacts (``kpack split``); give ``artifact_dir``
-    or ``batch_artifact_parent_dir``. Failed artifacts (with
+    or ``batch_artifact_parent_dir``. ``expect_targets`` (as
+    ``--expect-targets``) raises :class:`kpack.InputError`, before writing
+    anything, when the input has no code object for one of those targets.
+    Failed artifacts (with
     ``keep_going``) raise :class:`kpack.VerificationError` whose
     ``summary`` says which::
 
@@ -238,20 +216,7 @@ def split(
         >>> s.artifacts[0].outputs                                                     # doctest: +SKIP
         ['blas_lib_generic', 'blas_lib_gfx1100', 'blas_lib_gfx1101']
     """
-    a = (
-        _Args("split", "--output-dir", output_dir)
-        .opt("--artifact-dir", artifact_dir)
-        .opt("--artifact-prefix", artifact_prefix)
-        .opt("--batch-artifact-parent-dir", batch_artifact_parent_dir)
-        .many("--split-databases", split_databases)
-        .many("--gpu-targets", gpu_targets)
-        .common(jobs, compression, compression_level, verbose)
-        .flag("--keep-going", keep_going)
-        .flag("--overwrite", overwrite)
-        .opt("--tmp-dir", tmp_dir)
-        .flag("--durable", durable)
-    )
-    return run(a.argv, SplitSummary)  # type: ignore[return-value]
+    return _call(_native.split, SplitSummary, locals())  # type: ignore[return-value]
 
 
 def pack_tree(
@@ -276,16 +241,7 @@ def pack_tree(
         >>> s.binaries, [a.path for a in s.archives]                      # doctest: +SKIP
         (12, ['packed/.kpack/rocm_gfx942.kpack'])
     """
-    a = (
-        _Args("pack-tree", "--input", input, "--output", output, "--group-name", group_name)
-        .opt("--gfx-arch-family", gfx_arch_family)
-        .many("--gfx-arches", gfx_arches)
-        .common(jobs, compression, compression_level, verbose)
-        .flag("--overwrite", overwrite)
-        .opt("--tmp-dir", tmp_dir)
-        .flag("--durable", durable)
-    )
-    return run(a.argv, PackTreeSummary)  # type: ignore[return-value]
+    return _call(_native.pack_tree, PackTreeSummary, locals())  # type: ignore[return-value]
 
 
 def split_wheels(
@@ -298,6 +254,7 @@ def split_wheels(
     output_format: str = "wheel",
     wheel_type: Optional[str] = None,
     databases: Optional[Sequence[str]] = None,
+    expect_targets: Optional[Sequence[str]] = None,
     compression: str = "zstd",
     compression_level: int = 3,
     tmp_dir: Optional[PathLike] = None,
@@ -316,32 +273,7 @@ def split_wheels(
         >>> s.host.path, [d.bundle_key for d in s.devices]                                # doctest: +SKIP
         ('out/torch-2.10.0-cp311-cp311-linux_x86_64.whl', ['gfx1100', 'gfx942'])
     """
-    a = (
-        _Args(
-            "split-wheels",
-            "--input",
-            input,
-            "--output-dir",
-            output_dir,
-            "--device-package-prefix",
-            device_package_prefix,
-            "--overlay-root",
-            overlay_root,
-        )
-        .many("--device-requires-dist", device_requires_dist)
-        .opt("--output-format", output_format)
-        .opt("--wheel-type", wheel_type)
-        .many("--databases", databases, empty_ok=True)
-        .opt("--compression", compression)
-        .opt("--compression-level", compression_level)
-        .opt("--tmp-dir", tmp_dir)
-        .opt("--jobs", jobs)
-        .flag("--generate-variant-wheel", generate_variant_wheel)
-        .opt("--variant-label", variant_label)
-        .flag("--verbose", verbose)
-        .flag("--durable", durable)
-    )
-    return run(a.argv, WheelSummary)  # type: ignore[return-value]
+    return _call(_native.split_wheels, WheelSummary, locals())  # type: ignore[return-value]
 
 
 def verify(
@@ -349,18 +281,13 @@ def verify(
     *,
     config: Optional[PathLike] = None,
     split_databases: Sequence[str] = (),
+    expect_targets: Optional[Sequence[str]] = None,
     jobs: Optional[int] = None,
 ) -> VerifySummary:
     """Check split (or recombined) artifacts (``kpack verify``); problems
     raise :class:`kpack.VerificationError` with the report as
     ``summary``."""
-    a = (
-        _Args("verify", "--artifacts-dir", artifacts_dir)
-        .opt("--config", config)
-        .many("--split-databases", split_databases)
-        .opt("--jobs", jobs)
-    )
-    return run(a.argv, VerifySummary)  # type: ignore[return-value]
+    return _call(_native.verify, VerifySummary, locals())  # type: ignore[return-value]
 
 
 def doctor(
@@ -383,10 +310,5 @@ def doctor(
     """
     if not paths:
         raise TypeError("doctor() needs at least one path")
-    a = _Args("doctor", *paths).repeat("--arch", arch).opt("--sysfs-root", sysfs_root)
-    try:
-        return run(a.argv, DoctorSummary)  # type: ignore[return-value]
-    except VerificationError as e:
-        if e.summary is None:
-            raise
-        return e.summary  # type: ignore[return-value]
+    args = {"paths": paths, "arch": [] if arch is None else arch, "sysfs_root": sysfs_root}
+    return _call(_native.doctor, DoctorSummary, args)  # type: ignore[return-value]

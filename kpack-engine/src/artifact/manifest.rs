@@ -109,6 +109,26 @@ pub fn artifact_prefix(dir_name: &str) -> Option<&str> {
     }
 }
 
+/// The prefix of the artifact in `dir`: `given`, or the directory's name
+/// without its last `_` part ([`artifact_prefix`]).
+pub fn split_prefix(dir: &Path, given: Option<&str>) -> Result<String> {
+    if let Some(p) = given {
+        return Ok(p.to_string());
+    }
+    let name = dir
+        .canonicalize()
+        .ok()
+        .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_default();
+    match artifact_prefix(&name) {
+        Some(p) => Ok(p.to_string()),
+        None => Err(ArtifactError::input(
+            dir,
+            "cannot derive the artifact prefix from the directory name: pass --artifact-prefix",
+        )),
+    }
+}
+
 /// The name of a split or recombined output artifact: `<component>_generic`,
 /// or `<component>_<suffix>` where the suffix is a target ID (split) or an
 /// architecture group (recombine).

@@ -33,8 +33,10 @@ mod test_util;
 pub mod verify;
 
 pub use config::{ArchitectureGroup, PackagingConfig, Validation};
-pub use manifest::{artifact_prefix, OutputName, MANIFEST};
+pub use manifest::{artifact_prefix, split_prefix, OutputName, MANIFEST};
 pub use pack_tree::{pack_tree, PackTreeOptions, PackTreeSummary};
 pub use recombine::{recombine, RecombineOptions, RecombineSummary};
-pub use split::{split_artifact, split_batch, GpuTargets, SplitOptions, SplitSummary};
+pub use split::{
+    split, split_artifact, split_batch, GpuTargets, SplitInput, SplitOptions, SplitSummary,
+};
 pub use verify::{verify_artifacts, VerifyOptions, VerifyReport};

@@ -41,6 +41,17 @@ pub struct PackTreeOptions {
 }
 
 impl PackTreeOptions {
+    /// Keep only code objects of `arches`: each item one architecture or
+    /// several separated by commas (`gfx942,gfx90a`), blanks ignored.
+    pub fn set_gfx_arches<S: AsRef<str>>(&mut self, arches: &[S]) {
+        self.gfx_arches = arches
+            .iter()
+            .flat_map(|a| a.as_ref().split(','))
+            .map(|a| a.trim().to_string())
+            .filter(|a| !a.is_empty())
+            .collect();
+    }
+
     pub fn new(group_name: impl Into<String>) -> Self {
         PackTreeOptions {
             group_name: group_name.into(),

@@ -202,6 +202,75 @@ pub struct ArtifactSummary {
     pub notes: Vec<String>,
 }
 
+impl SplitSummary {
+    /// The failure of a batch with failed artifacts, if any
+    /// ([`ArtifactError::ArtifactsFailed`]; the summary says which).
+    pub fn check(&self) -> Result<()> {
+        match self.failed {
+            0 => Ok(()),
+            failed => Err(ArtifactError::ArtifactsFailed {
+                failed,
+                total: self.artifacts.len(),
+            }),
+        }
+    }
+}
+
+/// What to split: one artifact (its prefix given, or derived from its
+/// directory's name: [`manifest::split_prefix`]), or every artifact of a
+/// shard directory.
+#[derive(Debug, Clone, Copy)]
+pub enum SplitInput<'a> {
+    Artifact {
+        dir: &'a Path,
+        prefix: Option<&'a str>,
+    },
+    Batch(&'a Path),
+}
+
+impl<'a> SplitInput<'a> {
+    /// The input the options name: an artifact directory (with its
+    /// prefix, optional) or a batch parent directory, exactly one.
+    pub fn new(
+        artifact_dir: Option<&'a Path>,
+        prefix: Option<&'a str>,
+        batch_parent: Option<&'a Path>,
+    ) -> Result<Self> {
+        let bad = |what: &str| ArtifactError::BadOption {
+            option: "split",
+            what: what.into(),
+        };
+        match (artifact_dir, batch_parent) {
+            (Some(dir), None) => Ok(SplitInput::Artifact { dir, prefix }),
+            (None, Some(_)) if prefix.is_some() => Err(bad(
+                "an artifact prefix goes with an artifact directory, not a batch",
+            )),
+            (None, Some(parent)) => Ok(SplitInput::Batch(parent)),
+            (Some(_), Some(_)) => Err(bad(
+                "give an artifact directory or a batch parent directory, not both",
+            )),
+            (None, None) => Err(bad(
+                "give an artifact directory or a batch parent directory",
+            )),
+        }
+    }
+}
+
+/// Split what `input` names ([`split_artifact`] or [`split_batch`]).
+pub fn split(
+    input: SplitInput<'_>,
+    opts: &SplitOptions,
+    observer: &dyn Observer,
+) -> Result<SplitSummary> {
+    match input {
+        SplitInput::Artifact { dir, prefix } => {
+            let prefix = manifest::split_prefix(dir, prefix)?;
+            split_artifact(dir, &prefix, opts, observer)
+        }
+        SplitInput::Batch(parent) => split_batch(parent, opts, observer),
+    }
+}
+
 /// An artifact to split, checked before any work starts.
 struct Plan {
     dir: PathBuf,

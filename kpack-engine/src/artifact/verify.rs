@@ -90,6 +90,14 @@ impl VerifyReport {
     pub fn ok(&self) -> bool {
         self.problems.is_empty()
     }
+
+    /// The failure the problems make, if any ([`ArtifactError::VerifyFailed`]).
+    pub fn check(&self) -> Result<()> {
+        match self.problems.len() {
+            0 => Ok(()),
+            problems => Err(ArtifactError::VerifyFailed { problems }),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,8 +10,36 @@ use std::path::{Path, PathBuf};
 use crate::{ArtifactError, Result};
 use kpack_format::processors::{device_target, processor_of_version, CAP_SRAM_EDC};
 
+/// Where sysfs is, unless told otherwise (`--sysfs-root`).
+pub const SYSFS_ROOT: &str = "/sys";
+
 /// Where the nodes are, below the sysfs root.
 pub const NODES: &str = "class/kfd/kfd/topology/nodes";
+
+/// The targets to check for and where they came from: `given` (`--arch`)
+/// when there are any, else this machine's GPUs below `sysfs_root`
+/// (`detected in <nodes>`). No GPU, or a topology that does not read, is
+/// [`ArtifactError::NothingToCheck`].
+pub fn choose_targets(given: &[String], sysfs_root: &Path) -> Result<(Vec<String>, String)> {
+    if !given.is_empty() {
+        return Ok((given.to_vec(), "--arch".into()));
+    }
+    let nodes = sysfs_root.join(NODES);
+    let found = detect_targets(sysfs_root, xnack_from_env()).map_err(|e| {
+        ArtifactError::NothingToCheck {
+            reason: kpack_host::report(&e),
+        }
+    })?;
+    if found.is_empty() {
+        return Err(ArtifactError::NothingToCheck {
+            reason: format!(
+                "no GPU found: {} lists no GPU node (no amdgpu kernel driver, or a container without /sys); give the targets with --arch, e.g. --arch gfx942:sramecc+:xnack-",
+                nodes.display()
+            ),
+        });
+    }
+    Ok((found, format!("detected in {}", nodes.display())))
+}
 
 /// The target ID of each GPU node below `sysfs_root` (as ROCr reports it:
 /// `gfx942:sramecc+:xnack-`), in node order, each once; empty when there is

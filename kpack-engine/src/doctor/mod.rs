@@ -33,7 +33,7 @@ use kpack_host::binary::{classify_parsed, could_be_binary, Class};
 use kpack_host::fatbin::{device_code, DeviceCode};
 use kpack_host::offload::verify_shipped;
 
-pub use gpus::{detect_targets, xnack_from_env};
+pub use gpus::{choose_targets, detect_targets, xnack_from_env};
 
 /// What to check.
 #[derive(Debug, Clone)]
@@ -105,6 +105,14 @@ pub struct DoctorReport {
 impl DoctorReport {
     pub fn ok(&self) -> bool {
         self.problems.is_empty()
+    }
+
+    /// The failure the problems make, if any ([`ArtifactError::ProblemsFound`]).
+    pub fn check(&self) -> Result<()> {
+        match self.problems.len() {
+            0 => Ok(()),
+            problems => Err(ArtifactError::ProblemsFound { problems }),
+        }
     }
 }
 

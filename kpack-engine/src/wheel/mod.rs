@@ -79,12 +79,63 @@ pub fn wheel_type_databases(wheel_type: &str) -> Result<Vec<Database>> {
     Ok(Database::parse_list(names)?)
 }
 
+/// The database handlers of a split: `databases` when given (even empty:
+/// none), else the `wheel_type` preset, else none. A wheel type is checked
+/// even when `databases` replaces it; a bad name is an error about
+/// `wheel`, the (first) input, before anything is read.
+pub fn databases_for(
+    wheel: &Path,
+    wheel_type: Option<&str>,
+    databases: Option<&[String]>,
+) -> Result<Vec<Database>> {
+    let named = |e: &dyn std::fmt::Display| WheelError::invalid(wheel, e.to_string());
+    if let Some(t) = wheel_type {
+        wheel_type_databases(t).map_err(|e| named(&e))?;
+    }
+    match (databases, wheel_type) {
+        (Some(names), _) => Database::parse_list(names).map_err(|e| named(&e)),
+        (None, Some(t)) => wheel_type_databases(t),
+        (None, None) => Ok(Vec::new()),
+    }
+}
+
+/// The label of the upstream-format variant wheel unless one is given.
+pub const DEFAULT_VARIANT_LABEL: &str = "variant";
+
+/// The summaries of one run, as `--json` gives them: one wheel's summary
+/// alone, several as a list.
+pub struct Summaries<'a>(pub &'a [WheelSummary]);
+
+impl Serialize for Summaries<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self.0 {
+            [one] => one.serialize(s),
+            all => all.serialize(s),
+        }
+    }
+}
+
 /// What to write: wheel files or unpacked trees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OutputFormat {
     Wheel,
     Directory,
+}
+
+impl OutputFormat {
+    /// The format named `name` (`--output-format`): `wheel`, `directory`.
+    pub fn from_name(name: &str) -> Result<OutputFormat> {
+        match name {
+            "wheel" => Ok(OutputFormat::Wheel),
+            "directory" => Ok(OutputFormat::Directory),
+            _ => Err(ArtifactError::BadOption {
+                option: "output format",
+                what: format!("unknown format {name:?} (known: wheel, directory)"),
+            }
+            .into()),
+        }
+    }
 }
 
 /// The format of the variant wheels (`--variant-format`).
