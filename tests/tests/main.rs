@@ -37,6 +37,8 @@ mod windows;
 
 // Large archives, through the library and the C API.
 mod large_archives;
+// The C and C++ APIs' size query on offloaded and split archives.
+mod kernel_info;
 
 // The artifact pipeline: split, verify, recombine, pack-tree; TheRock.
 mod no_device_code;
