@@ -19,6 +19,8 @@ mod bench_inputs;
 mod bundle_formats;
 mod golden;
 mod ground_truth;
+// Outputs past other readers' limits (ROCm's HRX runtime): warnings.
+mod hrx_limits;
 mod large_host;
 mod ls;
 mod malformed;
