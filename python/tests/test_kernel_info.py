@@ -21,7 +21,7 @@ def make_archives(tmp_path, fixtures, kpack_cli):
             (art / "stage" / "lib" / lib).write_bytes((fixtures / lib).read_bytes())
         kpack_cli("split", "--artifact-dir", art, "--output-dir", tmp_path / f"split-{scheme}",
                   "--compression", scheme)
-    return sorted(tmp_path.rglob("*.kpack"))
+    return sorted(p for p in tmp_path.rglob("*.kpack") if p.is_file())
 
 
 def test_info_is_what_a_read_gives(tmp_path, fixtures, kpack_cli):

@@ -2,7 +2,7 @@
 //! the writers warn and still write them (they load with kpack's
 //! runtime), `kpack verify` reports them as warnings and succeeds. Limits
 //! reached with real fixtures: a lookup key over 1,024 bytes (a long
-//! `--kernel-name`, or a binary deep in a tree split), more than 32
+//! `--kernel-name`, or a binary deep in a tree split or packed), more than 32
 //! search paths.
 
 use std::ffi::OsString;
@@ -214,4 +214,36 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     }
     v.sort();
     v
+}
+
+#[test]
+fn pack_tree_warns_of_a_binary_deep_in_the_tree_and_verify_tree_passes() {
+    let t = scratch();
+    let deep: Vec<String> = (0..6).map(|i| format!("{i}{}", "e".repeat(199))).collect();
+    let dst = t
+        .path()
+        .join("in/lib")
+        .join(deep.join("/"))
+        .join("libvadd.so");
+    std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
+    std::fs::copy(fixtures_dir().join("libvadd.so"), &dst).unwrap();
+    let out = t.path().join("packed");
+    let (_, stderr) = kpack_warns(&os(&[
+        &"pack-tree",
+        &"--input",
+        &t.path().join("in"),
+        &"--output",
+        &out,
+        &"--group-name",
+        &"rocm",
+    ]));
+    let w = hrx_warnings(&stderr);
+    let archives: Vec<_> = walk(&out.join(".kpack"));
+    assert!(!archives.is_empty());
+    assert_eq!(w.len(), archives.len(), "{stderr}");
+    assert!(w.iter().all(|l| l.contains("key \"lib/0eee")), "{w:?}");
+    // The tree is valid: verify --tree passes (the binary's metadata is
+    // within the limits; the archives' keys are not its to judge).
+    let (_, stderr) = kpack_warns(&os(&[&"verify", &"--tree", &out]));
+    assert!(!stderr.contains("error"), "{stderr}");
 }
