@@ -1,7 +1,8 @@
 //! The C API (`librocm_kpack`) on arbitrary archive bytes, as a HIP process
 //! would drive it: the bytes are written to a file, opened with
 //! `kpack_open`, queried, every (binary, architecture) pair is fetched with
-//! `kpack_get_kernel`, the architectures are enumerated, and each binary is
+//! `kpack_get_kernel` (after `kpack_get_kernel_info`, whose size must be
+//! the one handed out), the architectures are enumerated, and each binary is
 //! loaded through a fresh cache (`kpack_load_code_object`) with HIPK
 //! metadata naming that file.
 //!
@@ -117,9 +118,28 @@ fuzz_target!(|data: &[u8]| {
             for t in &archs {
                 let mut p: *mut c_void = ptr::null_mut();
                 let mut size = usize::MAX;
+                let (mut original, mut stored) = (usize::MAX, usize::MAX);
+                let mut scheme = KpackCompressionScheme::Noop;
+                let info = kpack_get_kernel_info(
+                    a,
+                    b.as_ptr(),
+                    t.as_ptr(),
+                    &mut original,
+                    &mut stored,
+                    &mut scheme,
+                );
+                if !ok(info) {
+                    assert!(
+                        original == usize::MAX && stored == usize::MAX,
+                        "output written on failure"
+                    );
+                }
                 let e = kpack_get_kernel(a, b.as_ptr(), t.as_ptr(), &mut p, &mut size);
                 if ok(e) {
                     assert!(!p.is_null());
+                    // What kpack_get_kernel_info said, from the TOC alone.
+                    assert!(ok(info), "get_kernel succeeds where get_kernel_info failed");
+                    assert_eq!(original, size, "get_kernel_info's size differs");
                     let bytes = std::slice::from_raw_parts(p.cast::<u8>(), size).to_vec();
                     kpack_free_kernel(p);
                     fetched.push((b.clone(), t.clone(), bytes));
@@ -141,7 +161,7 @@ fuzz_target!(|data: &[u8]| {
             };
             let Ok(co) = co.parse::<u32>() else { continue };
             let meta = HipkMetadata::new(name.to_owned(), vec![path.to_str().unwrap().to_owned()])
-            .encode();
+                .encode();
             if meta.len() > MAX_METADATA_SIZE {
                 continue;
             }

@@ -141,6 +141,10 @@ pub(crate) fn offload(
     json: bool,
 ) -> kpack_host::Result<()> {
     let s = offload::offload(input, output, opts)?;
+    // Limits of other readers the outputs exceed (they are written).
+    for w in &s.warnings {
+        eprintln!("kpack: warning: {w}");
+    }
     if json {
         print_json(&s);
         return Ok(());

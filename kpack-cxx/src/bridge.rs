@@ -47,6 +47,18 @@ pub mod ffi {
         ordinal: u32,
     }
 
+    /// What `kpack::Archive::kernel_info` reports of one code object
+    /// (`kpack_get_kernel_info`'s outputs).
+    #[derive(Default)]
+    struct EntryInfo {
+        /// Its size, uncompressed: the size a read gives.
+        original_size: u64,
+        /// The bytes it takes in the archive.
+        stored_size: u64,
+        /// The archive's `kpack_compression_scheme_t`.
+        scheme: i32,
+    }
+
     /// A code object handed out as the C API hands it out (released with
     /// `kpack_free_code_object`): `kpack::CodeObject`.
     #[derive(Default)]
@@ -86,6 +98,13 @@ pub mod ffi {
             arch: &[u8],
             failure: &mut Failure,
         ) -> usize;
+        /// Without decompressing.
+        fn kernel_info(
+            self: &KpackArchive,
+            binary: &[u8],
+            arch: &[u8],
+            failure: &mut Failure,
+        ) -> EntryInfo;
         fn read_kernel(
             self: &KpackArchive,
             binary: &[u8],
@@ -233,6 +252,17 @@ impl KpackArchive {
         binary: &[u8],
         arch: &[u8],
     ) -> Result<&kpack_format::archive::Entry, Failure> {
+        let entry = self.found_entry(binary, arch)?;
+        self.archive.check(entry).map_err(|e| self.failure(e))?;
+        Ok(entry)
+    }
+
+    /// The entry of `binary` @ `arch`, as the TOC has it.
+    fn found_entry(
+        &self,
+        binary: &[u8],
+        arch: &[u8],
+    ) -> Result<&kpack_format::archive::Entry, Failure> {
         let not_found = || {
             self.failure(ArchiveError::KernelNotFound {
                 key: String::from_utf8_lossy(binary).into_owned(),
@@ -243,9 +273,27 @@ impl KpackArchive {
         let (Ok(key), Ok(target)) = (std::str::from_utf8(binary), std::str::from_utf8(arch)) else {
             return Err(not_found());
         };
-        let entry = self.archive.entry(key, target).ok_or_else(not_found)?;
-        self.archive.check(entry).map_err(|e| self.failure(e))?;
-        Ok(entry)
+        self.archive.entry(key, target).ok_or_else(not_found)
+    }
+
+    fn kernel_info(
+        &self,
+        binary: &[u8],
+        arch: &[u8],
+        failure: &mut ffi::Failure,
+    ) -> ffi::EntryInfo {
+        guard(failure, || {
+            let entry = self.found_entry(binary, arch)?;
+            let info = self
+                .archive
+                .kernel_info(entry)
+                .map_err(|e| self.failure(e))?;
+            Ok(ffi::EntryInfo {
+                original_size: info.original_size,
+                stored_size: info.stored_size,
+                scheme: crate::KpackCompressionScheme::from(info.scheme) as i32,
+            })
+        })
     }
 
     fn kernel_size(&self, binary: &[u8], arch: &[u8], failure: &mut ffi::Failure) -> usize {

@@ -340,6 +340,89 @@ pub unsafe extern "C" fn kpack_get_binary(
     unsafe { string_at(archive, index, binary, |a| &a.binaries) }
 }
 
+/// The archive behind a handle and its entry `binary_name` @ `arch`: the
+/// lookup `kpack_get_kernel` and `kpack_get_kernel_info` share.
+/// `KERNEL_NOT_FOUND` when there is none (also for a key or target that is
+/// not UTF-8: TOC strings are).
+///
+/// # Safety
+/// The three pointers are non-NULL; `archive` is a live handle, the others
+/// C strings, all outliving `'a`.
+unsafe fn lookup<'a>(
+    archive: *const KpackArchive,
+    binary_name: *const c_char,
+    arch: *const c_char,
+) -> Result<(&'a KpackArchive, &'a kpack_format::archive::Entry), KpackError> {
+    // SAFETY: guaranteed by the caller.
+    let (a, key, target) = unsafe { (&*archive, cstr(binary_name), cstr(arch)) };
+    let (Ok(key), Ok(target)) = (key.to_str(), target.to_str()) else {
+        return Err(E::KernelNotFound);
+    };
+    let entry = a.archive.entry(key, target).ok_or(E::KernelNotFound)?;
+    Ok((a, entry))
+}
+
+/// `kpack_compression_scheme_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KpackCompressionScheme {
+    Noop = 0,
+    ZstdPerKernel = 1,
+}
+
+impl From<kpack_format::archive::Scheme> for KpackCompressionScheme {
+    fn from(s: kpack_format::archive::Scheme) -> Self {
+        match s {
+            kpack_format::archive::Scheme::None => KpackCompressionScheme::Noop,
+            kpack_format::archive::Scheme::ZstdPerKernel => KpackCompressionScheme::ZstdPerKernel,
+        }
+    }
+}
+
+/// The sizes and compression scheme of one code object, without
+/// decompressing it. Any of the three outputs may be NULL.
+///
+/// # Safety
+/// `archive` is NULL or a live handle; `binary_name` and `arch` are NULL or
+/// C strings; `original_size`, `stored_size` and `scheme` are NULL or
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn kpack_get_kernel_info(
+    archive: *const KpackArchive,
+    binary_name: *const c_char,
+    arch: *const c_char,
+    original_size: *mut usize,
+    stored_size: *mut usize,
+    scheme: *mut KpackCompressionScheme,
+) -> KpackError {
+    guard(|| {
+        require(&[archive.is_null(), binary_name.is_null(), arch.is_null()])?;
+        // SAFETY: checked non-NULL; a live handle and C strings (caller's
+        // contract).
+        let (a, entry) = unsafe { lookup(archive, binary_name, arch) }?;
+        let info = a
+            .archive
+            .kernel_info(entry)
+            .map_err(|e| KpackError::of_read(&e))?;
+        // A size that does not fit a size_t cannot be had in memory.
+        let size = |n: u64| usize::try_from(n).map_err(|_| E::OutOfMemory);
+        let (original, stored) = (size(info.original_size)?, size(info.stored_size)?);
+        // SAFETY: each is NULL or writable (caller's contract).
+        unsafe {
+            if !original_size.is_null() {
+                original_size.write(original);
+            }
+            if !stored_size.is_null() {
+                stored_size.write(stored);
+            }
+            if !scheme.is_null() {
+                scheme.write(info.scheme.into());
+            }
+        }
+        Ok(())
+    })
+}
+
 /// One code object: mapped from the archive when stored uncompressed, else
 /// decompressed into a new `malloc`ed buffer.
 ///
@@ -362,14 +445,8 @@ pub unsafe extern "C" fn kpack_get_kernel(
             kernel_data.is_null(),
             kernel_size.is_null(),
         ])?;
-        // SAFETY: checked non-NULL; a live handle and C strings (caller's
-        // contract).
-        let (a, key, target) = unsafe { (&*archive, cstr(binary_name), cstr(arch)) };
-        // TOC keys and targets are UTF-8: other bytes name nothing.
-        let (Ok(key), Ok(target)) = (key.to_str(), target.to_str()) else {
-            return Err(E::KernelNotFound);
-        };
-        let entry = a.archive.entry(key, target).ok_or(E::KernelNotFound)?;
+        // SAFETY: a live handle and C strings (caller's contract).
+        let (a, entry) = unsafe { lookup(archive, binary_name, arch) }?;
         let out = a
             .code_object(entry)
             .map_err(|e| e.map_or(E::OutOfMemory, |e| KpackError::of_read(&e)))?;

@@ -14,7 +14,7 @@
 //!    C++ runtime): the stand-ins of build.rs come first and satisfy the
 //!    references to it, and none may survive the garbage collection (that
 //!    would be Rust code calling C++);
-//! 2. `objcopy --keep-global-symbols=<the 14 kpack_* names and the bridge
+//! 2. `objcopy --keep-global-symbols=<the 15 kpack_* names and the bridge
 //!    symbols> --strip-unneeded --remove-section=.llvmbc
 //!    --remove-section=.llvmcmd`: every other defined symbol becomes local;
 //!    debug info, symbols no relocation needs and embedded LLVM bitcode go;
@@ -43,7 +43,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The symbols the library exports: the C API. (The C++ API adds none: its
 /// glue and the Rust functions it calls have hidden visibility.)
-pub const EXPORTED_SYMBOLS: [&str; 14] = [
+pub const EXPORTED_SYMBOLS: [&str; 15] = [
     "kpack_open",
     "kpack_close",
     "kpack_get_architecture_count",
@@ -51,6 +51,7 @@ pub const EXPORTED_SYMBOLS: [&str; 14] = [
     "kpack_get_binary_count",
     "kpack_get_binary",
     "kpack_get_kernel",
+    "kpack_get_kernel_info",
     "kpack_free_kernel",
     "kpack_cache_create",
     "kpack_cache_destroy",

@@ -114,3 +114,60 @@ fn metadata_at_the_end_of_a_mapping_is_read_only_to_its_end() {
         assert!(out.is_null());
     }
 }
+
+/// `kpack_get_kernel_info` answers before anything is allocated: a real
+/// 4 GiB code object (128 KiB on disk) is reported at its size, its
+/// stored size far below it (what a ratio check refuses); a TOC whose size
+/// disagrees with the frame's header is DECOMPRESSION_FAILED, as the read
+/// would be, and nothing is written.
+#[test]
+fn kernel_info_before_allocating() {
+    let dir = tempfile::tempdir().unwrap();
+    let huge = dir.path().join("huge.kpack");
+    crate::common::write_huge_archive(&huge);
+    let (key, target) = (
+        CString::new("k#0").unwrap(),
+        CString::new("gfx1100").unwrap(),
+    );
+    let info = |path: &std::path::Path| {
+        let c = cpath(path);
+        let mut a: *mut KpackArchive = ptr::null_mut();
+        // SAFETY: a C string and a writable out-pointer.
+        assert_eq!(
+            unsafe { kpack_open(c.as_ptr(), &mut a) },
+            KpackError::Success
+        );
+        let (mut original, mut stored) = (7usize, 7usize);
+        let mut scheme = KpackCompressionScheme::Noop;
+        // SAFETY: a live handle, C strings, writable out-pointers.
+        let e = unsafe {
+            kpack_get_kernel_info(
+                a,
+                key.as_ptr(),
+                target.as_ptr(),
+                &mut original,
+                &mut stored,
+                &mut scheme,
+            )
+        };
+        // SAFETY: a live handle, closed once.
+        unsafe { kpack_close(a) };
+        (e, original, stored, scheme)
+    };
+    let (e, original, stored, scheme) = info(&huge);
+    assert_eq!(e, KpackError::Success);
+    assert_eq!(original as u64, 1u64 << 32);
+    assert!(stored < (1 << 20) && stored > 8, "{stored}");
+    assert_eq!(scheme, KpackCompressionScheme::ZstdPerKernel);
+
+    let lying = dir.path().join("lying.kpack");
+    let b = std::fs::read(&huge).unwrap();
+    let b = crate::common::edit_toc(&b, |t| {
+        *crate::common::at(t, &["toc", "k#0", "gfx1100", "original_size"]) =
+            kpack_format::msgpack::Value::from(100u64)
+    });
+    std::fs::write(&lying, b).unwrap();
+    let (e, original, stored, _) = info(&lying);
+    assert_eq!(e, KpackError::DecompressionFailed);
+    assert_eq!((original, stored), (7, 7));
+}

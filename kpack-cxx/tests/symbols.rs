@@ -1,5 +1,5 @@
 //! What the built libraries export: `librocm_kpack.so` and a shared library
-//! linking the prelinked `librocm_kpack.a` export the 14 `kpack_*`
+//! linking the prelinked `librocm_kpack.a` export the 15 `kpack_*`
 //! functions and nothing of Rust or zstd (formats.md §5.1; the HIP runtime links
 //! the static library into `libamdhip64.so`). Both still work.
 

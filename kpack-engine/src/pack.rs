@@ -63,6 +63,10 @@ pub struct ArchiveInfo {
     pub shared_code_objects: usize,
     /// Uncompressed bytes those shared entries did not store again.
     pub bytes_saved: u64,
+    /// The limits of ROCm's HRX runtime the archive exceeds (warned about
+    /// by [`Packer::write_archives`]).
+    #[serde(skip)]
+    pub hrx_limits: Vec<kpack_format::hrx::Exceeded>,
 }
 
 /// One regular file to handle.
@@ -108,6 +112,9 @@ pub struct Offloaded {
     /// It has compressed bundles: it is hashed, rewritten and its code
     /// objects read after the parallel pass (one binary at a time).
     deferred: bool,
+    /// The limits of ROCm's HRX runtime its metadata exceeds (warned about
+    /// by [`Packer::write_archives`]).
+    hrx_limits: Vec<kpack_format::hrx::Exceeded>,
 }
 
 /// What happened to one file.
@@ -388,6 +395,7 @@ impl Packer<'_> {
             wrappers: 0,
             digests: Digests::default(),
             deferred,
+            hrx_limits: Vec::new(),
         };
         let bytes_out = match deferred {
             true => 0,
@@ -421,6 +429,10 @@ impl Packer<'_> {
             .with_bundle_targets(&split_targets(bundles, keep))
             .with_device_digest(Some(d.device.clone()));
         let t = rewrite_binary(&job.src, bin, &metadata)?;
+        b.hrx_limits = kpack_format::hrx::check_metadata(&metadata);
+        let targets = metadata.targets.as_ref().map_or(0, Vec::len);
+        b.hrx_limits
+            .extend(kpack_format::hrx::check_archive_count(targets));
         let source = File::open(&job.src).map_err(|e| ArtifactError::io(&job.src, e))?;
         create_file(&job.dst, job.mode, |f| {
             Ok(write_rewritten(&job.src, &t, Some(&source), f)?)
@@ -479,7 +491,25 @@ impl Packer<'_> {
             .par_iter()
             .map(|(target, list)| self.write_archive(target, list, group, family, place))
             .collect();
-        results.into_iter().collect()
+        let archives = results.into_iter().collect::<Result<Vec<_>>>()?;
+        self.warn_hrx_limits(binaries, &archives);
+        Ok(archives)
+    }
+
+    /// Warn of the limits of ROCm's HRX runtime the outputs exceed (they
+    /// are valid all the same): each binary's (in job order, named by its
+    /// kernel name), then each archive's (in target order).
+    fn warn_hrx_limits(&self, binaries: &[&Offloaded], archives: &[ArchiveInfo]) {
+        for b in binaries {
+            for e in &b.hrx_limits {
+                self.observer.warn(&format!("{}: {e}", b.kernel_name));
+            }
+        }
+        for a in archives {
+            for e in &a.hrx_limits {
+                self.observer.warn(&format!("{}: {e}", a.path));
+            }
+        }
     }
 
     /// The archive of one target: its code objects in the order given.
@@ -536,6 +566,7 @@ impl Packer<'_> {
             bytes_out: s.bytes_out,
             shared_code_objects: s.shared,
             bytes_saved: s.bytes_saved,
+            hrx_limits: w.hrx_limits(),
         })
     }
 }

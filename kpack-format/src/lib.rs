@@ -15,6 +15,8 @@
 //!   new offload driver);
 //! - [`provenance`]: the digests that tie an offloaded binary to the
 //!   code objects it was split from;
+//! - [`hrx`]: the limits of ROCm's HRX runtime's own reader, which
+//!   writers and `kpack verify` warn about;
 //! - [`processors`]: what each AMDGPU processor supports (features,
 //!   generic targets) and the kernel driver's `gfx_target_version`.
 
@@ -23,6 +25,7 @@
 pub mod archive;
 pub mod bytes;
 pub mod hipk;
+pub mod hrx;
 pub mod msgpack;
 pub mod offloading;
 pub mod processors;

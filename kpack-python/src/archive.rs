@@ -203,6 +203,17 @@ impl NativeArchive {
         self.read_bytes(py, e)
     }
 
+    /// `(original_size, stored_size, scheme)` of the kernel `key` @
+    /// `target`, from the TOC and without decompressing (checked as a read
+    /// checks it first), or `None` if the archive has no such entry.
+    fn info(&self, key: &str, target: &str) -> PyResult<Option<(u64, u64, &'static str)>> {
+        let Some(e) = self.entry(key, target) else {
+            return Ok(None);
+        };
+        let i = self.archive.kernel_info(e).map_err(|x| self.failure(x))?;
+        Ok(Some((i.original_size, i.stored_size, i.scheme.name())))
+    }
+
     /// Where in the file the kernel `key` @ `target` is stored as it is
     /// (scheme `none`): `(offset, size)` after checking the entry, or `None`
     /// for a compressed kernel. Raises for a missing entry.

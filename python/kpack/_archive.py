@@ -28,6 +28,18 @@ class Entry(NamedTuple):
     """The entry's ``metadata`` map, if any."""
 
 
+class KernelInfo(NamedTuple):
+    """What :meth:`Archive.info` knows of a kernel before reading it."""
+
+    original_size: int
+    """Size of the kernel, uncompressed (``len(archive[key])``)."""
+    stored_size: int
+    """Bytes it takes in the archive (its zstd frame and the frame's 4-byte
+    length, or its blob)."""
+    scheme: str
+    """How the archive stores it (``none``, ``zstd-per-kernel``)."""
+
+
 class Archive(Mapping):
     """A ``.kpack`` archive, opened read-only and memory-mapped.
 
@@ -144,6 +156,16 @@ class Archive(Mapping):
     def read(self, binary: str, arch: str) -> bytes:
         """The code object of ``binary`` for ``arch`` (``KeyError`` if none)."""
         return self[binary, arch]
+
+    def info(self, key: Key) -> KernelInfo:
+        """The sizes and scheme of the code object ``(binary, arch)``, from
+        the table of contents, without decompressing it (``KeyError`` if
+        none): what the C API's ``kpack_get_kernel_info`` reports."""
+        binary, arch = _split_key(key)
+        found = self._open().info(binary, arch)
+        if found is None:
+            raise KeyError(key)
+        return KernelInfo(*found)
 
     def view(self, key: Key) -> memoryview:
         """The code object as a read-only ``memoryview``: zero-copy over the

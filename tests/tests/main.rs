@@ -19,6 +19,8 @@ mod bench_inputs;
 mod bundle_formats;
 mod golden;
 mod ground_truth;
+// Outputs past other readers' limits (ROCm's HRX runtime): warnings.
+mod hrx_limits;
 mod large_host;
 mod ls;
 mod malformed;
@@ -38,6 +40,8 @@ mod windows;
 
 // Large archives, through the library and the C API.
 mod large_archives;
+// The C and C++ APIs' size query on offloaded and split archives.
+mod kernel_info;
 
 // The artifact pipeline: split, verify, recombine, pack-tree; TheRock.
 mod no_device_code;

@@ -88,6 +88,24 @@ KPACK_API kpack_error_t kpack_get_kernel(kpack_archive_t archive,
                                          const char* arch, void** kernel_data,
                                          size_t* kernel_size);
 
+/* What kpack_get_kernel would hand out for `binary_name` @ `arch`, from the
+ * TOC and without decompressing: `original_size` receives the code object's
+ * size (the kernel_size kpack_get_kernel gives), `stored_size` the bytes it
+ * takes in the archive (its zstd frame with the frame's 4-byte length, or
+ * its blob), `scheme` how the archive stores it. Each of the three may be
+ * NULL (not asked for). Lets a caller refuse a code object by its size, or
+ * by its compression ratio, before anything is allocated.
+ * Errors: INVALID_ARGUMENT (archive, binary_name or arch NULL),
+ * KERNEL_NOT_FOUND, DECOMPRESSION_FAILED (the TOC's size disagrees with the
+ * frame's header, or the frame is out of bounds), OUT_OF_MEMORY (a size
+ * that does not fit a size_t). */
+KPACK_API kpack_error_t kpack_get_kernel_info(kpack_archive_t archive,
+                                              const char* binary_name,
+                                              const char* arch,
+                                              size_t* original_size,
+                                              size_t* stored_size,
+                                              kpack_compression_scheme_t* scheme);
+
 /* Release a code object from kpack_get_kernel (or kpack_load_code_object);
  * NULL is a no-op. */
 KPACK_API void kpack_free_kernel(void* kernel_data);

@@ -146,6 +146,14 @@ struct KernelInfo {
   std::uint32_t ordinal;  // index in the archive's blob
 };
 
+// What Archive::kernel_info reports of one code object (as
+// kpack_get_kernel_info).
+struct EntryInfo {
+  std::uint64_t original_size;        // uncompressed: the size kernel() gives
+  std::uint64_t stored_size;          // bytes it takes in the archive
+  kpack_compression_scheme_t scheme;  // how the archive stores it
+};
+
 // Where an address lives: the mapped file and the address's offset in it.
 struct BinaryLocation {
   std::string path;
@@ -238,6 +246,16 @@ class Archive {
     return detail::call([&](bridge::Failure& c) {
       return get().kernel_size(detail::bytes(binary), detail::bytes(arch), c);
     });
+  }
+
+  // The sizes and scheme of that code object, from the TOC and without
+  // decompressing (kpack_get_kernel_info); KERNEL_NOT_FOUND,
+  // DECOMPRESSION_FAILED (the TOC and the frame disagree).
+  EntryInfo kernel_info(const std::string& binary, const std::string& arch) const {
+    bridge::EntryInfo i = detail::call([&](bridge::Failure& c) {
+      return get().kernel_info(detail::bytes(binary), detail::bytes(arch), c);
+    });
+    return {i.original_size, i.stored_size, static_cast<kpack_compression_scheme_t>(i.scheme)};
   }
 
   // Decompress that code object straight into `out` (at least

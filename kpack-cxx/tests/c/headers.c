@@ -32,7 +32,8 @@ static bool callback(const char* arch, void* user_data) {
     return true;
 }
 
-/* Each function has exactly the reference's type. */
+/* Each function has exactly the reference's type (kpack_get_kernel_info,
+ * kpack's addition, the type kpack.h documents). */
 int main(void) {
     kpack_error_t (*open_)(const char*, kpack_archive_t*) = kpack_open;
     void (*close_)(kpack_archive_t) = kpack_close;
@@ -42,6 +43,8 @@ int main(void) {
     kpack_error_t (*bin)(kpack_archive_t, size_t, const char**) = kpack_get_binary;
     kpack_error_t (*kernel)(kpack_archive_t, const char*, const char*, void**, size_t*) =
         kpack_get_kernel;
+    kpack_error_t (*info)(kpack_archive_t, const char*, const char*, size_t*, size_t*,
+                          kpack_compression_scheme_t*) = kpack_get_kernel_info;
     void (*free_kernel)(void*) = kpack_free_kernel;
     kpack_error_t (*cache_create)(kpack_cache_t*) = kpack_cache_create;
     void (*cache_destroy)(kpack_cache_t) = kpack_cache_destroy;
@@ -60,6 +63,7 @@ int main(void) {
                          (const void*)&cache_create, (const void*)&cache_destroy,
                          (const void*)&discover,     (const void*)&load,
                          (const void*)&free_co,      (const void*)&enumerate,
-                         (const void*)&cb,           (const void*)&scheme};
-    return (int)(sizeof all / sizeof all[0]) - 16;
+                         (const void*)&cb,           (const void*)&scheme,
+                         (const void*)&info};
+    return (int)(sizeof all / sizeof all[0]) - 17;
 }

@@ -23,6 +23,9 @@
 //!   build (by its provenance digest, else by defining only kernels the
 //!   binary does not name: [`crate::build_match`], the rule `verify --tree`
 //!   applies too) is a problem.
+//! - outputs past the limits of ROCm's HRX runtime ([`kpack_format::hrx`]:
+//!   a binary's metadata, an archive's keys, targets and code objects) are
+//!   warnings: they are valid, and load with kpack's runtime.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -345,7 +348,7 @@ fn check_each(
         };
         match &a.role {
             Role::Generic => {
-                let binaries = check_generic(a, &nodes, &opts.databases, &mut found.problems);
+                let binaries = check_generic(a, &nodes, &opts.databases, found);
                 report.offloaded_binaries += binaries.len();
                 checked.generics.insert(a.component.clone(), (i, binaries));
             }
@@ -354,7 +357,7 @@ fn check_each(
                     None => t == what,
                     Some(c) => c.group(what).is_some_and(|g| g.contains(t)),
                 };
-                let served = check_device(a, &nodes, &allowed, report, &mut found.problems);
+                let served = check_device(a, &nodes, &allowed, report, found);
                 targets.extend(served.names.keys().cloned());
                 checked
                     .devices
@@ -661,7 +664,7 @@ fn check_generic(
     a: &Artifact,
     nodes: &[(String, Node)],
     databases: &[Database],
-    problems: &mut Vec<String>,
+    found: &mut Findings,
 ) -> Vec<Binary> {
     let files: Vec<&(String, Node)> = nodes
         .iter()
@@ -673,10 +676,24 @@ fn check_generic(
         .collect();
     let mut binaries = Vec::new();
     for (b, bad) in results {
-        problems.extend(bad);
+        found.problems.extend(bad);
+        if let Some(b) = &b {
+            found.warnings.extend(hrx_metadata_warnings(b));
+        }
         binaries.extend(b);
     }
     binaries
+}
+
+/// The limits of ROCm's HRX runtime an offloaded binary's metadata
+/// exceeds: warnings (it is valid, and loads with kpack's runtime).
+fn hrx_metadata_warnings(b: &Binary) -> Vec<String> {
+    let targets = b.metadata.targets.as_ref().map_or(0, Vec::len);
+    kpack_format::hrx::check_metadata(&b.metadata)
+        .into_iter()
+        .chain(kpack_format::hrx::check_archive_count(targets))
+        .map(|e| format!("{}: {e}", b.shown))
+        .collect()
 }
 
 /// One file of a generic artifact: no archive, no database file of the
@@ -745,6 +762,8 @@ struct Found {
     archive: Option<(Vec<String>, BTreeSet<String>, usize)>,
     database: bool,
     bad: Vec<String>,
+    /// The limits of ROCm's HRX runtime an archive exceeds.
+    warnings: Vec<String>,
 }
 
 /// The checks of a device artifact (every entry, in parallel); returns what
@@ -754,7 +773,7 @@ fn check_device(
     nodes: &[(String, Node)],
     allowed: &(dyn Fn(&str) -> bool + Sync),
     report: &mut VerifyReport,
-    problems: &mut Vec<String>,
+    found: &mut Findings,
 ) -> Served {
     let mut served = Served::default();
     let entries: Vec<&(String, Node)> = nodes
@@ -766,7 +785,8 @@ fn check_device(
         .map(|(p, n)| check_device_entry(a, p, n, allowed))
         .collect();
     for r in results {
-        problems.extend(r.bad);
+        found.problems.extend(r.bad);
+        found.warnings.extend(r.warnings);
         if r.database {
             report.database_files += 1;
         }
@@ -805,11 +825,15 @@ fn check_device_entry(
         archive: None,
         database: false,
         bad: Vec::new(),
+        warnings: Vec::new(),
     };
     let is_file = matches!(n.kind, NodeKind::File { .. });
     if is_file && name.ends_with(".kpack") {
         match check_archive(&path, &shown, &a.component, &name, allowed) {
-            Ok(x) => f.archive = Some(x),
+            Ok((x, warnings)) => {
+                f.archive = Some(x);
+                f.warnings = warnings;
+            }
             Err(mut bad) => f.bad.append(&mut bad),
         }
         return f;
@@ -845,7 +869,7 @@ fn check_archive(
     component: &str,
     file_name: &str,
     allowed: &(dyn Fn(&str) -> bool + Sync),
-) -> std::result::Result<(Vec<String>, BTreeSet<String>, usize), Vec<String>> {
+) -> std::result::Result<CheckedArchive, Vec<String>> {
     let archive = kpack_loader::open_archive(path).map_err(|e| vec![format!("{shown}: {e}")])?;
     let mut bad = Vec::new();
     let arches = archive.gfx_arches().to_vec();
@@ -896,8 +920,16 @@ fn check_archive(
         .binaries()
         .map(|k| k.rsplit_once('#').map_or(k, |(n, _)| n).to_string())
         .collect();
-    Ok((arches, names, entries.len()))
+    let warnings = kpack_format::hrx::check_archive(&archive)
+        .into_iter()
+        .map(|e| format!("{shown}: {e}"))
+        .collect();
+    Ok(((arches, names, entries.len()), warnings))
 }
+
+/// An archive that checked out: (gfx_arches, kernel names, code objects),
+/// and the limits of ROCm's HRX runtime it exceeds (warnings).
+type CheckedArchive = ((Vec<String>, BTreeSet<String>, usize), Vec<String>);
 
 /// Install `artifacts` into `root` the way a package does, flattening every
 /// prefix of each into the root, with symlinks to the files instead of

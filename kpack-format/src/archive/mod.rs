@@ -112,6 +112,18 @@ pub struct Entry {
     pub metadata: Option<Metadata>,
 }
 
+/// What a reader may know of one kernel before reading it
+/// ([`Archive::kernel_info`]): the C API's `kpack_get_kernel_info`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelInfo {
+    /// Size of the kernel, uncompressed (what a read gives).
+    pub original_size: u64,
+    /// Bytes it takes in the blob ([`Archive::stored_size`]).
+    pub stored_size: u64,
+    /// How the archive stores it.
+    pub scheme: Scheme,
+}
+
 impl Entry {
     /// The metadata value named `name`, if it is a string.
     pub fn metadata_str(&self, name: &str) -> Option<&str> {

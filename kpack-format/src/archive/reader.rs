@@ -16,7 +16,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use super::toc::{self, Layout};
-use super::{ArchiveError, Entry, Scheme, FORMAT_VERSION, HEADER_SIZE, MAGIC, MAX_KERNEL_SIZE};
+use super::{
+    ArchiveError, Entry, KernelInfo, Scheme, FORMAT_VERSION, HEADER_SIZE, MAGIC, MAX_KERNEL_SIZE,
+};
 use crate::bytes;
 use crate::msgpack;
 
@@ -441,6 +443,20 @@ impl Archive {
             Ok(_) => Ok(frame),
             Err(_) => Err(decompress_err(entry, "invalid zstd frame header".into())),
         }
+    }
+
+    /// The sizes and scheme of the kernel of `entry` (an entry of this
+    /// archive), without decompressing it: checked first as
+    /// [`Archive::check`] checks it, so that the `original_size` reported
+    /// is the size a read gives (a TOC that disagrees with its frame is an
+    /// error here, as it would be on reading).
+    pub fn kernel_info(&self, entry: &Entry) -> Result<KernelInfo, ArchiveError> {
+        self.check(entry)?;
+        Ok(KernelInfo {
+            original_size: entry.original_size,
+            stored_size: self.stored_size(entry)?,
+            scheme: self.scheme(),
+        })
     }
 
     /// The bytes the kernel of `entry` takes in the blob: its zstd frame and
@@ -1192,6 +1208,43 @@ mod tests {
         assert!(matches!(
             a.kernel("bin/hiptest#0", "gfx1100"),
             Err(ArchiveError::KernelTooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn kernel_info_is_what_a_read_gives() {
+        for (bytes, scheme) in [
+            (noop_bytes(), Scheme::None),
+            (zstd_bytes(), Scheme::ZstdPerKernel),
+        ] {
+            let toc_offset = bytes::u64_at(&bytes, 8).unwrap();
+            let a = Archive::from_bytes(bytes).unwrap();
+            let mut stored = 0;
+            for e in a.entries() {
+                let info = a.kernel_info(e).unwrap();
+                let data = a.read(e).unwrap();
+                assert_eq!(info.original_size, data.len() as u64);
+                assert_eq!(info.stored_size, a.stored_size(e).unwrap());
+                assert_eq!(info.scheme, scheme);
+                if scheme == Scheme::None {
+                    assert_eq!(info.stored_size, info.original_size);
+                }
+                stored += info.stored_size;
+            }
+            // Frames (with their lengths) or blobs lie between the header
+            // and the TOC (the reference archives share no bytes).
+            assert!(stored > 0 && stored <= toc_offset - HEADER_SIZE);
+        }
+        // A TOC whose size disagrees with the frame's header: an error, as
+        // on reading, not a wrong answer.
+        let b = with_toc(&zstd_bytes(), |t| {
+            *at(t, &["toc", "bin/hiptest#0", "gfx1100", "original_size"]) = Value::from(7u64)
+        });
+        let a = Archive::from_bytes(b).unwrap();
+        let e = a.entry("bin/hiptest#0", "gfx1100").unwrap();
+        assert!(matches!(
+            a.kernel_info(e),
+            Err(ArchiveError::SizeMismatch { expected: 7, .. })
         ));
     }
 

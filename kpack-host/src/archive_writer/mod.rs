@@ -207,6 +207,32 @@ impl<'a> ArchiveWriter<'a> {
         self
     }
 
+    /// The limits of ROCm's HRX runtime ([`kpack_format::hrx`]) the
+    /// archive as added so far exceeds: its targets', keys' and code
+    /// objects' (each key and target once), in TOC order. Writers report
+    /// them as warnings: the archive is valid, but only kpack's runtime
+    /// reads it.
+    pub fn hrx_limits(&self) -> Vec<kpack_format::hrx::Exceeded> {
+        use kpack_format::hrx;
+        let mut v = Vec::new();
+        let mut targets = HashSet::new();
+        for t in &self.gfx_arches {
+            if targets.insert(t.as_str()) {
+                v.extend(hrx::check_target(t));
+            }
+        }
+        for (key, entries) in &self.keys {
+            v.extend(hrx::check_key(key));
+            for e in entries.iter().map(|&i| &self.entries[i]) {
+                if targets.insert(e.target.as_str()) {
+                    v.extend(hrx::check_target(&e.target));
+                }
+                v.extend(hrx::check_code_object(key, &e.target, e.size));
+            }
+        }
+        v
+    }
+
     /// Number of kernels added (TOC entries, shared ones included).
     pub fn len(&self) -> usize {
         self.entries.len()
@@ -664,6 +690,31 @@ mod tests {
             assert_eq!(w.add(*k, *t, b.as_slice(), None).unwrap(), i as u32);
         }
         w
+    }
+
+    #[test]
+    fn hrx_limits_of_what_was_added() {
+        let mut w = ArchiveWriter::new("g", "gfx942", vec!["gfx942".into()]);
+        w.add("lib/a.so#0", "gfx942", &b"code"[..], None).unwrap();
+        assert_eq!(w.hrx_limits(), []);
+        // A 1,100-byte key, added for two targets: reported once, with
+        // the target of five features (once too).
+        let long = format!("{}#0", "d/".repeat(549));
+        let five = "gfx942:a+:b+:c+:d+:e+";
+        w.add(long.as_str(), "gfx942", &b"code"[..], None).unwrap();
+        w.add(long.as_str(), five, &b"code"[..], None).unwrap();
+        w.add("lib/b.so#0", five, &b"code"[..], None).unwrap();
+        let v = w.hrx_limits();
+        let units: Vec<_> = v.iter().map(|e| (e.unit, e.value)).collect();
+        assert_eq!(
+            units,
+            [("bytes (with its NUL)", 1101), ("features", 5)],
+            "{v:?}"
+        );
+        // The archive is written all the same, and reads back.
+        let bytes = w.to_vec().unwrap();
+        let a = Archive::from_bytes(bytes).unwrap();
+        assert_eq!(kpack_format::hrx::check_archive(&a), v);
     }
 
     #[test]

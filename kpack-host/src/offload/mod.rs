@@ -116,6 +116,10 @@ pub struct ArchiveWritten {
     pub shared_code_objects: usize,
     /// Uncompressed bytes those entries did not store again.
     pub bytes_saved: u64,
+    /// The limits of ROCm's HRX runtime the archive exceeds
+    /// ([`ArchiveWriter::hrx_limits`]); in [`OffloadSummary::warnings`] too.
+    #[serde(skip)]
+    pub hrx_limits: Vec<kpack_format::hrx::Exceeded>,
 }
 
 /// What [`offload`] did.
@@ -125,6 +129,11 @@ pub struct OffloadSummary {
     pub output: PathBuf,
     pub outcome: Outcome,
     pub note: Option<String>,
+    /// What the user should see: the limits of other readers (ROCm's HRX
+    /// runtime, [`kpack_format::hrx`]) the outputs exceed. The outputs are
+    /// valid all the same.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
     pub kernel_name: Option<String>,
     pub search_paths: Vec<String>,
     pub bundles: usize,
@@ -232,6 +241,7 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
         output: output.to_path_buf(),
         outcome: Outcome::Offloaded,
         note: None,
+        warnings: Vec::new(),
         kernel_name: None,
         search_paths: Vec::new(),
         bundles: 0,
@@ -304,6 +314,7 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
     let group = opts.group.clone().unwrap_or_else(|| default_group(output));
     summary.archives = write_archives(code, &group, &metadata.kernel_name, &digests, opts)?;
     summary.archive_seconds = clock.elapsed().as_secs_f64();
+    summary.warnings = hrx_warnings(output, &metadata, &summary.archives);
     drop(scratch);
     mapped.release(0..bytes.len());
     pending.commit()?;
@@ -315,6 +326,31 @@ pub fn offload(input: &Path, output: &Path, opts: &OffloadOptions) -> Result<Off
     summary.output_size = t.len();
     summary.wrappers = t.wrappers;
     Ok(summary)
+}
+
+/// The limits of ROCm's HRX runtime an offload's outputs exceed: the
+/// binary's metadata (and how many archives it spreads over), then each
+/// archive's, each message naming its file.
+fn hrx_warnings(
+    output: &Path,
+    metadata: &HipkMetadata,
+    archives: &[ArchiveWritten],
+) -> Vec<String> {
+    use kpack_format::hrx;
+    let of_binary = hrx::check_metadata(metadata)
+        .into_iter()
+        .chain(hrx::check_archive_count(archives.len()));
+    let mut v: Vec<String> = of_binary
+        .map(|e| format!("{}: {e}", output.display()))
+        .collect();
+    for a in archives {
+        v.extend(
+            a.hrx_limits
+                .iter()
+                .map(|e| format!("{}: {e}", a.path.display())),
+        );
+    }
+    v
 }
 
 /// What to do with an input that is not a fat binary: copy it unchanged
@@ -532,6 +568,7 @@ fn write_archive(
         bytes_out: s.bytes_out,
         shared_code_objects: s.shared,
         bytes_saved: s.bytes_saved,
+        hrx_limits: w.hrx_limits(),
     })
 }
 
@@ -685,10 +722,18 @@ pub fn verify_file(path: &Path) -> Result<Verified> {
 /// tools' shipped defects are accepted with warnings
 /// ([`elf::verify::Rules::Shipped`]).
 pub fn verify_shipped(b: &[u8]) -> Result<Verified, VerifyError> {
-    if crate::pe::is_pe(b) {
-        return pe::verify_pe(b, None);
-    }
-    elf::verify::verify_elf_with(b, None, elf::verify::Rules::Shipped)
+    let mut v = if crate::pe::is_pe(b) {
+        pe::verify_pe(b, None)?
+    } else {
+        elf::verify::verify_elf_with(b, None, elf::verify::Rules::Shipped)?
+    };
+    // Valid, but past what ROCm's HRX runtime reads: a warning too.
+    let targets = v.metadata.targets.as_ref().map_or(0, Vec::len);
+    let hrx = kpack_format::hrx::check_metadata(&v.metadata)
+        .into_iter()
+        .chain(kpack_format::hrx::check_archive_count(targets));
+    v.warnings.extend(hrx.map(|e| e.to_string()));
+    Ok(v)
 }
 
 #[cfg(test)]

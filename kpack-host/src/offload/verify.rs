@@ -28,7 +28,9 @@ pub struct Verified {
     pub metadata_addr: u64,
     /// `reserved1` (the code object index) of each wrapper.
     pub co_indices: Vec<u64>,
-    /// The reference tools' defects found and accepted (`Rules::Shipped` of the ELF verifier).
+    /// The reference tools' defects found and accepted (`Rules::Shipped` of the ELF verifier),
+    /// and the limits of ROCm's HRX runtime the metadata exceeds
+    /// ([`kpack_format::hrx`]; `verify_shipped`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
 }

@@ -195,15 +195,8 @@ pub fn runtime_checker() -> PathBuf {
     CHECKER
         .get_or_init(|| {
             let root = workspace();
-            // One per test process: another may be installing its own.
-            let dir = root.join(format!("target/e2e-checker/{}", std::process::id()));
-            let installed = dir.join("installed");
-            {
-                let _build = build_lock();
-                kpack_testkit::workspace::install_runtime(&installed)
-                    .unwrap_or_else(|e| panic!("{e:#}"));
-            }
-            let checker = dir.join("check");
+            let installed = installed_runtime();
+            let checker = e2e_build_dir().join("check");
             let mut p = Program::c("c11");
             p.cc()
                 .warnings(true)
@@ -215,6 +208,30 @@ pub fn runtime_checker() -> PathBuf {
                 .static_runtime(&installed.join("lib/librocm_kpack.a"));
             built(p.link(&checker));
             checker
+        })
+        .clone()
+}
+
+/// Where this test process builds its C and C++ programs (one directory
+/// per process: another may be building its own).
+pub fn e2e_build_dir() -> PathBuf {
+    let dir = workspace().join(format!("target/e2e-checker/{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The runtime library as `cargo xtask dist` installs it (prelinked
+/// `lib/librocm_kpack.a`, `lib/librocm_kpack_cxx.a`, `include/`), made
+/// once per test process from this build.
+pub fn installed_runtime() -> PathBuf {
+    static INSTALLED: OnceLock<PathBuf> = OnceLock::new();
+    INSTALLED
+        .get_or_init(|| {
+            let installed = e2e_build_dir().join("installed");
+            let _build = build_lock();
+            kpack_testkit::workspace::install_runtime(&installed)
+                .unwrap_or_else(|e| panic!("{e:#}"));
+            installed
         })
         .clone()
 }
