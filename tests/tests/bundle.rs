@@ -13,25 +13,6 @@ use crate::common::*;
 use kpack_format::hipk::HIPK_MAGIC;
 use serde_json::Value;
 
-/// An install tree of these fixtures under `lib/`, packed by pack-tree
-/// (group `g`) into `out`.
-fn packed(dir: &Path, fixtures: &[&str], out: &Path) {
-    let input = dir.join("in");
-    fs::create_dir_all(input.join("lib")).unwrap();
-    for f in fixtures {
-        fs::copy(fixture(f).path, input.join("lib").join(f)).unwrap();
-    }
-    kpack_ok(&[
-        &"pack-tree",
-        &"--input",
-        &input,
-        &"--output",
-        &out,
-        &"--group-name",
-        &"g",
-    ]);
-}
-
 fn bundle_json(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Value {
     let mut a: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"bundle"];
     a.extend_from_slice(args);
@@ -81,7 +62,7 @@ fn assert_runtime_loads(app: &Path, libs: &[&str], scratch: &Path) {
 fn a_bundle_loads_from_its_new_place() {
     let t = scratch();
     let rocm = t.path().join("rocm");
-    packed(t.path(), &["libvadd.so", "libmulti.so"], &rocm);
+    pack_fixtures_in_lib(t.path(), &["libvadd.so", "libmulti.so"], &rocm);
     let app = t.path().join("app");
     let libs = [rocm.join("lib/libvadd.so"), rocm.join("lib/libmulti.so")];
     let s = bundle_json(&[&libs[0], &libs[1], &"--into", &app]);
@@ -124,7 +105,7 @@ fn a_bundle_loads_from_its_new_place() {
 fn only_the_chosen_targets() {
     let t = scratch();
     let rocm = t.path().join("rocm");
-    packed(t.path(), &["libvadd.so", "libwide.so"], &rocm);
+    pack_fixtures_in_lib(t.path(), &["libvadd.so", "libwide.so"], &rocm);
     // gfx90a takes both xnack archives.
     let app = t.path().join("app");
     let (vadd, wide) = (rocm.join("lib/libvadd.so"), rocm.join("lib/libwide.so"));
@@ -159,7 +140,7 @@ fn only_the_chosen_targets() {
 fn the_layout_kept() {
     let t = scratch();
     let rocm = t.path().join("rocm");
-    packed(t.path(), &["libvadd.so"], &rocm);
+    pack_fixtures_in_lib(t.path(), &["libvadd.so"], &rocm);
     let kept = t.path().join("kept");
     let lib = rocm.join("lib/libvadd.so");
     let s = bundle_json(&[&lib, &"--into", &kept, &"--layout", &"keep"]);
@@ -179,7 +160,7 @@ fn the_layout_kept() {
 fn with_the_libraries_it_needs() {
     let t = scratch();
     let rocm = t.path().join("rocm");
-    packed(t.path(), &["libvadd.so"], &rocm);
+    pack_fixtures_in_lib(t.path(), &["libvadd.so"], &rocm);
     // It needs libhostonly.so from its prefix, found through $ORIGIN.
     let lib = rocm.join("lib/libvadd.so");
     fs::copy(
@@ -224,7 +205,7 @@ fn doctor_code(dir: &Path, arch: &str) -> (i32, String) {
 fn bad_requests_leave_the_folder_as_it_was() {
     let t = scratch();
     let rocm = t.path().join("rocm");
-    packed(t.path(), &["libvadd.so", "libmulti.so"], &rocm);
+    pack_fixtures_in_lib(t.path(), &["libvadd.so", "libmulti.so"], &rocm);
     let lib = rocm.join("lib/libvadd.so");
     // An archive the binary needs for a chosen target is gone.
     fs::rename(

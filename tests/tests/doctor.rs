@@ -53,25 +53,6 @@ fn problems(v: &Value) -> Vec<(String, String, String, String)> {
         .collect()
 }
 
-/// An install tree of these fixtures under `lib/`, packed by pack-tree
-/// (group `g`) into `out`.
-fn packed(dir: &Path, fixtures: &[&str], out: &Path) {
-    let input = dir.join("in");
-    fs::create_dir_all(input.join("lib")).unwrap();
-    for f in fixtures {
-        fs::copy(fixture(f).path, input.join("lib").join(f)).unwrap();
-    }
-    kpack_ok(&[
-        &"pack-tree",
-        &"--input",
-        &input,
-        &"--output",
-        &out,
-        &"--group-name",
-        &"g",
-    ]);
-}
-
 /// A KFD topology at `root`: one node per `(gfx_target_version,
 /// capability)`, node 0 a CPU.
 fn topology(root: &Path, gpus: &[(u64, u64)]) {
@@ -96,7 +77,7 @@ fn topology(root: &Path, gpus: &[(u64, u64)]) {
 fn targets_come_from_the_kernel_drivers_topology() {
     let t = scratch();
     let out = t.path().join("packed");
-    packed(t.path(), &["libwide.so", "libmulti.so"], &out);
+    pack_fixtures_in_lib(t.path(), &["libwide.so", "libmulti.so"], &out);
     let sys = t.path().join("sys");
     // An MI210 with ECC on, and a Radeon RX 7900.
     topology(&sys, &[(90010, 0x0400_0000 | 0x100), (110000, 0)]);
@@ -148,7 +129,7 @@ fn targets_come_from_the_kernel_drivers_topology() {
 fn a_packed_tree_with_an_archive_removed() {
     let t = scratch();
     let out = t.path().join("packed");
-    packed(t.path(), &["libvadd.so", "libmulti.so"], &out);
+    pack_fixtures_in_lib(t.path(), &["libvadd.so", "libmulti.so"], &out);
     let (code, v, err) = doctor(&[&out, &"--arch", &"gfx942", &"--arch", &"gfx1100"], &[]);
     assert_eq!((code, problems(&v).len()), (0, 0), "{err}");
     fs::remove_file(out.join(".kpack/g_gfx942.kpack")).unwrap();
@@ -247,7 +228,7 @@ fn a_pip_installed_split_wheel_before_and_after_its_device_extra() {
 fn an_application_folder_with_a_copied_library() {
     let t = scratch();
     let out = t.path().join("rocm");
-    packed(t.path(), &["libvadd.so"], &out);
+    pack_fixtures_in_lib(t.path(), &["libvadd.so"], &out);
     let app = t.path().join("apps/myapp");
     fs::create_dir_all(&app).unwrap();
     fs::copy(out.join("lib/libvadd.so"), app.join("libvadd.so")).unwrap();
@@ -334,7 +315,7 @@ fn binaries_without_recorded_targets_fall_back_to_the_archives() {
 fn fat_and_invalid_binaries_and_the_environment() {
     let t = scratch();
     let out = t.path().join("packed");
-    packed(t.path(), &["libvadd.so", "libmulti.so"], &out);
+    pack_fixtures_in_lib(t.path(), &["libvadd.so", "libmulti.so"], &out);
     // A fat binary: its own code, none for gfx90a.
     let fat = t.path().join("fat");
     fs::create_dir_all(&fat).unwrap();
@@ -363,7 +344,7 @@ fn fat_and_invalid_binaries_and_the_environment() {
     // ROCM_KPACK_PATH replaces the embedded paths, as at run time.
     let t2 = scratch();
     let out2 = t2.path().join("packed");
-    packed(t2.path(), &["libvadd.so"], &out2);
+    pack_fixtures_in_lib(t2.path(), &["libvadd.so"], &out2);
     let moved = t2.path().join("elsewhere.kpack");
     fs::rename(out2.join(".kpack/g_gfx942.kpack"), &moved).unwrap();
     let lib = out2.join("lib");

@@ -81,16 +81,7 @@ fn offload_copies_each_shape_with_a_note() {
             !archives.exists() || names(&archives).is_empty(),
             "{name}: archives"
         );
-        let j: serde_json::Value = serde_json::from_str(&kpack_ok(&[
-            &"offload",
-            &input,
-            &"-o",
-            &out,
-            &"--archive-dir",
-            &archives,
-            &"--json",
-        ]))
-        .unwrap();
+        let j: serde_json::Value = offload_json(&input, &out, &archives);
         assert_eq!(j["outcome"], "host_only", "{j}");
     }
 }

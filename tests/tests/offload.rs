@@ -21,20 +21,12 @@ fn offload_to(input: &Path, dir: tempfile::TempDir) -> Offloaded {
     let out = dir.path().join("lib").join(input.file_name().unwrap());
     let archives = dir.path().join(".kpack");
     std::fs::create_dir_all(out.parent().unwrap()).unwrap();
-    let json = kpack_ok(&[
-        &"offload",
-        &input,
-        &"-o",
-        &out,
-        &"--archive-dir",
-        &archives,
-        &"--json",
-    ]);
+    let summary = offload_json(input, &out, &archives);
     Offloaded {
         _dir: dir,
         out,
         archives,
-        summary: serde_json::from_str(&json).unwrap(),
+        summary,
     }
 }
 

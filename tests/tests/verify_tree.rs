@@ -16,20 +16,7 @@ use serde_json::Value;
 /// `pack-tree` of `files` (fixture name, path in the tree) into `out`.
 fn packed(files: &[(&str, &str)], scratch: &Path, out: &Path) {
     let input = scratch.join(format!("in-{}", out.file_name().unwrap().to_string_lossy()));
-    for (fixture_name, rel) in files {
-        let dst = input.join(rel);
-        std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
-        std::fs::copy(fixture(fixture_name).path, &dst).unwrap();
-    }
-    kpack_ok(&[
-        &"pack-tree",
-        &"--input",
-        &input,
-        &"--output",
-        &out,
-        &"--group-name",
-        &"g",
-    ]);
+    pack_fixtures(files, &input, out);
 }
 
 fn verify_tree(tree: &Path) -> Output {

@@ -724,3 +724,44 @@ pub fn device_digest_of(path: &Path) -> String {
         .collect();
     device_digest(sums.iter().map(String::as_str))
 }
+
+/// An install tree made in `input` of fixtures (fixture name, path in the
+/// tree), packed by pack-tree (group `g`) into `out`.
+pub fn pack_fixtures(files: &[(&str, &str)], input: &Path, out: &Path) {
+    for (fixture_name, rel) in files {
+        let dst = input.join(rel);
+        std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
+        std::fs::copy(fixture(fixture_name).path, &dst).unwrap();
+    }
+    kpack_ok(&[
+        &"pack-tree",
+        &"--input",
+        &input,
+        &"--output",
+        &out,
+        &"--group-name",
+        &"g",
+    ]);
+}
+
+/// [`pack_fixtures`] of these fixtures under `lib/` of `dir/in`.
+pub fn pack_fixtures_in_lib(dir: &Path, fixtures: &[&str], out: &Path) {
+    let files: Vec<(&str, String)> = fixtures.iter().map(|f| (*f, format!("lib/{f}"))).collect();
+    let files: Vec<(&str, &str)> = files.iter().map(|(f, r)| (*f, r.as_str())).collect();
+    pack_fixtures(&files, &dir.join("in"), out);
+}
+
+/// `kpack offload INPUT -o OUT --archive-dir ARCHIVES --json`, which must
+/// succeed: its summary.
+pub fn offload_json(input: &Path, out: &Path, archives: &Path) -> serde_json::Value {
+    let json = kpack_ok(&[
+        &"offload",
+        &input,
+        &"-o",
+        &out,
+        &"--archive-dir",
+        &archives,
+        &"--json",
+    ]);
+    serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"))
+}
