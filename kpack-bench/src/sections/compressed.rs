@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use serde_json::json;
 
+use super::split_wheels::{split_wheels_args, TORCH};
 use crate::args;
 use crate::context::Ctx;
 use crate::measure::{load_average, note_load, resident, timed, tree_size, warm, Runs};
@@ -242,34 +243,12 @@ fn measure_scaling(
     }
     remove(&p.wheel_out)?;
     let r = resident(&[wheel]);
-    m.wheel
-        .push(kpack(&wheel_args(wheel, &p.wheel_out, &p.wheel_tmp))?, r);
+    m.wheel.push(
+        kpack(&split_wheels_args(wheel, &p.wheel_out, &p.wheel_tmp, TORCH))?,
+        r,
+    );
     m.wheel_out = tree_size(&p.wheel_out);
     remove(&p.wheel_out)
-}
-
-fn wheel_args(wheel: &Path, out: &Path, scratch: &Path) -> Vec<OsString> {
-    args![
-        "split-wheels",
-        "--input",
-        wheel,
-        "--output-dir",
-        out,
-        "--device-package-prefix",
-        "amd-torch-device",
-        "--overlay-root",
-        "torch/",
-        "--wheel-type",
-        "torch-fat",
-        "--compression",
-        "zstd",
-        "-j",
-        "2",
-        "--tmp-dir",
-        scratch,
-        "--json"
-    ]
-    .to_vec()
 }
 
 /// Offload the 1× library and its plain twin (the same host objects and

@@ -20,6 +20,7 @@ use anyhow::Result;
 use serde_json::json;
 
 use super::job::Job;
+use super::split_wheels::{split_wheels_args, TORCH};
 use crate::args;
 use crate::context::Ctx;
 use crate::measure::{load_average, note_load, warm};
@@ -290,7 +291,7 @@ fn wheel_jobs(ctx: &Ctx, size: &Size, wheel: &Path, dir: &Path) -> [Job; 3] {
             "split-wheels -j 2, torch-like wheel holding the {}-host library",
             size.label
         ),
-        &split_wheels_args(wheel, &out, &dir.join("tmp")),
+        &split_wheels_args(wheel, &out, &dir.join("tmp"), TORCH),
         (wheel, &out),
     );
     let unzip = Job::new(
@@ -314,26 +315,4 @@ fn wheel_jobs(ctx: &Ctx, size: &Size, wheel: &Path, dir: &Path) -> [Job; 3] {
     .files(&unzipped, &rezipped, false);
     zip.then_remove.push(unzipped);
     [split, unzip, zip]
-}
-
-fn split_wheels_args(wheel: &Path, out: &Path, scratch: &Path) -> Vec<OsString> {
-    args![
-        "split-wheels",
-        "--input",
-        wheel,
-        "--output-dir",
-        out,
-        "--device-package-prefix",
-        "amd-torch-device",
-        "--overlay-root",
-        "torch/",
-        "--wheel-type",
-        "torch-fat",
-        "-j",
-        "2",
-        "--tmp-dir",
-        scratch,
-        "--json"
-    ]
-    .to_vec()
 }

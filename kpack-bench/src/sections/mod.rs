@@ -35,6 +35,7 @@ mod python;
 pub mod python_upstream;
 mod rewrite;
 mod runtime;
+mod split_wheels;
 mod wheels;
 mod xla;
 

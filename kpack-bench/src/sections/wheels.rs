@@ -24,6 +24,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde_json::json;
 
+use super::split_wheels::{split_wheels_args, TORCH};
 use crate::args;
 use crate::context::Ctx;
 use crate::measure::{resident, timed, tree_size, warm, Runs};
@@ -66,8 +67,8 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Row>> {
     // The split's outputs, measured before each next run removes them.
     let mut outputs = 0;
     warm(&[&inputs.wheel, &inputs.device])?;
-    let small_args = split_args(&small.wheel, &out, &scratch);
-    let split_args = split_args(&inputs.wheel, &out, &scratch);
+    let small_args = split_wheels_args(&small.wheel, &out, &scratch, TORCH);
+    let split_args = split_wheels_args(&inputs.wheel, &out, &scratch, TORCH);
     for rep in 0..ctx.reps {
         eprintln!("  rep {}/{}", rep + 1, ctx.reps);
         remove(&out)?;
@@ -223,30 +224,6 @@ fn small_row(small: &Inputs, runs: &Runs, large: &Runs) -> Result<Row> {
 
 fn worst_rss_mib(runs: &Runs) -> f64 {
     Stats::of(runs.rss.clone()).map_or(0.0, |s| s.max) / 1024.0
-}
-
-fn split_args(wheel: &Path, out: &Path, scratch: &Path) -> Vec<OsString> {
-    args![
-        "split-wheels",
-        "--input",
-        wheel,
-        "--output-dir",
-        out,
-        "--device-package-prefix",
-        "amd-torch-device",
-        "--overlay-root",
-        "torch/",
-        "--wheel-type",
-        "torch-fat",
-        "--compression",
-        "zstd",
-        "-j",
-        "2",
-        "--tmp-dir",
-        scratch,
-        "--json"
-    ]
-    .to_vec()
 }
 
 fn rows(

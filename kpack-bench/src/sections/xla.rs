@@ -13,7 +13,6 @@
 //! 256 MiB); `unzip` of the wheel; `kpack split-wheels -j 2` of the wheel
 //! (peak RSS ≤ 256 MiB).
 
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -21,6 +20,7 @@ use anyhow::{bail, ensure, Context, Result};
 use serde_json::json;
 
 use super::job::Job;
+use super::split_wheels::{split_wheels_args, WheelShape};
 use crate::args;
 use crate::context::Ctx;
 use crate::measure::{load_average, note_load, warm};
@@ -32,6 +32,12 @@ const WHEEL: &str = "jax_rocm7_pjrt-0.12.0-py3-none-manylinux_2_27_x86_64.whl";
 const PLUGIN: &str = "xla_rocm_plugin.so";
 /// Where the plugin lies in the wheel (its package: the overlay root).
 const PACKAGE: &str = "jax_plugins/xla_rocm7/";
+/// The jax plugin wheel's device wheels.
+const JAX: WheelShape<'static> = WheelShape {
+    device_package_prefix: "jax-rocm7-pjrt-device",
+    overlay_root: PACKAGE,
+    wheel_type: None,
+};
 const RSS_LIMIT_MIB: f64 = 256.0;
 const FLOOR_FACTOR: f64 = 1.2;
 
@@ -256,7 +262,7 @@ fn jobs(ctx: &Ctx, wheel: &Path, plugin: &Path, payloads: &Payloads, dir: &Path)
             "split_wheels",
             format!("split-wheels -j 2, {WHEEL}"),
             &ctx.kpack,
-            split_wheels_args(wheel, &out, &dir.join("tmp")),
+            split_wheels_args(wheel, &out, &dir.join("tmp"), &JAX),
         )
         .files(wheel, &out, false),
     ]);
@@ -295,26 +301,6 @@ fn floor_jobs(plugin: &Path, payloads: &Payloads, dir: &Path) -> [Job; 2] {
         )
         .files(plugin, &copied, false),
     ]
-}
-
-fn split_wheels_args(wheel: &Path, out: &Path, scratch: &Path) -> Vec<OsString> {
-    args![
-        "split-wheels",
-        "--input",
-        wheel,
-        "--output-dir",
-        out,
-        "--device-package-prefix",
-        "jax-rocm7-pjrt-device",
-        "--overlay-root",
-        PACKAGE,
-        "-j",
-        "2",
-        "--tmp-dir",
-        scratch,
-        "--json"
-    ]
-    .to_vec()
 }
 
 /// The rows: the floors, offload against their sum, split-wheels.
