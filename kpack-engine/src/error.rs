@@ -104,6 +104,15 @@ impl From<kpack_loader::OpenError> for ArtifactError {
 }
 
 impl ArtifactError {
+    /// What a verifier's report of `problems` problems makes: nothing
+    /// without any, else [`ArtifactError::VerifyFailed`].
+    pub(crate) fn verify_failed(problems: usize) -> crate::Result<()> {
+        match problems {
+            0 => Ok(()),
+            problems => Err(ArtifactError::VerifyFailed { problems }),
+        }
+    }
+
     pub(crate) fn input(path: impl Into<PathBuf>, what: impl Into<String>) -> Self {
         ArtifactError::Input {
             path: path.into(),

@@ -96,10 +96,7 @@ impl VerifyReport {
 
     /// The failure the problems make, if any ([`ArtifactError::VerifyFailed`]).
     pub fn check(&self) -> Result<()> {
-        match self.problems.len() {
-            0 => Ok(()),
-            problems => Err(ArtifactError::VerifyFailed { problems }),
-        }
+        ArtifactError::verify_failed(self.problems.len())
     }
 }
 
