@@ -6,14 +6,12 @@
 //! `ls` lists each bundle's targets; the runtime, like the fat binary, has
 //! no code for it.
 
-use std::ffi::CString;
 use std::fs;
 use std::path::Path;
 use std::process::Command;
-use std::ptr;
 
 use crate::common::*;
-use kpack_format::hipk::{KEY_CO_TARGETS, MAX_METADATA_SIZE};
+use kpack_format::hipk::KEY_CO_TARGETS;
 use rocm_kpack::*;
 use serde_json::{json, Value};
 
@@ -127,44 +125,6 @@ fn why_notes_the_bundle_built_without_the_target() {
     assert_eq!(w["wrappers"][0]["error"], "KPACK_ERROR_ARCHIVE_NOT_FOUND");
 }
 
-/// `kpack_load_code_object` for code object `co` of `binary` on `arch`.
-fn c_runtime_load(binary: &Path, co: u32, arch: &str) -> Result<Vec<u8>, KpackError> {
-    let bytes = fs::read(binary).unwrap();
-    let elf = kpack_host::elf::ElfView::parse(&bytes).unwrap();
-    let meta = elf.section(".rocm_kpack_ref").unwrap().unwrap();
-    let mut window = meta.data.to_vec();
-    window.resize(MAX_METADATA_SIZE, 0);
-    let path = cpath(&fs::canonicalize(binary).unwrap());
-    let name = CString::new(format!("amdgcn-amd-amdhsa--{arch}")).unwrap();
-    let archs = [name.as_ptr()];
-    let mut cache = ptr::null_mut();
-    let (mut p, mut size) = (ptr::null_mut(), 0usize);
-    // SAFETY: valid out-pointers, a 64 KiB metadata window, C strings that
-    // outlive the calls; the cache is destroyed once.
-    unsafe {
-        assert_eq!(kpack_cache_create(&mut cache), KpackError::Success);
-        let e = kpack_load_code_object(
-            cache,
-            window.as_ptr().cast(),
-            path.as_ptr(),
-            co,
-            archs.as_ptr(),
-            1,
-            &mut p,
-            &mut size,
-        );
-        let out = if e == KpackError::Success {
-            let v = std::slice::from_raw_parts(p.cast::<u8>(), size).to_vec();
-            kpack_free_code_object(p);
-            Ok(v)
-        } else {
-            Err(e)
-        };
-        kpack_cache_destroy(cache);
-        out
-    }
-}
-
 /// The C runtime loads what the fat binary holds, and nothing where it
 /// holds nothing.
 #[test]
@@ -174,7 +134,7 @@ fn the_runtime_has_the_fat_binarys_code_and_no_more() {
     let truth = code_objects(&fixture("libmixed.so").path);
     for co in 0..2u32 {
         for t in ["gfx1100", "gfx90a"] {
-            let got = c_runtime_load(&lib, co, t);
+            let got = c_runtime_load(&lib, co, &[&format!("amdgcn-amd-amdhsa--{t}")]);
             match truth.get(&(co as usize, t.to_string())) {
                 Some(bytes) => assert!(got.as_ref() == Ok(bytes), "#{co} {t}"),
                 None => assert_eq!(got, Err(KpackError::KernelNotFound), "#{co} {t}"),

@@ -3,56 +3,14 @@
 //! on gfx90a) and on missing archives, its answer is what the C runtime's
 //! `kpack_load_code_object` returns for the same binary and ISAs.
 
-use std::ffi::{CString, OsStr};
+use std::ffi::OsStr;
 use std::path::Path;
 use std::process::Command;
-use std::ptr;
 
 use crate::common::*;
-use kpack_format::hipk::MAX_METADATA_SIZE;
 use kpack_host::ArchiveWriter;
 use rocm_kpack::*;
 use serde_json::Value;
-
-/// `kpack_load_code_object` for wrapper 0 of `binary` (co_index 0) with
-/// `archs`: the code object, or the error. The environment of this test
-/// process is the C runtime's.
-fn c_runtime_load(binary: &Path, archs: &[&str]) -> Result<Vec<u8>, KpackError> {
-    let bytes = std::fs::read(binary).unwrap();
-    let elf = kpack_host::elf::ElfView::parse(&bytes).unwrap();
-    let meta = elf.section(".rocm_kpack_ref").unwrap().unwrap();
-    let mut window = meta.data.to_vec();
-    window.resize(MAX_METADATA_SIZE, 0);
-    let path = cpath(&std::fs::canonicalize(binary).unwrap());
-    let names: Vec<CString> = archs.iter().map(|a| CString::new(*a).unwrap()).collect();
-    let ptrs: Vec<*const std::ffi::c_char> = names.iter().map(|c| c.as_ptr()).collect();
-    let mut cache = ptr::null_mut();
-    let (mut p, mut size) = (ptr::null_mut(), 0usize);
-    // SAFETY: valid out-pointers, a 64 KiB metadata window, C strings that
-    // outlive the calls; the cache is destroyed once.
-    unsafe {
-        assert_eq!(kpack_cache_create(&mut cache), KpackError::Success);
-        let e = kpack_load_code_object(
-            cache,
-            window.as_ptr().cast(),
-            path.as_ptr(),
-            0,
-            ptrs.as_ptr(),
-            ptrs.len(),
-            &mut p,
-            &mut size,
-        );
-        let out = if e == KpackError::Success {
-            let v = std::slice::from_raw_parts(p.cast::<u8>(), size).to_vec();
-            kpack_free_code_object(p);
-            Ok(v)
-        } else {
-            Err(e)
-        };
-        kpack_cache_destroy(cache);
-        out
-    }
-}
 
 fn why(binary: &Path, archs: &[&str]) -> (bool, Value) {
     let mut c = Command::new(kpack_bin());
@@ -135,7 +93,7 @@ fn xnack_fall_through_and_missing_archives_match_the_runtime() {
             ("gfx90a".to_string(), 1, "loaded".to_string()),
         ]
     );
-    assert_eq!(c_runtime_load(&lib, &archs).unwrap(), code);
+    assert_eq!(c_runtime_load(&lib, 0, &archs).unwrap(), code);
     // Text form names the fall-through too.
     let text = String::from_utf8(
         Command::new(kpack_bin())
@@ -170,7 +128,7 @@ fn xnack_fall_through_and_missing_archives_match_the_runtime() {
             .unwrap()
             .iter()
             .all(|c| c["status"] == "missing"));
-        let e = c_runtime_load(&lib, archs).unwrap_err();
+        let e = c_runtime_load(&lib, 0, archs).unwrap_err();
         assert_eq!(e as u64, w0["code"].as_u64().unwrap());
     }
     // The archive is there but lacks the key: KERNEL_NOT_FOUND both ways.
@@ -179,7 +137,7 @@ fn xnack_fall_through_and_missing_archives_match_the_runtime() {
     assert!(!ok);
     assert_eq!(v["wrappers"][0]["error"], "KPACK_ERROR_KERNEL_NOT_FOUND");
     assert_eq!(
-        c_runtime_load(&lib, &archs).unwrap_err(),
+        c_runtime_load(&lib, 0, &archs).unwrap_err(),
         KpackError::KernelNotFound
     );
     // Bad input: a fat binary, no --arch.

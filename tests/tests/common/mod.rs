@@ -4,6 +4,8 @@
 //! [`cmake`] for the CMake tests, [`wheel`] for the wheel tests.
 
 pub mod cmake;
+pub mod runtime;
+pub use runtime::c_runtime_load;
 pub mod wheel;
 
 use std::collections::{BTreeMap, BTreeSet};
