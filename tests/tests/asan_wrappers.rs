@@ -272,7 +272,7 @@ fn check_offload(shape: Shape, linker: &str, input: &Path) {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("lib").join(&name);
     let archives = dir.path().join(".kpack");
-    let summary: Value = offload_json(&input, &out, &archives);
+    let summary: Value = offload_json(input, &out, &archives);
     assert_eq!(summary["outcome"], "offloaded", "{name}");
     assert_tools_accept(input, &out);
 
