@@ -72,6 +72,13 @@ pub enum ArtifactError {
         path: String,
         shards: (String, String),
     },
+    /// recombine: a group artifact of a shard holds code objects split
+    /// from another build than the binary of the shard's generic artifact.
+    #[error(
+        "shard {}: {} holds {} @ {} from another build than the binary in {} ({}): the shard's generic artifact is not the one its device artifacts were split with",
+        .0.shard, .0.archive.display(), .0.key, .0.target, .0.generic.display(), .0.builds
+    )]
+    ShardBuildMismatch(Box<ShardBuildMismatch>),
     /// `--expect-targets`: a target listed is missing from the inputs, or
     /// present with no code object.
     #[error("refusing to build a partial {output}: {target} expected but {found} in {}", input.display())]
@@ -133,4 +140,20 @@ pub type Result<T, E = ArtifactError> = std::result::Result<T, E>;
 /// The note for a leftover of a killed run that a new run removed.
 pub(crate) fn leftover_removed(path: &std::path::Path) -> String {
     format!("{}: removed (left by an interrupted run)", path.display())
+}
+
+/// An archive entry of a shard split from another build than the binary
+/// of the shard's generic artifact ([`ArtifactError::ShardBuildMismatch`]).
+#[derive(Debug)]
+pub struct ShardBuildMismatch {
+    pub shard: String,
+    /// The archive (in the shard's group artifact).
+    pub archive: PathBuf,
+    /// The entry's key and target.
+    pub key: String,
+    pub target: String,
+    /// The shard's generic artifact.
+    pub generic: PathBuf,
+    /// The two builds in words ([`kpack_format::provenance::builds`]).
+    pub builds: String,
 }

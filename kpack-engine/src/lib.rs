@@ -45,7 +45,7 @@ use kpack_loader::{self as loader, input};
 
 pub use databases::Database;
 pub(crate) use error::leftover_removed;
-pub use error::{ArtifactError, Result};
+pub use error::{ArtifactError, Result, ShardBuildMismatch};
 use observer::note;
 pub use observer::{with_jobs, Observer, Silent};
 pub use pack::{ArchiveInfo, TreeCounts};

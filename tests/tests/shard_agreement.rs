@@ -221,6 +221,52 @@ fn differing_generic_files_are_listed_when_the_primary_shard_wins() {
     assert!(!out.exists());
 }
 
+/// A shard whose generic artifact is another build's (the last family to
+/// upload overwrote it): its archives record their binary's digest, which
+/// is not the device digest of the generic binary the shard now holds.
+/// Refused before anything is written, naming the shard, an archive of it
+/// and both builds; the same shards untouched recombine.
+#[test]
+fn a_shards_generic_artifact_of_another_build_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let split = split_shards(t.path(), &["gfx110X-build", "gfx120X-build"]);
+    let config = t.path().join("config.json");
+    write_config(&config, "gfx120X-build", ONE_GROUP, "{}");
+    kpack_ok(&args(&recombine(
+        &split,
+        &config,
+        &t.path().join("ok"),
+        &[],
+    )));
+
+    let overwritten = split.join("gfx110X-build/blas_lib_generic");
+    fs::remove_dir_all(&overwritten).unwrap();
+    let st = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(split.join("gfx120X-build/blas_lib_generic"))
+        .arg(&overwritten)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = t.path().join("out");
+    fs::create_dir_all(&out).unwrap();
+    let err = kpack_fails(&args(&recombine(&split, &config, &out, &[])));
+    assert!(err.contains("shard gfx110X-build: "), "{err}");
+    assert!(err.contains("blas_lib_gfx110"), "{err}");
+    assert!(err.contains(".kpack holds "), "{err}");
+    assert!(
+        err.contains("from another build than the binary in"),
+        "{err}"
+    );
+    assert!(err.contains("blas_lib_generic"), "{err}");
+    assert!(err.contains("the archive's entry was split from"), "{err}");
+    assert_eq!(
+        names(&out),
+        Vec::<String>::new(),
+        "a refused recombine wrote something"
+    );
+}
+
 /// An artifact with gfx942, gfx1250, gfx1250-strict and amdgcnspirv code
 /// objects (the test kit's MIOpen fixture) and database files of gfx1250,
 /// gfx1250-strict (spelled `_strict`) and gfx1201.

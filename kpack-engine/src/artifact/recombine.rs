@@ -6,7 +6,9 @@
 //! Everything is decided and validated before anything is written: the
 //! three `validation` options of the config are enforced (duplicate device
 //! code, generic artifacts that differ between shards, configured
-//! architectures no shard provides), so a failing run writes nothing. The
+//! architectures no shard provides), and each shard's device artifacts are
+//! checked against its own generic artifact by their provenance digests
+//! ([`ShardBuilds`]), so a failing run writes nothing. The
 //! outputs are then assembled in a staging directory inside the output
 //! directory ([`StagedDir::in_dir`]) and renamed into place, group artifacts
 //! first and generic artifacts last; staging directories a killed run left
@@ -22,7 +24,7 @@ use serde::Serialize;
 
 use super::config::{arch_matches, PackagingConfig};
 use super::manifest::{self, generic_name, read_manifest, OutputName, Suffix, MANIFEST};
-use super::shard_builds::release_digests;
+use super::shard_builds::{release_digests, ShardBuilds};
 use crate::input::map_file;
 use crate::target::TargetId;
 use crate::tree::{
@@ -416,6 +418,10 @@ fn plan_component(
             .entry(group.name.clone())
             .or_default()
             .insert(target.clone(), chosen);
+    }
+    let mut builds = ShardBuilds::default();
+    for (shard, dir) in groups.values().flat_map(BTreeMap::values) {
+        builds.check(shard, c.generics.get(shard).map(PathBuf::as_path), dir)?;
     }
     let other_generics = c
         .generics
