@@ -3,6 +3,7 @@
 //! same kernels and options), and the compressor pieces of the reference
 //! `rocm_kpack.compression` API.
 
+use std::ffi::CString;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -101,6 +102,22 @@ impl ArchiveBuilder {
     }
 }
 
+/// One `kpack.HrxLimitWarning` per HRX limit `writer`'s archive exceeds
+/// (it stays valid: kpack's runtime reads it).
+fn warn_hrx_limits(py: Python<'_>, writer: &ArchiveWriter<'_>) -> PyResult<()> {
+    let limits = writer.hrx_limits();
+    if limits.is_empty() {
+        return Ok(());
+    }
+    let category = py.import("kpack._errors")?.getattr("HrxLimitWarning")?;
+    for e in limits {
+        let message = format!("archive of group {:?}: {e}", writer.group_name());
+        let message = CString::new(message.replace('\0', " ")).unwrap_or_default();
+        PyErr::warn(py, &category, &message, 2)?;
+    }
+    Ok(())
+}
+
 fn metadata(
     d: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Option<Vec<(String, kpack_format::msgpack::Value)>>> {
@@ -171,12 +188,15 @@ impl ArchiveBuilder {
     /// End the archive: no kernel may be added after. Checks what writing
     /// needs (the zstd level, the number of frames); kernels added as
     /// bytes to a compressing archive are compressed when it is written.
-    fn finalize(&mut self) -> PyResult<()> {
+    /// Warns (`kpack.HrxLimitWarning`) for each limit of ROCm's HRX
+    /// runtime the archive exceeds, as the `kpack` command's writers do.
+    fn finalize(&mut self, py: Python<'_>) -> PyResult<()> {
         let writer = self
             .writer
             .take()
             .ok_or_else(|| PyRuntimeError::new_err("Archive already finalized"))?;
         writer.check_writable().map_err(Failure::from)?;
+        warn_hrx_limits(py, &writer)?;
         self.finalized = Some(Finalized {
             writer,
             bytes: std::sync::OnceLock::new(),

@@ -24,6 +24,7 @@ from ._errors import (
     BinaryError,
     Error,
     FileError,
+    HrxLimitWarning,
     InputError,
     NotFatBinaryError,
     NotFoundError,
@@ -80,4 +81,5 @@ __all__ = [
     "PermissionDeniedError",
     "OutputExistsError",
     "VerificationError",
+    "HrxLimitWarning",
 ]

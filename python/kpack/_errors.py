@@ -60,6 +60,14 @@ class VerificationError(Error):
     summary = None
 
 
+class HrxLimitWarning(UserWarning):
+    """An archive written past a limit of ROCm's HRX runtime (a key over
+    1,024 bytes, a target string over 64 bytes or 4 features, a code object
+    over 256 MiB decompressed; docs/formats.md): it is valid and loads with
+    kpack's runtime, but HRX's reader refuses it. Warned when an archive is
+    finalized, as the ``kpack`` command warns for the archives it writes."""
+
+
 __all__ = [
     "Error",
     "UsageError",
@@ -72,4 +80,5 @@ __all__ = [
     "PermissionDeniedError",
     "OutputExistsError",
     "VerificationError",
+    "HrxLimitWarning",
 ]

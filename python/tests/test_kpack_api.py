@@ -102,8 +102,11 @@ def test_exception_hierarchy():
     assert issubclass(kpack.PermissionDeniedError, PermissionError)
     for name in kpack.__all__:
         obj = getattr(kpack, name)
-        if isinstance(obj, type) and issubclass(obj, BaseException):
+        if isinstance(obj, type) and issubclass(obj, Warning):
+            assert not issubclass(obj, kpack.Error), name
+        elif isinstance(obj, type) and issubclass(obj, BaseException):
             assert issubclass(obj, kpack.Error), name
+    assert issubclass(kpack.HrxLimitWarning, UserWarning)
 
 
 def test_offload(tmp_path, fixtures):

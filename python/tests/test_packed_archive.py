@@ -201,3 +201,32 @@ def test_kernels_are_shared_not_copied_and_written_the_same_way(tmp_path, make):
     assert one == a._builder.to_bytes()
     r = PackedKernelArchive.read(tmp_path / "fresh.kpack")
     assert [r.get_kernel(f"lib/lib{i}.so", "gfx942") for i in range(5)] == expected
+
+
+def test_past_an_hrx_limit_is_warned_and_still_written(tmp_path, recwarn):
+    # A key longer than HRX's 1,024 bytes and a target with five features.
+    long_key = "lib/" + "x" * 1100 + ".so"
+    target = "gfx942:a+:b+:c+:d+:e+"
+    a = PackedKernelArchive("g", "gfx942", ["gfx942", target], compressor=NoOpCompressor())
+    a.add_kernel(a.prepare_kernel(long_key, "gfx942", b"code"))
+    a.add_kernel(a.prepare_kernel("lib/ok.so", target, b"more code"))
+    a.finalize_archive()
+    warned = [w for w in recwarn if issubclass(w.category, kpack.HrxLimitWarning)]
+    assert len(warned) == 2, [str(w.message) for w in recwarn]
+    assert issubclass(kpack.HrxLimitWarning, UserWarning)
+    assert all('group "g"' in str(w.message) and "HRX" in str(w.message) for w in warned)
+    assert any("key" in str(w.message) for w in warned)
+    assert any("features" in str(w.message) or "target" in str(w.message) for w in warned)
+    out = tmp_path / "g.kpack"
+    a.write(out)
+    assert PackedKernelArchive.read(out).get_kernel(long_key, "gfx942") == b"code"
+
+
+def test_within_the_hrx_limits_nothing_is_warned(tmp_path):
+    import warnings
+
+    a = PackedKernelArchive("g", "gfx942", ["gfx942:sramecc+:xnack-"], compressor=NoOpCompressor())
+    a.add_kernel(a.prepare_kernel("lib/ok.so", "gfx942:sramecc+:xnack-", b"code"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kpack.HrxLimitWarning)
+        a.finalize_archive()

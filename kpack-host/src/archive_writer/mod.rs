@@ -233,6 +233,11 @@ impl<'a> ArchiveWriter<'a> {
         v
     }
 
+    /// The archive's group name, as given to [`ArchiveWriter::new`].
+    pub fn group_name(&self) -> &str {
+        &self.group_name
+    }
+
     /// Number of kernels added (TOC entries, shared ones included).
     pub fn len(&self) -> usize {
         self.entries.len()
