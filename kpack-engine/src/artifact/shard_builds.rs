@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use crate::hipk::HipkMetadata;
 use kpack_format::provenance::EntryDigests;
 use kpack_host::binary::{classify, classify_parsed, Class};
+use kpack_host::fatbin::{device_code, DeviceCode};
 use kpack_host::offload::verify_file;
 
 use crate::error::ShardBuildMismatch;
@@ -143,19 +144,20 @@ fn device_digests(generic: &Path) -> Result<BTreeMap<String, BTreeSet<String>>> 
 }
 
 /// The kernel name and device digest of an offloaded binary that carries
-/// one (its HIPK metadata read, nothing else); `None` for any other file.
+/// one (its HIPK metadata, as [`device_code`] reads it); `None` for any
+/// other file.
 fn device_digest(path: &Path) -> Result<Option<(String, String)>> {
     let bytes = map_file(path)?;
     let file = classify_parsed(&bytes);
-    let (Class::Offloaded, Ok(bin)) = (&file.class, &file.binary) else {
+    if file.class != Class::Offloaded {
+        return Ok(None);
+    }
+    let Ok(DeviceCode::Offloaded(o)) = device_code(path, &file) else {
         return Ok(None);
     };
-    let Ok(Some(section)) = bin.metadata() else {
-        return Ok(None);
-    };
-    Ok(HipkMetadata::decode(section.data)
-        .ok()
-        .and_then(|m| Some((m.kernel_name, m.device_digest?))))
+    Ok(o.metadata
+        .device_digest
+        .map(|d| (o.metadata.kernel_name, d)))
 }
 
 /// [`ShardBuilds::check`] for one archive.
@@ -165,8 +167,7 @@ fn check_archive(
     path: &Path,
     digests: &BTreeMap<String, BTreeSet<String>>,
 ) -> Result<()> {
-    let archive =
-        kpack_loader::open_archive(path).map_err(|e| ArtifactError::input(path, e.to_string()))?;
+    let archive = kpack_loader::open_archive(path)?;
     for e in archive.entries() {
         let name = e.key.rsplit_once('#').map_or(e.key.as_str(), |(n, _)| n);
         let (Some(own), Some(recorded)) = (digests.get(name), EntryDigests::of(e).binary) else {
